@@ -1,0 +1,26 @@
+"""optgen: an optimizer compiler.
+
+Declare an optimizer in the spec DSL (see specs/), compile it through TVM into fused
+kernels, and step it from a trainer::
+
+    import optgen
+    opt = optgen.create("adam", [w], lr=1e-3)
+    opt.step([g])
+
+``import optgen`` does not import TVM; building a spec does (see optgen.compiler).
+"""
+__version__ = "0.1.0"
+
+from .errors import BuildError, SpecError  # noqa: E402
+from optgen.runtime import Artifact, ArtifactError, Optimizer, create, get_artifact, load  # noqa: E402
+
+
+def build(spec, target: str = "llvm", *, out=None, force: bool = False):
+    """Build a spec (catalog name or file) and return the BuildResult."""
+    from optgen.compiler.pipeline import build as _build
+    from optgen.runtime import catalog
+    return _build(catalog.resolve(spec), target, out=out, force=force)
+
+
+__all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "SpecError", "build",
+           "create", "get_artifact", "load", "__version__"]

@@ -1,0 +1,38 @@
+"""Building blocks shared by many specs, written once and composed.
+
+Each block declares the hyperparameters it needs on the spec and returns a function
+that builds the IR for its piece of the update.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .dsl import Spec, clip
+from .ir import Expr
+
+
+def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
+                           weight_decay_default: float = 0.0) -> Callable[[Expr, Expr], Expr]:
+    """MXNet's gradient preprocessing, fused into the kernel::
+
+        g = clip(rescale_grad * grad, -clip_gradient, clip_gradient) + weight_decay * w
+
+    Clipping is elementwise and only applies when ``clip_gradient`` is set (None = off).
+    With ``coupled_weight_decay=False`` the block declares no weight decay: a spec with
+    decoupled decay (AdamW, AdamWeightDecay, Lion) declares and applies its own.
+    """
+    rescale = spec.hyper("rescale_grad", 1.0, "rescale_grad > 0",
+                         "multiply the gradient by this first (e.g. 1/batch_size)")
+    bound = spec.hyper("clip_gradient", None, "clip_gradient >= 0",
+                       "clip the rescaled gradient elementwise to [-c, c]; None disables",
+                       optional=True, none_value=float("inf"))
+    wd = None
+    if coupled_weight_decay:
+        wd = spec.hyper("weight_decay", weight_decay_default, "weight_decay >= 0",
+                        "L2 penalty: weight_decay * w is added to the clipped gradient")
+
+    def preprocess(w: Expr, grad: Expr) -> Expr:
+        g = clip(grad * rescale, -bound, bound)
+        return g + wd * w if wd is not None else g
+
+    return preprocess

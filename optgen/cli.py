@@ -1,0 +1,85 @@
+"""The ``optgen`` command line.
+
+Exit codes: 0 success, 2 a spec or usage error (one line, no traceback), 1 an internal
+error (one line; set OPTGEN_DEBUG=1 for the traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from .errors import SpecError
+
+EPILOG = """examples:
+  optgen build specs/adam.py                 build for this CPU into the cache
+  optgen build adam sgd --out build/         build two catalog specs into build/
+  optgen list                                the catalog with hyperparameters
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="optgen", description="Compile optimizer specs into fused "
+                                "kernels.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build specs into artifacts",
+                       description="Build one or more specs (a file or a catalog name) into "
+                       "an artifact directory: library, manifest.json, sources, wrapper.")
+    b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
+    b.add_argument("--target", default="llvm", help="target to build for (default: llvm, "
+                   "this machine's CPU)")
+    b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
+    b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    sub.add_parser("list", help="list the catalog's specs with their hyperparameters")
+    return p
+
+
+def _cmd_build(args) -> int:
+    from optgen.compiler.pipeline import build
+    from optgen.runtime import catalog
+    for spec in args.specs:
+        path = catalog.resolve(spec)
+        r = build(path, args.target, out=args.out, force=args.force)
+        what = "cache hit" if r.cache_hit else "built"
+        print(f"{what}: {r.name} for {args.target} in {r.seconds:.3f} s -> {r.path}")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from optgen.compiler.loader import load_spec
+    from optgen.runtime import catalog
+    for name, path in catalog.list_specs().items():
+        spec = load_spec(path)
+        first = (spec.doc.strip().splitlines() or [""])[0]
+        print(f"{name}: {first}")
+        for h in spec.hypers.values():
+            i = h.info
+            rule = f"; {i.constraint}" if i.constraint else ""
+            print(f"    {i.name} ({i.type}, default {i.default!r}{rule}) {i.doc}")
+        for s in spec.states.values():
+            print(f"    state {s.name} (init {s.init!r}, {s.shape}) {s.doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # exits 2 on a usage error
+    try:
+        return {"build": _cmd_build, "list": _cmd_list}[args.command](args)
+    except SpecError as e:
+        print(f"optgen: spec error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as e:
+        print(f"optgen: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # an optgen bug or a broken toolchain: say so in one line
+        if os.environ.get("OPTGEN_DEBUG"):
+            traceback.print_exc()
+        print(f"optgen: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+              " (set OPTGEN_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Stage 1 — load: run a spec file and return its ``Spec``.
+
+Python errors raised while the spec runs (syntax errors, undefined names, ...) become a
+``SpecError`` pointing at the spec's own line.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+import types
+
+from ..dsl import Spec
+from ..errors import SpecError
+
+
+def spec_line_error(exc: BaseException, path: str) -> SpecError:
+    """Wrap an exception raised by spec code, located at the deepest spec-file frame."""
+    if isinstance(exc, SpecError):
+        return exc
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path):
+            line = lineno
+    kind = {"NameError": "undefined name", "AttributeError": "undefined attribute"}.get(
+        type(exc).__name__, type(exc).__name__)
+    return SpecError(f"{kind}: {exc}", file=path, line=line)
+
+
+def load_spec(path: str) -> Spec:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError as e:
+        raise SpecError(f"cannot read spec: {e.strerror}", file=path) from None
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError as e:
+        raise SpecError(f"syntax error: {e.msg}", file=path, line=e.lineno) from None
+    module = types.ModuleType("optgen_spec_" + os.path.splitext(os.path.basename(path))[0])
+    module.__file__ = path
+    try:
+        exec(code, module.__dict__)
+    except Exception as e:  # spec code is user code: every failure is a spec error
+        raise spec_line_error(e, path) from None
+    specs = [v for v in module.__dict__.values() if isinstance(v, Spec)]
+    if len(specs) != 1:
+        raise SpecError(f"a spec file must create exactly one Spec, found {len(specs)}", file=path)
+    spec = specs[0]
+    spec.file, spec.source = path, source
+    return spec

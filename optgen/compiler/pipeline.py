@@ -1,0 +1,156 @@
+"""The compiler pipeline, one visible stage per line of ``build``:
+
+    load -> verify -> IR (specialize) -> lower -> schedule -> build (TVM) -> write artifact
+
+``OPTGEN_DEBUG=1`` prints what each stage produced to stderr.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ..errors import SpecError
+from optgen.runtime import cache
+from optgen.runtime.artifact import Artifact, ArtifactError
+from . import tvm_backend
+from .loader import load_spec
+from .lower import DTYPE_TAG, lower
+from .schedule_llvm import schedule
+from .specialize import KernelIR, specialize
+from .templates import render
+from .verify import verify
+
+DTYPES = ("float32", "float64")
+TARGETS = ("llvm",)  # CUDA and the other targets come with their schedules
+BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
+
+
+@dataclass
+class BuildResult:
+    path: str
+    cache_hit: bool
+    seconds: float
+    name: str
+
+
+def _debug(stage: str, text: str) -> None:
+    if os.environ.get("OPTGEN_DEBUG"):
+        print(f"--- optgen: after {stage} ---\n{text}", file=sys.stderr)
+
+
+def symbol_for(name: str, dtype: str, flags: dict[str, bool]) -> str:
+    return "_".join([name, DTYPE_TAG[dtype], *(f for f, on in flags.items() if on)])
+
+
+def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
+          force: bool = False) -> BuildResult:
+    start = time.perf_counter()
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    with open(spec_path, encoding="utf-8") as f:
+        source = f.read()
+    key = cache.artifact_key(source, target)
+    if out is not None:
+        dest = os.path.join(os.path.abspath(out), cache.artifact_dirname(spec_path, target, None))
+    else:
+        dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(spec_path, target, key))
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest + ".lock", "w") as lock:          # one builder per artifact at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _is_current(dest, key):
+            return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
+        spec = load_spec(spec_path)                                  # 1 load
+        traces = verify(spec)                                        # 2 verify
+        kirs = [specialize(spec, tr) for tr in traces]              # 3 IR
+        _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
+        lowered = [lower(kir, dt, symbol_for(spec.name, dt, kir.flags))
+                   for kir in kirs for dt in DTYPES]                 # 4 lower
+        scripts = {k.symbol: schedule(k) for k in lowered}          # 5 schedule
+        _debug("schedule", "\n\n".join(scripts.values()))
+        funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
+        tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(dest))
+        try:
+            sources = tvm_backend.build_library(                     # 6 build
+                funcs, tvm_backend.target_for(target), os.path.join(tmp, "kernels.so"))
+            _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
+                            time.perf_counter() - start)             # 7 write
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)                                     # atomic publish
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    global BUILD_COUNT
+    BUILD_COUNT += 1
+    return BuildResult(dest, False, time.perf_counter() - start, spec.name)
+
+
+def _is_current(dest: str, key: str) -> bool:
+    try:
+        return Artifact.load(dest).key == key
+    except ArtifactError:
+        return False
+
+
+def _name_of(dest: str) -> str:
+    with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)["name"]
+
+
+def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
+                    sources: dict[str, str], key: str, target: str, seconds: float) -> None:
+    import optgen
+    kernels = []
+    for kir in kirs:
+        for dt in DTYPES:
+            sym = symbol_for(spec.name, dt, kir.flags)
+            kernels.append({"symbol": sym, "dtype": dt, **kir.to_json()})
+    hypers = [h.info for h in spec.hypers.values()]
+    manifest = {
+        "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
+        "spec_file": os.path.basename(spec.file), "key": key, "target": target,
+        "target_detail": {"kind": "llvm", "mcpu": tvm_backend.host_cpu(),
+                          "machine": cache.machine()},
+        "optgen_version": optgen.__version__, "tvm_version": tvm_backend.tvm_version(),
+        "hyperparameters": [h.to_json() for h in hypers],
+        "requirements": [r.to_json() for r, _ in spec.requirements],
+        "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc}
+                   for s in spec.states.values()],
+        "abi": "kernel(*buffers, *scalars): buffers are 1-D contiguous arrays of the kernel "
+               "dtype, updated in place except grad; scalars are passed in the kernel dtype",
+        "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
+        "sources": {"tvmscript": "kernels.tvmscript.py", **{k: f"kernels.{k}" for k in sources}},
+        "kernels": kernels, "build_seconds": round(seconds, 3),
+    }
+    files = {
+        "kernels.tvmscript.py": "# TVMScript generated by optgen; one PrimFunc per kernel\n"
+                                "from tvm.script import tirx as T\n\n\n"
+                                + "\n\n".join(scripts.values()),
+        "spec.py": spec.source,
+        manifest["wrapper"]: render_wrapper(spec, hypers),
+        **{f"kernels.{k}": text for k, text in sources.items()},
+        "manifest.json": json.dumps(manifest, indent=1),  # last: its presence marks completeness
+    }
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def class_name(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def render_wrapper(spec, hypers) -> str:
+    def annotation(h):
+        base = {"float": "float", "int": "int", "bool": "bool"}[h.type]
+        return f"{base} | None" if h.optional else base
+    return render("wrapper.py.j2", spec=spec, cls=class_name(spec.name), hypers=hypers, pyrepr=repr,
+                  annotation=annotation)
+
+
+__all__ = ["BUILD_COUNT", "BuildResult", "DTYPES", "SpecError", "build"]

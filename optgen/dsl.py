@@ -1,0 +1,240 @@
+"""The spec DSL: declare an optimizer's hyperparameters, states and update rule.
+
+A spec file creates one ``Spec`` and decorates its update function::
+
+    spec = Spec("adam", __doc__)
+    lr = spec.hyper("lr", 1e-3, "lr >= 0", "step size")
+    m = spec.state("m", 0.0, "first moment")
+
+    @spec.update
+    def adam(w, grad, flags):
+        ...
+        return {m: m_new, w: w - lr * m_new}
+
+Names returned by ``hyper``/``state``/``spec.t`` are IR leaves; arithmetic on them builds
+the IR (see optgen.ir). Booleans are *flags*: compile-time specializations read as
+``flags.name`` inside the update function, which is traced once per flag combination.
+"""
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import SpecError
+from .ir import Expr, Loc, apply, caller_loc, const
+from optgen.runtime.hyper import HyperInfo, Requirement
+from optgen.runtime import scalar_expr
+
+RESERVED = {"t", "w", "grad", "n", "flags", "T"}
+
+
+# -- elementwise functions (the closed op set; see ir.OPS) ---------------------------
+def sqrt(x): return apply("sqrt", x)
+def rsqrt(x): return apply("rsqrt", x)
+def sign(x): return apply("sign", x)
+def exp(x): return apply("exp", x)
+def log(x): return apply("log", x)
+def minimum(a, b): return apply("min", a, b)
+def maximum(a, b): return apply("max", a, b)
+def where(cond, a, b): return apply("where", cond, a, b)
+def eq(a, b): return apply("eq", a, b)
+def ne(a, b): return apply("ne", a, b)
+
+
+def clip(x, lo, hi):
+    """min(max(x, lo), hi) written with comparisons so that NaN stays NaN."""
+    return where(x > hi, hi, where(x < lo, lo, x))
+
+
+@dataclass
+class Hyper:
+    info: HyperInfo
+    node: Expr | None
+    loc: Loc | None
+
+
+@dataclass
+class State:
+    name: str
+    init: float
+    doc: str
+    shape: str  # "param" (one value per element) or "scalar" (one value per parameter)
+    node: Expr
+    loc: Loc | None
+
+
+@dataclass
+class Trace:
+    """The update for one flag combination: new values by name (``"w"`` is the parameter)."""
+
+    flags: dict[str, bool]
+    updates: dict[str, Expr]
+    loc: Loc | None
+
+
+class Flags:
+    """The flag values seen by the update function while it is traced."""
+
+    def __init__(self, values: dict[str, bool], loc: Loc | None):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_loc", loc)
+
+    def __getattr__(self, name: str) -> bool:
+        values = object.__getattribute__(self, "_values")
+        if name not in values:
+            raise SpecError(f"undefined name: flags.{name} is not a declared flag "
+                            f"(declared: {', '.join(values) or 'none'})", caller_loc())
+        return values[name]
+
+    def __setattr__(self, name, value):
+        raise SpecError(f"cannot assign to flag {name!r}: flags are fixed per kernel", caller_loc())
+
+
+@dataclass
+class Spec:
+    name: str
+    doc: str = ""
+    reference: str = ""
+    hypers: dict[str, Hyper] = field(default_factory=dict)
+    states: dict[str, State] = field(default_factory=dict)
+    requirements: list[tuple[Requirement, Loc | None]] = field(default_factory=list)
+    rule: Callable | None = None
+    rule_loc: Loc | None = None
+    loc: Loc | None = None
+    file: str | None = None
+
+    def __post_init__(self):
+        self.loc = self.loc or caller_loc()
+        if not self.name.isidentifier():
+            raise SpecError(f"spec name {self.name!r} must be a Python identifier", self.loc)
+        self.t = Expr("t", name="t", kind="scalar", loc=self.loc)
+
+    # -- declarations ------------------------------------------------------------------
+    def _new_name(self, name: str, what: str, loc: Loc | None) -> None:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise SpecError(f"{what} name {name!r} must be a Python identifier", loc)
+        if name.startswith("_"):
+            raise SpecError(f"{what} name {name!r} must not start with '_' (reserved for optgen)",
+                            loc)
+        if name in RESERVED:
+            raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc)
+        if name in self.hypers or name in self.states:
+            raise SpecError(f"{what} {name!r} is declared twice", loc)
+
+    def hyper(self, name: str, default: Any, constraint: str | None = None, doc: str = "", *,
+              type: str | None = None, optional: bool = False,
+              none_value: float | None = None) -> Expr:
+        """A numeric hyperparameter: a run-time kernel argument (changing it never rebuilds)."""
+        loc = caller_loc()
+        self._new_name(name, "hyperparameter", loc)
+        if isinstance(default, bool) or type == "bool":
+            raise SpecError(f"hyperparameter {name!r} is a bool: declare it with spec.flag()", loc)
+        if type is None:
+            type = "int" if isinstance(default, int) else "float"
+        if type not in ("float", "int"):
+            raise SpecError(f"hyperparameter {name!r}: type must be 'float' or 'int', got {type!r}",
+                            loc)
+        if default is None and not optional:
+            raise SpecError(f"hyperparameter {name!r} has default None but is not optional=True",
+                            loc)
+        if optional and none_value is None:
+            raise SpecError(f"optional hyperparameter {name!r} needs none_value= (what the kernel "
+                            "sees when it is None)", loc)
+        info = HyperInfo(name, default, type, constraint, doc, optional, none_value)
+        node = Expr("hyper", name=name, kind="scalar", loc=loc)
+        self.hypers[name] = Hyper(info, node, loc)
+        return node
+
+    def flag(self, name: str, default: bool = False, doc: str = "") -> str:
+        """A boolean compile-time specialization, read as ``flags.<name>`` in the update."""
+        loc = caller_loc()
+        self._new_name(name, "flag", loc)
+        if not isinstance(default, bool):
+            raise SpecError(f"flag {name!r} needs a bool default, got {default!r}", loc)
+        self.hypers[name] = Hyper(HyperInfo(name, default, "bool", None, doc), None, loc)
+        return name
+
+    def state(self, name: str, init: float = 0.0, doc: str = "", *, shape: str = "param") -> Expr:
+        """Optimizer state: per-element (``shape="param"``) or one scalar per parameter."""
+        loc = caller_loc()
+        self._new_name(name, "state", loc)
+        if shape not in ("param", "scalar"):
+            raise SpecError(f"state {name!r}: shape must be 'param' or 'scalar', got {shape!r}", loc)
+        if isinstance(init, bool) or not isinstance(init, (int, float)):
+            raise SpecError(f"state {name!r}: init must be a number, got {init!r}", loc)
+        kind = "tensor" if shape == "param" else "scalar"
+        node = Expr("state", name=name, kind=kind, loc=loc)
+        self.states[name] = State(name, float(init), doc, shape, node, loc)
+        return node
+
+    def require(self, expr: str, message: str) -> None:
+        """A rule over several hyperparameters and flags, checked at construction."""
+        self.requirements.append((Requirement(expr, message), caller_loc()))
+
+    def update(self, fn: Callable) -> Callable:
+        """Decorator: ``fn(w, grad, flags)`` returns ``{state_or_name: new_value, w: new_w}``."""
+        if self.rule is not None:
+            raise SpecError("the spec has two update functions", caller_loc())
+        self.rule = fn
+        code = fn.__code__
+        self.rule_loc = Loc(code.co_filename, code.co_firstlineno)
+        return fn
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def flags(self) -> dict[str, HyperInfo]:
+        return {n: h.info for n, h in self.hypers.items() if h.info.is_flag}
+
+    @property
+    def numeric_hypers(self) -> dict[str, HyperInfo]:
+        return {n: h.info for n, h in self.hypers.items() if not h.info.is_flag}
+
+    def trace(self, flags: dict[str, bool]) -> Trace:
+        """Run the update function symbolically for one flag combination."""
+        w = Expr("param", name="w", kind="tensor", loc=self.rule_loc)
+        g = Expr("grad", name="grad", kind="tensor", loc=self.rule_loc)
+        result = self.rule(w, g, Flags(flags, self.rule_loc))
+        if not isinstance(result, dict):
+            raise SpecError("the update function must return a dict {state: new value, w: new w}, "
+                            f"got {type(result).__name__}", self.rule_loc)
+        updates: dict[str, Expr] = {}
+        for key, value in result.items():
+            name = self._target_name(key, w, g, value)
+            updates[name] = const(value, getattr(value, "loc", None) or self.rule_loc)
+        return Trace(dict(flags), updates, self.rule_loc)
+
+    def _target_name(self, key, w: Expr, g: Expr, value) -> str:
+        loc = getattr(value, "loc", None) or self.rule_loc
+        if key is w or key == "w":
+            return "w"
+        if key is g or key == "grad":
+            raise SpecError("the update assigns to the gradient; the gradient is read-only "
+                            "(compute a new local value instead)", loc)
+        if isinstance(key, Expr):
+            if key.op == "hyper":
+                raise SpecError(f"the update assigns to hyperparameter {key.name!r}; "
+                                "hyperparameters are read-only (use a state)", loc)
+            if key.op == "state" and key.name in self.states and self.states[key.name].node is key:
+                return key.name
+            raise SpecError(f"the update assigns to {key.describe()}, which is not a state "
+                            "declared by this spec", loc)
+        if isinstance(key, str):
+            if key in self.states:
+                return key
+            if key in self.hypers:
+                raise SpecError(f"the update assigns to hyperparameter {key!r}; "
+                                "hyperparameters are read-only (use a state)", loc)
+            raise SpecError(f"state {key!r} is updated but not declared (add spec.state({key!r}, ...))",
+                            loc)
+        raise SpecError(f"update keys must be states or w, got {key!r}", loc)
+
+    def hyper_defaults(self) -> dict[str, Any]:
+        return {n: h.info.default for n, h in self.hypers.items()}
+
+
+def constraint_names(text: str, loc: Loc | None) -> set[str]:
+    try:
+        return scalar_expr.names(text)
+    except scalar_expr.ExprError as e:
+        raise SpecError(f"bad constraint: {e}", loc) from None

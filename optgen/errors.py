@@ -1,0 +1,22 @@
+"""Errors raised by the compiler side of optgen."""
+from __future__ import annotations
+
+
+class SpecError(Exception):
+    """A spec is invalid. ``str(err)`` reads ``file:line: message``."""
+
+    def __init__(self, message: str, loc=None, *, file: str | None = None, line: int | None = None):
+        self.message = message
+        self.file = file if file is not None else getattr(loc, "file", None)
+        self.line = line if line is not None else getattr(loc, "line", None)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        return where + self.message
+
+
+class BuildError(RuntimeError):
+    """TVM or the toolchain failed on a spec that passed the verifier (an optgen bug)."""

@@ -1,0 +1,200 @@
+"""The optimizer IR: a small, closed set of elementwise expression nodes.
+
+An update rule is a DAG of ``Expr`` nodes. Leaves are the parameter ``w``, the gradient,
+states, hyperparameters, the step counter ``t`` and constants; inner nodes come from the
+closed op set below. Every node knows
+
+* ``dtype``: ``"float"`` (the kernel's element type) or ``"bool"``;
+* ``kind``: ``"tensor"`` (one value per element) or ``"scalar"`` (one value per step);
+* ``loc``: the spec file and line that created it, for error messages.
+
+Reductions (sum, norm, row/column means) will join as their own node kinds; nothing here
+assumes that every node is elementwise except the lowering, which checks it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .errors import SpecError
+
+# op name -> (arity, result dtype or None for "same as float operands", operand dtype)
+ARITH = {"add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2,
+         "neg": 1, "sqrt": 1, "rsqrt": 1, "abs": 1, "sign": 1, "exp": 1, "log": 1}
+COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
+LOGIC = {"and": 2, "or": 2, "not": 1}
+LEAVES = {"const", "param", "grad", "state", "hyper", "t"}
+OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where"} | LEAVES
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class Loc:
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def caller_loc() -> Loc | None:
+    """The first stack frame outside the optgen package: the spec line being run."""
+    f = sys._getframe(1)
+    while f is not None:
+        raw = f.f_code.co_filename
+        fn = os.path.abspath(raw)
+        # skip optgen's own frames and generated code such as dataclass __init__ ("<string>")
+        if not raw.startswith("<") and not fn.startswith(_PKG_DIR + os.sep):
+            return Loc(f.f_code.co_filename, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+class Expr:
+    """One IR node. Build them with arithmetic on spec names, not by hand."""
+
+    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "loc")
+    __array_priority__ = 1000  # numpy scalars defer to our reflected operators
+
+    def __init__(self, op: str, args: tuple = (), *, value: Any = None, name: str | None = None,
+                 dtype: str = "float", kind: str = "scalar", loc: Loc | None = None):
+        assert op in OPS, op
+        self.op, self.args, self.value, self.name = op, tuple(args), value, name
+        self.dtype, self.kind = dtype, kind
+        self.loc = loc if loc is not None else caller_loc()
+
+    # -- sugar: Python operators build nodes -------------------------------------------
+    def __add__(self, o): return apply("add", self, o)
+    def __radd__(self, o): return apply("add", o, self)
+    def __sub__(self, o): return apply("sub", self, o)
+    def __rsub__(self, o): return apply("sub", o, self)
+    def __mul__(self, o): return apply("mul", self, o)
+    def __rmul__(self, o): return apply("mul", o, self)
+    def __truediv__(self, o): return apply("div", self, o)
+    def __rtruediv__(self, o): return apply("div", o, self)
+    def __pow__(self, o): return apply("pow", self, o)
+    def __rpow__(self, o): return apply("pow", o, self)
+    def __neg__(self): return apply("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return apply("abs", self)
+    def __lt__(self, o): return apply("lt", self, o)
+    def __le__(self, o): return apply("le", self, o)
+    def __gt__(self, o): return apply("gt", self, o)
+    def __ge__(self, o): return apply("ge", self, o)
+    def __and__(self, o): return apply("and", self, o)
+    def __rand__(self, o): return apply("and", o, self)
+    def __or__(self, o): return apply("or", self, o)
+    def __ror__(self, o): return apply("or", o, self)
+    def __invert__(self): return apply("not", self)
+
+    # == and != stay identity-based so nodes can live in dicts; use eq()/ne() in specs.
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        raise SpecError(f"the value of {self.describe()} is only known when the kernel runs; "
+                        "use where(cond, a, b) instead of Python 'if'/'and'/'or'",
+                        self.loc)
+
+    def describe(self) -> str:
+        if self.op in ("param", "grad", "state", "hyper", "t"):
+            return f"{self.op} {self.name!r}" if self.name else self.op
+        if self.op == "const":
+            return repr(self.value)
+        return f"a {self.kind} expression ({self.op})"
+
+    def __repr__(self) -> str:
+        return f"Expr({self.op}, {self.name or self.value or ''}, {self.dtype}, {self.kind})"
+
+
+def const(value: Any, loc: Loc | None = None) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool):
+        return Expr("const", value=value, dtype="bool", kind="scalar", loc=loc)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{value!r} ({type(value).__name__}) cannot be used in an update rule",
+                        loc or caller_loc()) from None
+    return Expr("const", value=v, dtype="float", kind="scalar", loc=loc)
+
+
+def apply(op: str, *operands: Any) -> Expr:
+    """Build a node, checking operand dtypes (the verifier's dtype-conflict rule)."""
+    loc = caller_loc()
+    args = tuple(const(a, loc) for a in operands)
+    kind = "tensor" if any(a.kind == "tensor" for a in args) else "scalar"
+    if op in ARITH or op in COMPARE:
+        for a in args:
+            if a.dtype != "float":
+                raise SpecError(f"dtype conflict: {op} needs float operands, got bool "
+                                f"{a.describe()}; use where(cond, a, b) to turn a condition "
+                                "into a number", loc)
+        dtype = "bool" if op in COMPARE else "float"
+    elif op in LOGIC:
+        for a in args:
+            if a.dtype != "bool":
+                raise SpecError(f"dtype conflict: '{op}' needs bool operands (comparisons), "
+                                f"got float {a.describe()}", loc)
+        dtype = "bool"
+    elif op == "where":
+        c, a, b = args
+        if c.dtype != "bool":
+            raise SpecError(f"dtype conflict: the condition of where() must be a comparison, "
+                            f"got float {c.describe()}", loc)
+        if a.dtype != b.dtype:
+            raise SpecError(f"dtype conflict: where() branches differ ({a.dtype} vs {b.dtype})",
+                            loc)
+        dtype = a.dtype
+    else:
+        raise AssertionError(op)
+    return Expr(op, args, dtype=dtype, kind=kind, loc=loc)
+
+
+def walk(roots) -> Iterator[Expr]:
+    """Every node reachable from ``roots``, each once, operands before users."""
+    seen: set[int] = set()
+    order: list[Expr] = []
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+    return iter(order)
+
+
+def uses(root: Expr, op: str) -> bool:
+    return any(n.op == op for n in walk([root]))
+
+
+# -- rendering scalar expressions as Python text (manifest host scalars) ---------------
+_PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
+           "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "and", "or": "or"}
+_PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where"}
+
+
+def to_python(e: Expr) -> str:
+    """Render a scalar expression in the grammar of optgen.runtime.scalar_expr."""
+    if e.op == "const":
+        return repr(e.value)
+    if e.op in ("hyper", "state", "t"):
+        return e.name if e.op != "t" else "t"
+    if e.op in _PY_BIN:
+        a, b = (to_python(x) for x in e.args)
+        return f"({a} {_PY_BIN[e.op]} {b})"
+    if e.op == "neg":
+        return f"(-{to_python(e.args[0])})"
+    if e.op == "not":
+        return f"(not {to_python(e.args[0])})"
+    if e.op in _PY_CALL:
+        return f"{e.op}({', '.join(to_python(a) for a in e.args)})"
+    raise AssertionError(f"not a scalar expression: {e!r}")

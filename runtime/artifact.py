@@ -1,0 +1,126 @@
+"""A built artifact on disk: its manifest and its kernels, loaded without the TVM compiler.
+
+The library is opened with ``tvm_ffi`` after loading ``libtvm_runtime.so`` into the
+global symbol namespace: the runtime library provides the thread pool and workspace
+hooks the kernels call (tvm-notes §7), and ``import tvm`` (seconds) is never needed.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .cache import FORMAT
+from .hyper import HyperInfo, Requirement
+
+
+class ArtifactError(RuntimeError):
+    """An artifact directory is missing, incomplete or from another format."""
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    symbol: str
+    dtype: str
+    flags: dict[str, bool]
+    buffers: list[str]
+    scalars: list[str]
+    host_scalars: dict[str, str]
+    scalar_state_updates: dict[str, str]
+    ir: dict
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KernelInfo":
+        return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
+                   d["host_scalars"], d["scalar_state_updates"], d["ir"])
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    name: str
+    init: float
+    shape: str
+    doc: str = ""
+
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_tvm_runtime() -> None:
+    """Load libtvm_runtime.so once, with a sensible thread count (tvm-notes §0)."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    import tvm_ffi  # noqa: F401  — loads libtvm_ffi.so, which libtvm_runtime.so links against
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or spec.origin is None:
+        raise ArtifactError("the apache-tvm package is not installed (pip install apache-tvm)")
+    lib = os.path.join(os.path.dirname(spec.origin), "lib", "libtvm_runtime.so")
+    ctypes.CDLL(lib, ctypes.RTLD_GLOBAL)
+
+
+class Artifact:
+    """One (spec, target) artifact directory."""
+
+    def __init__(self, path: str, manifest: dict):
+        self.path = path
+        self.manifest = manifest
+        self.name: str = manifest["name"]
+        self.doc: str = manifest.get("doc", "")
+        self.target: str = manifest["target"]
+        self.key: str = manifest["key"]
+        self.hypers = {h["name"]: HyperInfo.from_json(h) for h in manifest["hyperparameters"]}
+        self.requirements = [Requirement(**r) for r in manifest["requirements"]]
+        self.states = [StateInfo(**s) for s in manifest["states"]]
+        self.kernels = [KernelInfo.from_json(k) for k in manifest["kernels"]]
+        self._module = None
+        self._functions: dict[str, Callable] = {}
+
+    @classmethod
+    def load(cls, path: str) -> "Artifact":
+        path = os.path.abspath(os.fspath(path))
+        mpath = os.path.join(path, "manifest.json")
+        try:
+            with open(mpath, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: no manifest.json (not an optgen artifact)") from None
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"{mpath}: unreadable manifest: {e}") from None
+        if manifest.get("format") != FORMAT:
+            raise ArtifactError(f"{mpath}: manifest format {manifest.get('format')!r}, "
+                                f"this optgen reads format {FORMAT}; rebuild the artifact")
+        if not os.path.isfile(os.path.join(path, manifest.get("library", ""))):
+            raise ArtifactError(f"{path}: the library {manifest.get('library')!r} is missing")
+        return cls(path, manifest)
+
+    @property
+    def flags(self) -> dict[str, HyperInfo]:
+        return {n: h for n, h in self.hypers.items() if h.is_flag}
+
+    def kernel_for(self, dtype: str, flags: dict[str, bool]) -> KernelInfo | None:
+        for k in self.kernels:
+            if k.dtype == dtype and k.flags == flags:
+                return k
+        return None
+
+    @property
+    def dtypes(self) -> list[str]:
+        return sorted({k.dtype for k in self.kernels})
+
+    def function(self, symbol: str) -> Callable[..., Any]:
+        """The compiled kernel (library loaded once, handle cached)."""
+        fn = self._functions.get(symbol)
+        if fn is None:
+            with _lock:
+                if self._module is None:
+                    _load_tvm_runtime()
+                    import tvm_ffi
+                    self._module = tvm_ffi.load_module(
+                        os.path.join(self.path, self.manifest["library"]))
+                fn = self._functions[symbol] = self._module[symbol]
+        return fn

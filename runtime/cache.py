@@ -1,0 +1,71 @@
+"""Where artifacts live and the content hash that names them.
+
+Everything here is computable without importing TVM, so a trainer finds a cached
+artifact without paying for the compiler.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+
+FORMAT = 1
+
+
+def cache_dir() -> str:
+    """``$OPTGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/optgen``, else ``~/.cache/optgen``."""
+    if os.environ.get("OPTGEN_CACHE_DIR"):
+        return os.path.abspath(os.environ["OPTGEN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "optgen")
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> str:
+    """The CPU a llvm artifact is built for: architecture plus a hash of its ISA flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_fingerprint() -> str:
+    """optgen's version plus a hash of the code that decides what a kernel computes."""
+    import optgen
+    import optgen.templates
+    h = hashlib.sha256(optgen.__version__.encode())
+    roots = [os.path.dirname(optgen.__file__), os.path.dirname(optgen.templates.__file__)]
+    for root in roots:
+        for dirpath, dirnames, files in sorted(os.walk(root)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith((".py", ".j2")):
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
+
+
+def tvm_version() -> str:
+    return importlib.metadata.version("apache-tvm")
+
+
+def artifact_key(spec_source: str, target: str) -> str:
+    parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
+             "tvm": tvm_version(), "target": target,
+             "machine": machine() if target == "llvm" else None}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def artifact_dirname(spec_file: str, target: str, key: str | None) -> str:
+    stem = os.path.splitext(os.path.basename(spec_file))[0]
+    return f"{stem}-{target}" + (f"-{key[:16]}" if key else "")

@@ -1,0 +1,120 @@
+"""Hyperparameter descriptions and their validation (shared by compiler and runtime).
+
+Every message names the optimizer, the hyperparameter, the bad value and the rule, in
+the manner of torch.optim: ``adam: invalid beta1=1.0: must satisfy 0 <= beta1 < 1``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import scalar_expr
+
+TYPES = ("float", "int", "bool")
+
+
+@dataclass(frozen=True)
+class HyperInfo:
+    """One hyperparameter as a manifest records it.
+
+    ``type == "bool"`` marks a compile-time flag (each value has its own kernel); float and
+    int hyperparameters are run-time kernel arguments. ``optional`` ones accept None, which
+    the kernel sees as ``none_value`` (e.g. clip_gradient=None is +inf: no clipping).
+    """
+
+    name: str
+    default: Any
+    type: str = "float"
+    constraint: str | None = None
+    doc: str = ""
+    optional: bool = False
+    none_value: float | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        if d["none_value"] is not None:
+            d["none_value"] = repr(float(d["none_value"]))  # "inf" survives JSON
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "HyperInfo":
+        d = dict(d)
+        if d.get("none_value") is not None:
+            d["none_value"] = float(d["none_value"])
+        return cls(**d)
+
+    @property
+    def is_flag(self) -> bool:
+        return self.type == "bool"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A rule over several hyperparameters, e.g. nesterov needs momentum > 0."""
+
+    expr: str
+    message: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def coerce(owner: str, info: HyperInfo, value: Any) -> Any:
+    """Check the type of one value and normalize it (float / int / bool / None)."""
+    where = f"{owner}: hyperparameter {info.name}"
+    if value is None:
+        if info.optional:
+            return None
+        raise TypeError(f"{where} must be a {info.type}, got None (it is not optional)")
+    if info.type == "bool":
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise TypeError(f"{where} is a flag and must be a bool, got {type(value).__name__} {value!r}")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where} must be a {info.type}, got bool {value!r}")
+    if info.type == "int":
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        raise TypeError(f"{where} must be an int, got {type(value).__name__} {value!r}")
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where} must be finite, got {value!r}")
+    return value
+
+
+def check_constraint(owner: str, info: HyperInfo, value: Any, env: Mapping[str, Any]) -> None:
+    if info.constraint is None or value is None:
+        return
+    if not scalar_expr.evaluate(info.constraint, {**env, info.name: value}):
+        raise ValueError(f"{owner}: invalid {info.name}={value!r}: must satisfy {info.constraint}")
+
+
+def check_requirements(owner: str, reqs, env: Mapping[str, Any]) -> None:
+    for req in reqs:
+        if not scalar_expr.evaluate(req.expr, env):
+            used = sorted(scalar_expr.names(req.expr))
+            shown = ", ".join(f"{n}={env.get(n)!r}" for n in used)
+            raise ValueError(f"{owner}: invalid hyperparameters ({shown}): {req.message} "
+                             f"(rule: {req.expr})")
+
+
+def resolve(owner: str, infos: Mapping[str, HyperInfo], reqs, current: Mapping[str, Any],
+            changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``current`` updated by ``changes``, or raise without changing anything."""
+    unknown = [k for k in changes if k not in infos]
+    if unknown:
+        raise TypeError(f"{owner}: unknown hyperparameter {unknown[0]!r}; "
+                        f"known: {', '.join(infos)}")
+    new = dict(current)
+    for k, v in changes.items():
+        new[k] = coerce(owner, infos[k], v)
+    for k in changes:
+        check_constraint(owner, infos[k], new[k], new)
+    check_requirements(owner, reqs, new)
+    return new

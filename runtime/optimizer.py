@@ -1,0 +1,208 @@
+"""The trainer-side optimizer: validated hyperparameters, states, and one fused kernel
+call per parameter per step.
+
+Every input is checked before any kernel runs, so an error leaves parameters and states
+bit-identical. Messages name the optimizer, the parameter index, the value and the rule.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import hyper as hyper_rules
+from . import reference, scalar_expr
+from .artifact import Artifact, KernelInfo
+
+ALIGN = 64
+
+
+def aligned_full(shape: tuple, value: float, dtype, align: int = ALIGN) -> np.ndarray:
+    """A C-contiguous array whose data starts on an ``align``-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(n * dtype.itemsize + align, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align
+    arr = raw[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+    arr.fill(value)
+    return arr
+
+
+class Optimizer:
+    """Steps a list of numpy arrays in place with an artifact's kernels.
+
+    ``backend="reference"`` runs the reference interpreter instead of the compiled
+    kernels (same IR, same host scalars): the oracle used by the tests.
+    """
+
+    def __init__(self, artifact: Artifact, params: Iterable[np.ndarray], *,
+                 backend: str = "compiled", **hyper: Any):
+        self.artifact = artifact
+        self.name = artifact.name
+        if backend not in ("compiled", "reference"):
+            raise ValueError(f"{self.name}: backend must be 'compiled' or 'reference', "
+                             f"got {backend!r}")
+        self.backend = backend
+        self.params: list[np.ndarray] = self._check_params(params)
+        defaults = {n: h.default for n, h in artifact.hypers.items()}
+        self._hyper = hyper_rules.resolve(self.name, artifact.hypers, artifact.requirements,
+                                          defaults, hyper)
+        self.t = 0
+        self.state: list[dict[str, Any]] = [self._init_state(p) for p in self.params]
+        self._kernels: dict[tuple, KernelInfo] = {}
+
+    # -- construction ------------------------------------------------------------------
+    def _check_params(self, params) -> list[np.ndarray]:
+        if isinstance(params, np.ndarray):
+            raise TypeError(f"{self.name}: params must be a list of arrays, got a single array "
+                            "(wrap it in a list)")
+        params = list(params)
+        dtypes = self.artifact.dtypes
+        for i, p in enumerate(params):
+            if not isinstance(p, np.ndarray):
+                raise TypeError(f"{self.name}: parameter {i} must be a numpy.ndarray, "
+                                f"got {type(p).__name__}")
+            if p.dtype.name not in dtypes:
+                raise TypeError(f"{self.name}: parameter {i} has dtype {p.dtype}; "
+                                f"the kernels support {', '.join(dtypes)}")
+            if not p.flags.c_contiguous:
+                raise ValueError(f"{self.name}: parameter {i} is not C-contiguous "
+                                 "(pass np.ascontiguousarray(...) and keep that array)")
+            if not p.flags.writeable:
+                raise ValueError(f"{self.name}: parameter {i} is read-only; "
+                                 "parameters are updated in place")
+            for j in range(i):
+                if np.may_share_memory(p, params[j]):
+                    raise ValueError(f"{self.name}: parameters {j} and {i} share memory")
+        return params
+
+    def _init_state(self, p: np.ndarray) -> dict[str, Any]:
+        return {s.name: (aligned_full(p.shape, s.init, p.dtype) if s.shape == "param"
+                         else np.float64(s.init)) for s in self.artifact.states}
+
+    # -- hyperparameters ---------------------------------------------------------------
+    @property
+    def hyper(self) -> dict[str, Any]:
+        """A copy of the current hyperparameters (change them with ``set_hyper``)."""
+        return dict(self._hyper)
+
+    def set_hyper(self, **changes: Any) -> None:
+        """Validate and apply new values; nothing changes if any value is invalid."""
+        self._hyper = hyper_rules.resolve(self.name, self.artifact.hypers,
+                                          self.artifact.requirements, self._hyper, changes)
+
+    def _kernel(self, dtype: str) -> KernelInfo:
+        flags = {n: self._hyper[n] for n in self.artifact.flags}
+        key = (dtype, tuple(sorted(flags.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            k = self.artifact.kernel_for(dtype, flags)
+            if k is None:
+                raise TypeError(f"{self.name}: no kernel for dtype {dtype} with flags {flags}")
+            self._kernels[key] = k
+        return k
+
+    def _scalar_env(self) -> dict[str, Any]:
+        env = {}
+        for n, v in self._hyper.items():
+            info = self.artifact.hypers[n]
+            env[n] = info.none_value if v is None else v
+        env["t"] = self.t
+        return env
+
+    # -- stepping ----------------------------------------------------------------------
+    def _check_grads(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if isinstance(grads, np.ndarray):
+            raise TypeError(f"{self.name}: grads must be a list of arrays, got a single array")
+        grads = list(grads)
+        if len(grads) != len(self.params):
+            raise ValueError(f"{self.name}: got {len(grads)} gradients for "
+                             f"{len(self.params)} parameters")
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            if not isinstance(g, np.ndarray):
+                raise TypeError(f"{self.name}: gradient {i} must be a numpy.ndarray, "
+                                f"got {type(g).__name__}")
+            if g.shape != p.shape:
+                raise ValueError(f"{self.name}: gradient {i} has shape {g.shape}, "
+                                 f"parameter {i} has shape {p.shape}")
+            if g.dtype != p.dtype:
+                raise TypeError(f"{self.name}: gradient {i} has dtype {g.dtype}, "
+                                f"parameter {i} has dtype {p.dtype}")
+            if not g.flags.c_contiguous:
+                raise ValueError(f"{self.name}: gradient {i} is not C-contiguous")
+            if np.may_share_memory(g, p) or any(
+                    isinstance(s, np.ndarray) and np.may_share_memory(g, s)
+                    for s in self.state[i].values()):
+                raise ValueError(f"{self.name}: gradient {i} shares memory with parameter {i} "
+                                 "or its state; pass a separate gradient array")
+        return grads
+
+    def step(self, grads: Sequence[np.ndarray]) -> None:
+        """One update of every parameter, in place."""
+        grads = self._check_grads(grads)
+        self.t += 1
+        env = self._scalar_env()
+        for p, g, st in zip(self.params, grads, self.state):
+            k = self._kernel(p.dtype.name)
+            local = {**env, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}}
+            hosts = {n: scalar_expr.evaluate(e, local) for n, e in k.host_scalars.items()}
+            if p.size:
+                values = {**local, **hosts}
+                scalars = [float(values[s]) for s in k.scalars]
+                self._run(k, p, g, st, scalars)
+            for n, e in k.scalar_state_updates.items():
+                st[n] = np.float64(scalar_expr.evaluate(e, local))
+
+    def _run(self, k: KernelInfo, p, g, st, scalars: list[float]) -> None:
+        arrays = {"w": p.reshape(-1), "grad": g.reshape(-1)}
+        arrays.update((n, st[n].reshape(-1)) for n in k.buffers[2:])
+        if self.backend == "compiled":
+            self.artifact.function(k.symbol)(*(arrays[b] for b in k.buffers), *scalars)
+        else:
+            new = reference.evaluate(k.ir, k.dtype, arrays, dict(zip(k.scalars, scalars)))
+            for name, value in new.items():
+                arrays[name][...] = value
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.name, "key": self.artifact.key, "t": self.t,
+                "hyper": dict(self._hyper),
+                "state": [{n: (v.copy() if isinstance(v, np.ndarray) else float(v))
+                           for n, v in st.items()} for st in self.state]}
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict``; validated whole before anything is overwritten."""
+        if sd.get("optimizer") != self.name:
+            raise ValueError(f"{self.name}: state_dict is for optimizer {sd.get('optimizer')!r}")
+        states = sd.get("state")
+        if not isinstance(states, list) or len(states) != len(self.params):
+            raise ValueError(f"{self.name}: state_dict has state for "
+                             f"{len(states) if isinstance(states, list) else '?'} parameters, "
+                             f"this optimizer has {len(self.params)}")
+        t = sd.get("t")
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+            raise ValueError(f"{self.name}: state_dict step t must be an int >= 0, got {t!r}")
+        hyper = hyper_rules.resolve(self.name, self.artifact.hypers, self.artifact.requirements,
+                                    self._hyper, sd.get("hyper", {}))
+        for i, (mine, theirs) in enumerate(zip(self.state, states)):
+            if set(mine) != set(theirs):
+                raise ValueError(f"{self.name}: state_dict state {i} has {sorted(theirs)}, "
+                                 f"expected {sorted(mine)}")
+            for n, v in mine.items():
+                if isinstance(v, np.ndarray):
+                    src = np.asarray(theirs[n])
+                    if src.shape != v.shape or src.dtype != v.dtype:
+                        raise ValueError(f"{self.name}: state_dict state {i}.{n} is "
+                                         f"{src.dtype}{list(src.shape)}, expected "
+                                         f"{v.dtype}{list(v.shape)}")
+        for mine, theirs in zip(self.state, states):
+            for n, v in mine.items():
+                if isinstance(v, np.ndarray):
+                    v[...] = theirs[n]
+                else:
+                    mine[n] = np.float64(theirs[n])
+        self._hyper, self.t = hyper, int(t)
+
+    def __repr__(self) -> str:
+        hp = ", ".join(f"{k}={v!r}" for k, v in self._hyper.items())
+        return f"<optgen {self.name} ({len(self.params)} params, t={self.t}): {hp}>"

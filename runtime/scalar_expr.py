@@ -1,0 +1,148 @@
+"""A small, safe evaluator for scalar expressions written as Python source text.
+
+Manifests carry two kinds of scalar expressions as plain strings: hyperparameter
+constraints (``0 <= beta1 < 1``) and host-side scalars computed once per step
+(``lr * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)``). Both the compiler and the
+trainer-side runtime evaluate them here, so the runtime needs neither TVM nor ``eval``.
+
+Arithmetic is IEEE float64 (numpy scalars): ``1 / 0`` is ``inf``, not an exception,
+which is what the compiled kernels would compute too.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+_F = np.float64
+
+
+def _where(c, a, b):
+    return a if c else b
+
+
+def _sign(x):
+    return _F(np.sign(x))
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sqrt": lambda x: _F(np.sqrt(_F(x))),
+    "rsqrt": lambda x: _F(1.0) / _F(np.sqrt(_F(x))),
+    "abs": lambda x: _F(abs(_F(x))),
+    "sign": _sign,
+    "exp": lambda x: _F(np.exp(_F(x))),
+    "log": lambda x: _F(np.log(_F(x))),
+    "min": lambda a, b: _F(np.minimum(_F(a), _F(b))),
+    "max": lambda a, b: _F(np.maximum(_F(a), _F(b))),
+    "where": _where,
+}
+
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: lambda a, b: a ** b,
+}
+_CMPOPS = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
+
+
+class ExprError(ValueError):
+    """The text is not a scalar expression this evaluator accepts."""
+
+
+@functools.lru_cache(maxsize=4096)
+def parse(text: str) -> ast.expr:
+    """Parse and check ``text``; raises ExprError for anything outside the grammar."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        raise ExprError(f"cannot parse {text!r}: {e.msg}") from None
+    _check(tree, text)
+    return tree
+
+
+def _check(node: ast.AST, text: str) -> None:
+    ok = (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.Name, ast.Constant, ast.Call,
+          ast.IfExp, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.boolop, ast.keyword)
+    for sub in ast.walk(node):
+        if not isinstance(sub, ok):
+            raise ExprError(f"{type(sub).__name__} is not allowed in {text!r}")
+        if isinstance(sub, ast.BinOp) and type(sub.op) not in _BINOPS:
+            raise ExprError(f"operator {type(sub.op).__name__} is not allowed in {text!r}")
+        if isinstance(sub, ast.Call):
+            if not isinstance(sub.func, ast.Name) or sub.func.id not in FUNCTIONS or sub.keywords:
+                raise ExprError(f"only calls of {sorted(FUNCTIONS)} are allowed in {text!r}")
+        if isinstance(sub, ast.Constant) and not isinstance(sub.value, (int, float, bool)):
+            raise ExprError(f"constant {sub.value!r} is not a number in {text!r}")
+
+
+def names(text: str) -> set[str]:
+    """The variable names an expression reads (function names excluded)."""
+    tree = parse(text)
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
+
+
+def evaluate(text: str, env: Mapping[str, Any]) -> Any:
+    """Evaluate ``text`` with the variables in ``env`` (numbers or bools)."""
+    with np.errstate(all="ignore"):
+        return _eval(parse(text), env)
+
+
+def _num(v):
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    return _F(v)
+
+
+def _eval(node: ast.expr, env: Mapping[str, Any]):
+    if isinstance(node, ast.Constant):
+        return _num(node.value)
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise ExprError(f"unknown name {node.id!r}")
+        v = env[node.id]
+        return _num(v) if v is not None else None
+    if isinstance(node, ast.BinOp):
+        return _F(_BINOPS[type(node.op)](_F(_eval(node.left, env)), _F(_eval(node.right, env))))
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return not v
+        if isinstance(node.op, ast.USub):
+            return -_F(v)
+        if isinstance(node.op, ast.UAdd):
+            return _F(v)
+        raise ExprError("unsupported unary operator")
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, env)
+            if left is None or right is None or not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            return all(_eval(v, env) for v in node.values)
+        return any(_eval(v, env) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, ast.Call):
+        return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))
+    raise ExprError(f"cannot evaluate {ast.dump(node)}")
+
+
+def is_finite(x: float) -> bool:
+    return math.isfinite(float(x))

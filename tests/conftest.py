@@ -1,0 +1,29 @@
+"""Shared test setup: a fresh artifact cache per test session, and misaligned arrays."""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+# Set before optgen builds anything, so every session compiles from scratch into its own cache.
+os.environ.setdefault("OPTGEN_CACHE_DIR", tempfile.mkdtemp(prefix="optgen-test-cache-"))
+
+
+def offset_array(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A copy of ``values`` whose data starts at a random 16-byte (not 64-byte) offset.
+
+    numpy guarantees only 16-byte alignment; kernels must not assume more.
+    """
+    values = np.ascontiguousarray(values)
+    k = int(rng.integers(1, 4))  # 16, 32 or 48 bytes past a 64-byte boundary
+    raw = np.empty(values.nbytes + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + 16 * k
+    out = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    out[...] = values
+    assert values.nbytes == 0 or out.ctypes.data % 64 == 16 * k
+    return out
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
