@@ -142,13 +142,20 @@ class Optimizer:
         grads = self._check_grads(grads)
         self.t += 1
         env = self._scalar_env()
+        shared: dict[str, list[float]] = {}  # kernel -> scalar args, when no scalar state
         for p, g, st in zip(self.params, grads, self.state):
             k = self._kernel(p.dtype.name)
-            local = {**env, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}}
-            hosts = {n: scalar_expr.evaluate(e, local) for n, e in k.host_scalars.items()}
-            if p.size:
-                values = {**local, **hosts}
+            per_param = bool(k.scalar_state_updates)
+            local = {**env, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}} \
+                if per_param else env
+            scalars = None if per_param else shared.get(k.symbol)
+            if scalars is None:
+                values = {**local, **{n: scalar_expr.evaluate(e, local)
+                                      for n, e in k.host_scalars.items()}}
                 scalars = [float(values[s]) for s in k.scalars]
+                if not per_param:
+                    shared[k.symbol] = scalars
+            if p.size:
                 self._run(k, p, g, st, scalars)
             for n, e in k.scalar_state_updates.items():
                 st[n] = np.float64(scalar_expr.evaluate(e, local))
