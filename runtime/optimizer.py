@@ -142,7 +142,7 @@ class Optimizer:
         grads = self._check_grads(grads)
         self.t += 1
         env = self._scalar_env()
-        shared: dict[str, list[float]] = {}  # kernel -> scalar args, when no scalar state
+        shared: dict[str, np.ndarray] = {}  # kernel -> scalar array, when no scalar state
         for p, g, st in zip(self.params, grads, self.state):
             k = self._kernel(p.dtype.name)
             per_param = bool(k.scalar_state_updates)
@@ -152,7 +152,8 @@ class Optimizer:
             if scalars is None:
                 values = {**local, **{n: scalar_expr.evaluate(e, local)
                                       for n, e in k.host_scalars.items()}}
-                scalars = [float(values[s]) for s in k.scalars]
+                # float64 on the host, rounded once to the kernel dtype
+                scalars = np.array([values[s] for s in k.scalars], dtype=k.dtype)
                 if not per_param:
                     shared[k.symbol] = scalars
             if p.size:
@@ -160,11 +161,11 @@ class Optimizer:
             for n, e in k.scalar_state_updates.items():
                 st[n] = np.float64(scalar_expr.evaluate(e, local))
 
-    def _run(self, k: KernelInfo, p, g, st, scalars: list[float]) -> None:
+    def _run(self, k: KernelInfo, p, g, st, scalars: np.ndarray) -> None:
         arrays = {"w": p.reshape(-1), "grad": g.reshape(-1)}
         arrays.update((n, st[n].reshape(-1)) for n in k.buffers[2:])
         if self.backend == "compiled":
-            self.artifact.function(k.symbol)(*(arrays[b] for b in k.buffers), *scalars)
+            self.artifact.function(k.symbol)(*(arrays[b] for b in k.buffers), scalars)
         else:
             new = reference.evaluate(k.ir, k.dtype, arrays, dict(zip(k.scalars, scalars)))
             for name, value in new.items():

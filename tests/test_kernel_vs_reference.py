@@ -100,7 +100,8 @@ def test_raw_kernel_on_misaligned_states(name, rng):
         if "clip_gradient" in scalars:
             scalars["clip_gradient"] = 0.5
         expect = reference.evaluate(k.ir, k.dtype, arrays, scalars)
-        art.function(k.symbol)(*(arrays[b] for b in k.buffers), *(scalars[s] for s in k.scalars))
+        scalar_array = offset_array(np.array([scalars[s] for s in k.scalars], k.dtype), rng)
+        art.function(k.symbol)(*(arrays[b] for b in k.buffers), scalar_array)
         for out, value in expect.items():
             np.testing.assert_allclose(arrays[out], value, **TOL[k.dtype],
                                        err_msg=f"{k.symbol} output {out}")

@@ -267,7 +267,9 @@ def test_artifact_contents():
     assert k32["buffers"] == ["w", "grad", "m", "v"]
     assert k32["scalars"][:4] == ["lr", "beta1", "beta2", "eps"]
     assert list(k32["host_scalars"].values()) == [
-        "((lr * sqrt((1.0 - (beta2 ** t)))) / (1.0 - (beta1 ** t)))"]
+        "((lr * sqrt((1.0 - (beta2 ** t)))) / (1.0 - (beta1 ** t)))", "(1.0 - beta1)",
+        "(-clip_gradient)", "(1.0 - beta2)"]
+    assert k32["scalars"][-4:] == ["_host0", "_host1", "_host2", "_host3"]
     script = open(os.path.join(art.path, "kernels.tvmscript.py")).read()
     assert script.count("@T.prim_func") == 2 and "T.parallel" in script and "align=4" in script
 

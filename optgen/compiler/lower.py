@@ -28,7 +28,7 @@ class LoweredKernel:
     symbol: str
     dtype: str
     buffers: list[tuple[str, str]]   # (ABI name, TVMScript buffer variable)
-    scalars: list[tuple[str, str]]   # (ABI name, TVMScript parameter)
+    scalars: list[str]               # names of the entries of the scalar array, in order
     pre: list[str]                   # loop-invariant scalar lets (hyperparameter arithmetic)
     body: list[str]                  # per-element lets and stores, index variable ``i``
 
@@ -37,12 +37,16 @@ def buffer_var(name: str) -> str:
     return "B_" + name
 
 
-def scalar_var(name: str) -> str:
-    return "a_" + name
+SCALARS = "S"
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
+    """Scalars (hyperparameters, host scalars) are read inline as ``S[j]`` from one
+    array argument. As scalar parameters or let-bound values, TVM 0.27's simplifier
+    crashes on shapes such as ``lr * min(max(g, -c), c)`` (it tries to bound a float
+    variable with an integer constant); a buffer load is opaque to it."""
     ty = TVM_DTYPE[dtype]
+    slot = {name: j for j, name in enumerate(kir.scalars)}
     names: dict[int, str] = {}
     pre: list[str] = []
     body: list[str] = []
@@ -54,7 +58,7 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
         if e.op == "const":
             return const(e.value) if e.dtype == "float" else repr(bool(e.value))
         if e.op == "hyper":
-            return scalar_var(e.name)
+            return f"{SCALARS}[{slot[e.name]}]"
         return names[id(e)]
 
     def render(e: Expr) -> str:
@@ -95,5 +99,5 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
     return LoweredKernel(
         symbol=symbol, dtype=dtype,
         buffers=[(b, buffer_var(b)) for b in kir.buffers],
-        scalars=[(s, scalar_var(s)) for s in kir.scalars],
+        scalars=list(kir.scalars),
         pre=pre, body=body)

@@ -121,8 +121,9 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "requirements": [r.to_json() for r, _ in spec.requirements],
         "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc}
                    for s in spec.states.values()],
-        "abi": "kernel(*buffers, *scalars): buffers are 1-D contiguous arrays of the kernel "
-               "dtype, updated in place except grad; scalars are passed in the kernel dtype",
+        "abi": "kernel(*buffers, scalars): buffers are 1-D contiguous arrays of the kernel "
+               "dtype, updated in place except grad; scalars is one 1-D array of the kernel "
+               "dtype holding the values named by 'scalars', in that order",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
         "sources": {"tvmscript": "kernels.tvmscript.py", **{k: f"kernels.{k}" for k in sources}},
         "kernels": kernels, "build_seconds": round(seconds, 3),
