@@ -80,3 +80,37 @@ def test_scalar_state_and_t_condition_by_hand(allops):
 def test_int_hyperparameter_rejects_float(allops):
     with pytest.raises(TypeError, match=r"allops: hyperparameter k must be an int, got float 2\.5"):
         optgen.create(allops, [np.zeros(3)], k=2.5)
+
+
+CLAMP_SHAPES = [
+    "w - lr * minimum(maximum(grad, -k), k)",
+    "lr * minimum(maximum(grad, 0.5 * lr), lr)",
+    "w - lr * clip(grad, -lr, lr)",
+    "w * rsqrt(abs(grad) + k)",
+]
+
+
+@pytest.mark.parametrize("expr", CLAMP_SHAPES)
+def test_shapes_that_crash_tvm_simplifier_build_and_match(tmp_path, expr):
+    """Regression: with scalars as kernel parameters or let-bound values, TVM 0.27 failed to
+    build these ("IntImm supports only int ... but float32 was supplied", or "variables
+    are used, but are not passed in as API arguments" for rsqrt)."""
+    path = tmp_path / "shape.py"
+    path.write_text(textwrap.dedent(f'''
+        from optgen.dsl import Spec, minimum, maximum, clip, rsqrt
+        spec = Spec("shape")
+        lr = spec.hyper("lr", 0.1)
+        k = spec.hyper("k", 0.5)
+        @spec.update
+        def rule(w, grad, flags):
+            return {{w: {expr}}}
+    '''))
+    rng = np.random.default_rng(2)
+    w0 = rng.standard_normal(1001).astype(np.float32)
+    wc, wr = w0.copy(), w0.copy()
+    c, r = optgen.create(str(path), [wc]), optgen.create(str(path), [wr], backend="reference")
+    for _ in range(3):
+        g = rng.standard_normal(1001).astype(np.float32)
+        c.step([g])
+        r.step([g])
+    np.testing.assert_allclose(wc, wr, rtol=2e-6, atol=1e-6)
