@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .cache import FORMAT
+from . import scalar_expr
 from .hyper import HyperInfo, Requirement
 
 
@@ -23,7 +24,7 @@ class ArtifactError(RuntimeError):
     """An artifact directory is missing, incomplete or from another format."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelInfo:
     symbol: str
     dtype: str
@@ -38,6 +39,17 @@ class KernelInfo:
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
                    d["host_scalars"], d["scalar_state_updates"], d["ir"])
+
+    @functools.cached_property
+    def param_scalars(self) -> tuple[str, ...]:
+        """Host scalars that read a scalar state: evaluated per parameter."""
+        states = set(self.scalar_state_updates)
+        return tuple(n for n, e in self.host_scalars.items() if scalar_expr.names(e) & states)
+
+    @functools.cached_property
+    def step_scalars(self) -> tuple[str, ...]:
+        """Host scalars that read only hyperparameters and t: evaluated once per step."""
+        return tuple(n for n in self.host_scalars if n not in self.param_scalars)
 
 
 @dataclass(frozen=True)

@@ -142,24 +142,29 @@ class Optimizer:
         grads = self._check_grads(grads)
         self.t += 1
         env = self._scalar_env()
-        shared: dict[str, np.ndarray] = {}  # kernel -> scalar array, when no scalar state
+        shared: dict[str, tuple] = {}  # kernel -> (values, scalar array) for this step
         for p, g, st in zip(self.params, grads, self.state):
             k = self._kernel(p.dtype.name)
-            per_param = bool(k.scalar_state_updates)
-            local = {**env, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}} \
-                if per_param else env
-            scalars = None if per_param else shared.get(k.symbol)
-            if scalars is None:
-                values = {**local, **{n: scalar_expr.evaluate(e, local)
-                                      for n, e in k.host_scalars.items()}}
-                # float64 on the host, rounded once to the kernel dtype
-                scalars = np.array([values[s] for s in k.scalars], dtype=k.dtype)
-                if not per_param:
-                    shared[k.symbol] = scalars
+            if k.symbol not in shared:  # host scalars that read no scalar state: once a step
+                values = {**env, **{n: scalar_expr.evaluate(k.host_scalars[n], env)
+                                    for n in k.step_scalars}}
+                shared[k.symbol] = values, (None if k.param_scalars else self._pack(k, values))
+            values, scalars = shared[k.symbol]
+            if k.scalar_state_updates:  # this parameter's scalar states
+                local = {**values, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}}
+                if scalars is None:
+                    local.update((n, scalar_expr.evaluate(k.host_scalars[n], local))
+                                 for n in k.param_scalars)
+                    scalars = self._pack(k, local)
+                for n, e in k.scalar_state_updates.items():
+                    st[n] = np.float64(scalar_expr.evaluate(e, local))
             if p.size:
                 self._run(k, p, g, st, scalars)
-            for n, e in k.scalar_state_updates.items():
-                st[n] = np.float64(scalar_expr.evaluate(e, local))
+
+    @staticmethod
+    def _pack(k: KernelInfo, values: Mapping[str, Any]) -> np.ndarray:
+        """The kernel's scalar array: float64 on the host, rounded once to the kernel dtype."""
+        return np.array([values[s] for s in k.scalars], dtype=k.dtype)
 
     def _run(self, k: KernelInfo, p, g, st, scalars: np.ndarray) -> None:
         arrays = {"w": p.reshape(-1), "grad": g.reshape(-1)}
