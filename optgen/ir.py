@@ -172,10 +172,6 @@ def walk(roots) -> Iterator[Expr]:
     return iter(order)
 
 
-def uses(root: Expr, op: str) -> bool:
-    return any(n.op == op for n in walk([root]))
-
-
 # -- rendering scalar expressions as Python text (manifest host scalars) ---------------
 _PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
            "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "and", "or": "or"}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -175,7 +174,3 @@ def _eval(node: ast.expr, env: Mapping[str, Any]):
     if isinstance(node, ast.Call):
         return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))
     raise ExprError(f"cannot evaluate {ast.dump(node)}")
-
-
-def is_finite(x: float) -> bool:
-    return math.isfinite(float(x))

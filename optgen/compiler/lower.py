@@ -29,7 +29,6 @@ class LoweredKernel:
     dtype: str
     buffers: list[tuple[str, str]]   # (ABI name, TVMScript buffer variable)
     scalars: list[str]               # names of the entries of the scalar array, in order
-    pre: list[str]                   # loop-invariant scalar lets (hyperparameter arithmetic)
     body: list[str]                  # per-element lets and stores, index variable ``i``
 
 
@@ -48,7 +47,6 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
     ty = TVM_DTYPE[dtype]
     slot = {name: j for j, name in enumerate(kir.scalars)}
     names: dict[int, str] = {}
-    pre: list[str] = []
     body: list[str] = []
 
     def const(v: float) -> str:
@@ -91,13 +89,13 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
             # float32x16" in IntSetAnalyzer).
             names[id(e)] = render(e)
             continue
-        name = f"{'c' if e.kind == 'scalar' else 'v'}{k}"
-        names[id(e)] = name
-        (pre if e.kind == "scalar" else body).append(f"{name}: T.let = {render(e)}")
+        # compound scalars were hoisted to the host (specialize), so every let is per element
+        names[id(e)] = f"v{k}"
+        body.append(f"v{k}: T.let = {render(e)}")
     for out, e in kir.tensor_updates.items():  # a scalar value is broadcast
         body.append(f"{buffer_var(out)}[i] = {ref(e)}")
     return LoweredKernel(
         symbol=symbol, dtype=dtype,
         buffers=[(b, buffer_var(b)) for b in kir.buffers],
         scalars=list(kir.scalars),
-        pre=pre, body=body)
+        body=body)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..dsl import Spec, Trace
-from ..ir import Expr, apply, const, to_python, walk
+from ..ir import Expr, apply, to_python, walk
 
 
 @dataclass
@@ -106,16 +106,3 @@ def serialize(outputs: dict[str, Expr]) -> dict:
         index[id(n)] = len(nodes)
         nodes.append(rec)
     return {"nodes": nodes, "outputs": {k: index[id(v)] for k, v in outputs.items()}}
-
-
-def deserialize(ir: dict) -> dict[str, Expr]:
-    """The inverse of ``serialize`` (used by ``optgen show`` and tests)."""
-    built: list[Expr] = []
-    for rec in ir["nodes"]:
-        args = tuple(built[i] for i in rec.get("args", ()))
-        if rec["op"] == "const":
-            built.append(const(rec["value"]))
-        else:
-            built.append(Expr(rec["op"], args, name=rec.get("name"), dtype=rec["dtype"],
-                              kind=rec["kind"], loc=None))
-    return {k: built[i] for k, i in ir["outputs"].items()}
