@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import SpecError
-from .ir import Expr, Loc, apply, caller_loc, const
+from .ir import Expr, Loc, apply, caller_loc, const, reduce, to_python, walk
 from optgen.runtime.hyper import HyperInfo, Requirement
 from optgen.runtime import scalar_expr
 
@@ -42,6 +42,37 @@ def eq(a, b): return apply("eq", a, b)
 def ne(a, b): return apply("ne", a, b)
 
 
+# -- reductions over the parameter's view [B, R, C] (see optgen.ir) -----------------
+def sum(x, axes=None):  # noqa: A001 — reads like the math in a spec
+    """Sum of ``x`` over ``axes`` (default: every axis of x, one value per parameter)."""
+    return reduce("sum", x, axes)
+
+
+def mean(x, axes=None):
+    """Mean of ``x`` over ``axes`` (default: every axis of x, one value per parameter)."""
+    return reduce("mean", x, axes)
+
+
+def norm(x):
+    """The L2 norm of the whole tensor ``x``."""
+    return apply("sqrt", reduce("sum", apply("mul", x, x)))
+
+
+def rms(x):
+    """The root mean square of the whole tensor ``x``."""
+    return apply("sqrt", reduce("mean", apply("mul", x, x)))
+
+
+def row_mean(x):
+    """Mean over the last axis: one value per row of the ``[B, R, C]`` view."""
+    return reduce("mean", x, "c")
+
+
+def col_mean(x):
+    """Mean over the second-to-last axis: one value per column of the view."""
+    return reduce("mean", x, "r")
+
+
 def clip(x, lo, hi):
     """min(max(x, lo), hi) written with comparisons so that NaN stays NaN."""
     return where(x > hi, hi, where(x < lo, lo, x))
@@ -54,14 +85,18 @@ class Hyper:
     loc: Loc | None
 
 
+STATE_SHAPES = {"param": "brc", "row": "br", "col": "bc", "scalar": ""}
+
+
 @dataclass
 class State:
     name: str
-    init: float
+    init: float | str   # a number, or a Python expression over hyperparameters
     doc: str
-    shape: str  # "param" (one value per element) or "scalar" (one value per parameter)
+    shape: str  # "param" (per element), "row"/"col" (per row/column of the view), "scalar"
     node: Expr
     loc: Loc | None
+    when: str | None = None  # a flag expression: the state exists only where it is true
 
 
 @dataclass
@@ -99,6 +134,8 @@ class Spec:
     hypers: dict[str, Hyper] = field(default_factory=dict)
     states: dict[str, State] = field(default_factory=dict)
     requirements: list[tuple[Requirement, Loc | None]] = field(default_factory=list)
+    shape_flags: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (expr, doc)
+    lazy_update_default: bool = False
     rule: Callable | None = None
     rule_loc: Loc | None = None
     loc: Loc | None = None
@@ -119,7 +156,7 @@ class Spec:
                             loc)
         if name in RESERVED:
             raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc)
-        if name in self.hypers or name in self.states:
+        if name in self.hypers or name in self.states or name in self.shape_flags:
             raise SpecError(f"{what} {name!r} is declared twice", loc)
 
     def hyper(self, name: str, default: Any, constraint: str | None = None, doc: str = "", *,
@@ -155,18 +192,64 @@ class Spec:
         self.hypers[name] = Hyper(HyperInfo(name, default, "bool", None, doc), None, loc)
         return name
 
-    def state(self, name: str, init: float = 0.0, doc: str = "", *, shape: str = "param") -> Expr:
-        """Optimizer state: per-element (``shape="param"``) or one scalar per parameter."""
+    def shape_flag(self, name: str, rule: str, doc: str = "") -> str:
+        """A flag set per parameter from its shape, e.g. ``"ndim >= 2"`` (names: ndim, numel).
+
+        Like a flag it specializes the kernel (read it as ``flags.<name>``), but the user
+        does not set it: the runtime evaluates ``rule`` for each parameter."""
+        loc = caller_loc()
+        self._new_name(name, "flag", loc)
+        try:
+            unknown = scalar_expr.names(rule) - {"ndim", "numel"}
+        except scalar_expr.ExprError as e:
+            raise SpecError(f"shape flag {name!r}: bad rule: {e}", loc) from None
+        if unknown:
+            raise SpecError(f"shape flag {name!r}: the rule may use ndim and numel, "
+                            f"not {sorted(unknown)[0]!r}", loc)
+        self.shape_flags[name] = (rule, doc)
+        return name
+
+    def state(self, name: str, init: Any = 0.0, doc: str = "", *, shape: str = "param",
+              when: str | None = None) -> Expr:
+        """Optimizer state: per element (``shape="param"``), per row or column of the
+        ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
+        or one scalar per parameter (``"scalar"``). ``init`` is a number or a
+        hyperparameter expression (``spec.state("accum", initial_accum)``). With
+        ``when="flag"`` (a flag expression) the state exists only in those kernels."""
         loc = caller_loc()
         self._new_name(name, "state", loc)
-        if shape not in ("param", "scalar"):
-            raise SpecError(f"state {name!r}: shape must be 'param' or 'scalar', got {shape!r}", loc)
-        if isinstance(init, bool) or not isinstance(init, (int, float)):
-            raise SpecError(f"state {name!r}: init must be a number, got {init!r}", loc)
-        kind = "tensor" if shape == "param" else "scalar"
-        node = Expr("state", name=name, kind=kind, loc=loc)
-        self.states[name] = State(name, float(init), doc, shape, node, loc)
+        if shape not in STATE_SHAPES:
+            raise SpecError(f"state {name!r}: shape must be one of {', '.join(STATE_SHAPES)}, "
+                            f"got {shape!r}", loc)
+        if isinstance(init, Expr):
+            bad = [n for n in _leaves(init) if n.op not in ("hyper", "const")]
+            if bad:
+                raise SpecError(f"state {name!r}: init may use hyperparameters and numbers, "
+                                f"not {bad[0].describe()}", loc)
+            init = _init_text(init)
+        elif isinstance(init, bool) or not isinstance(init, (int, float)):
+            raise SpecError(f"state {name!r}: init must be a number or a hyperparameter "
+                            f"expression, got {init!r}", loc)
+        else:
+            init = float(init)
+        if when is not None:
+            flag_names = set(self.flags) | set(self.shape_flags)
+            try:
+                unknown = scalar_expr.names(when) - flag_names
+            except scalar_expr.ExprError as e:
+                raise SpecError(f"state {name!r}: bad when= rule: {e}", loc) from None
+            if unknown:
+                raise SpecError(f"state {name!r}: when= names {sorted(unknown)[0]!r}, which is "
+                                "not a flag declared before it", loc)
+        axes = STATE_SHAPES[shape]
+        node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc)
+        self.states[name] = State(name, init, doc, shape, node, loc, when)
         return node
+
+    def active_states(self, flags: dict[str, bool]) -> list[State]:
+        """The states that exist for one flag combination (see ``when=``)."""
+        return [s for s in self.states.values()
+                if s.when is None or scalar_expr.evaluate(s.when, flags)]
 
     def require(self, expr: str, message: str) -> None:
         """A rule over several hyperparameters and flags, checked at construction."""
@@ -229,8 +312,19 @@ class Spec:
                             loc)
         raise SpecError(f"update keys must be states or w, got {key!r}", loc)
 
+    def all_flag_names(self) -> list[str]:
+        return [*self.flags, *self.shape_flags]
+
     def hyper_defaults(self) -> dict[str, Any]:
         return {n: h.info.default for n, h in self.hypers.items()}
+
+
+def _leaves(e: Expr) -> list[Expr]:
+    return [n for n in walk([e]) if not n.args]
+
+
+def _init_text(e: Expr) -> str:
+    return to_python(e)
 
 
 def constraint_names(text: str, loc: Loc | None) -> set[str]:

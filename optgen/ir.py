@@ -8,8 +8,14 @@ closed op set below. Every node knows
 * ``kind``: ``"tensor"`` (one value per element) or ``"scalar"`` (one value per step);
 * ``loc``: the spec file and line that created it, for error messages.
 
-Reductions (sum, norm, row/column means) will join as their own node kinds; nothing here
-assumes that every node is elementwise except the lowering, which checks it.
+* ``axes``: for tensor values, which axes of the parameter's view ``[B, R, C]`` the value
+  varies along ("brc" per element, "br" one per row, "bc" one per column, "b" one per
+  batch, "" one per parameter); host scalars have "".
+
+A parameter is viewed as ``[B, R, C]``: ``B = prod(shape[:-2])``, ``R = shape[-2]``,
+``C = shape[-1]`` for two or more dimensions, ``[1, 1, n]`` otherwise. ``reduce`` nodes
+(sum or mean over some axes) are the only non-elementwise nodes; the compiler runs them
+as separate passes before the update (see optgen.compiler.specialize).
 """
 from __future__ import annotations
 
@@ -26,7 +32,14 @@ ARITH = {"add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2,
 COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
 LOGIC = {"and": 2, "or": 2, "not": 1}
 LEAVES = {"const", "param", "grad", "state", "hyper", "t"}
-OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where"} | LEAVES
+REDUCE_KINDS = ("sum", "mean")
+OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where", "reduce"} | LEAVES
+AXES = "brc"
+
+
+def union_axes(*axes: str) -> str:
+    present = set("".join(axes))
+    return "".join(a for a in AXES if a in present)
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,14 +69,18 @@ def caller_loc() -> Loc | None:
 class Expr:
     """One IR node. Build them with arithmetic on spec names, not by hand."""
 
-    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "loc")
+    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "axes", "loc")
     __array_priority__ = 1000  # numpy scalars defer to our reflected operators
 
     def __init__(self, op: str, args: tuple = (), *, value: Any = None, name: str | None = None,
-                 dtype: str = "float", kind: str = "scalar", loc: Loc | None = None):
+                 dtype: str = "float", kind: str = "scalar", axes: str | None = None,
+                 loc: Loc | None = None):
         assert op in OPS, op
         self.op, self.args, self.value, self.name = op, tuple(args), value, name
         self.dtype, self.kind = dtype, kind
+        if axes is None:
+            axes = "brc" if kind == "tensor" and op in ("param", "grad", "state") else ""
+        self.axes = axes
         self.loc = loc if loc is not None else caller_loc()
 
     # -- sugar: Python operators build nodes -------------------------------------------
@@ -151,7 +168,28 @@ def apply(op: str, *operands: Any) -> Expr:
         dtype = a.dtype
     else:
         raise AssertionError(op)
-    return Expr(op, args, dtype=dtype, kind=kind, loc=loc)
+    return Expr(op, args, dtype=dtype, kind=kind, axes=union_axes(*(a.axes for a in args)),
+                loc=loc)
+
+
+def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
+    """``kind`` ("sum" or "mean") of ``x`` over ``axes`` (default: all of x's axes)."""
+    loc = caller_loc()
+    x = const(x, loc)
+    if x.kind != "tensor":
+        raise SpecError(f"{kind}() needs a tensor value, got {x.describe()}: a scalar has "
+                        "nothing to reduce", loc)
+    if x.dtype != "float":
+        raise SpecError(f"dtype conflict: {kind}() needs a float operand, got a bool", loc)
+    axes = x.axes if axes is None else axes
+    if not isinstance(axes, str) or not axes or any(a not in x.axes for a in axes) \
+            or len(set(axes)) != len(axes):
+        raise SpecError(f"{kind}() over axes {axes!r}: the operand varies along "
+                        f"{x.axes!r} (axes are b, r, c of the view [B, R, C])", loc)
+    axes = union_axes(axes)
+    keep = "".join(a for a in x.axes if a not in axes)
+    return Expr("reduce", (x,), value=kind, name=axes, dtype="float", kind="tensor",
+                axes=keep, loc=loc)
 
 
 def walk(roots) -> Iterator[Expr]:

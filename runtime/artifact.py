@@ -34,11 +34,19 @@ class KernelInfo:
     host_scalars: dict[str, str]
     scalar_state_updates: dict[str, str]
     ir: dict
+    launches: list[dict]
+    buffer_axes: dict[str, str]
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
-                   d["host_scalars"], d["scalar_state_updates"], d["ir"])
+                   d["host_scalars"], d["scalar_state_updates"], d["ir"], d["launches"],
+                   d["buffer_axes"])
+
+    @functools.cached_property
+    def workspaces(self) -> dict[str, str]:
+        """Reduction buffers (float64, per parameter) and the axes each holds."""
+        return {n: a for n, a in self.buffer_axes.items() if n.startswith("_red")}
 
     @functools.cached_property
     def param_scalars(self) -> tuple[str, ...]:
@@ -55,9 +63,13 @@ class KernelInfo:
 @dataclass(frozen=True)
 class StateInfo:
     name: str
-    init: float
-    shape: str
+    init: float | str     # a number or a Python expression over hyperparameters
+    shape: str            # "param", "row", "col" or "scalar"
     doc: str = ""
+    when: str | None = None   # flag expression: the state exists only where it holds
+
+    def exists(self, flags: dict[str, bool]) -> bool:
+        return self.when is None or bool(scalar_expr.evaluate(self.when, flags))
 
 
 _lock = threading.Lock()
@@ -89,6 +101,10 @@ class Artifact:
         self.requirements = [Requirement(**r) for r in manifest["requirements"]]
         self.states = [StateInfo(**s) for s in manifest["states"]]
         self.kernels = [KernelInfo.from_json(k) for k in manifest["kernels"]]
+        self.shape_flags: dict[str, str] = {n: f["rule"]
+                                            for n, f in manifest["shape_flags"].items()}
+        self.lazy_update_default: bool = manifest["lazy_update_default"]
+        self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self._module = None
         self._functions: dict[str, Callable] = {}
 

@@ -12,7 +12,7 @@ import json
 import os
 import platform
 
-FORMAT = 1
+FORMAT = 2
 
 
 def cache_dir() -> str:

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import hyper as hyper_rules
-from . import reference, scalar_expr
+from . import reference, scalar_expr, views
 from .artifact import Artifact, KernelInfo
 
 ALIGN = 64
@@ -48,8 +48,15 @@ class Optimizer:
         self._hyper = hyper_rules.resolve(self.name, artifact.hypers, artifact.requirements,
                                           defaults, hyper)
         self.t = 0
-        self.state: list[dict[str, Any]] = [self._init_state(p) for p in self.params]
+        self._shape_flags = [{n: bool(scalar_expr.evaluate(rule, {"ndim": p.ndim,
+                                                                   "numel": p.size}))
+                              for n, rule in artifact.shape_flags.items()}
+                             for p in self.params]
+        self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        for i in range(len(self.params)):
+            self._ensure_state(i)
         self._kernels: dict[tuple, KernelInfo] = {}
+        self._work: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in self.params]
 
     # -- construction ------------------------------------------------------------------
     def _check_params(self, params) -> list[np.ndarray]:
@@ -76,9 +83,21 @@ class Optimizer:
                     raise ValueError(f"{self.name}: parameters {j} and {i} share memory")
         return params
 
-    def _init_state(self, p: np.ndarray) -> dict[str, Any]:
-        return {s.name: (aligned_full(p.shape, s.init, p.dtype) if s.shape == "param"
-                         else np.float64(s.init)) for s in self.artifact.states}
+    def _flags(self, i: int) -> dict[str, bool]:
+        """Parameter ``i``'s flags: the user's, then those set by its shape."""
+        return {**{n: self._hyper[n] for n in self.artifact.flags}, **self._shape_flags[i]}
+
+    def _ensure_state(self, i: int) -> None:
+        """Allocate the states parameter ``i`` has under its current flags (a state that
+        appears when a flag is switched on starts at its init value)."""
+        p, st, flags = self.params[i], self.state[i], self._flags(i)
+        for s in self.artifact.states:
+            if s.name in st or not s.exists(flags):
+                continue
+            init = s.init if not isinstance(s.init, str) else \
+                scalar_expr.evaluate(s.init, self._scalar_env())
+            st[s.name] = (np.float64(init) if s.shape == "scalar" else
+                          aligned_full(views.state_shape(p.shape, s.shape), init, p.dtype))
 
     # -- hyperparameters ---------------------------------------------------------------
     @property
@@ -91,8 +110,7 @@ class Optimizer:
         self._hyper = hyper_rules.resolve(self.name, self.artifact.hypers,
                                           self.artifact.requirements, self._hyper, changes)
 
-    def _kernel(self, dtype: str) -> KernelInfo:
-        flags = {n: self._hyper[n] for n in self.artifact.flags}
+    def _kernel(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
         key = (dtype, tuple(sorted(flags.items())))
         k = self._kernels.get(key)
         if k is None:
@@ -143,8 +161,12 @@ class Optimizer:
         self.t += 1
         env = self._scalar_env()
         shared: dict[str, tuple] = {}  # kernel -> (values, scalar array) for this step
-        for p, g, st in zip(self.params, grads, self.state):
-            k = self._kernel(p.dtype.name)
+        for i, (p, g, st) in enumerate(zip(self.params, grads, self.state)):
+            flags = self._flags(i)
+            k = self._kernel(p.dtype.name, flags)
+            if any(b not in st and b not in ("w", "grad") and not b.startswith("_red")
+                   for b in k.buffers):
+                self._ensure_state(i)
             if k.symbol not in shared:  # host scalars that read no scalar state: once a step
                 values = {**env, **{n: scalar_expr.evaluate(k.host_scalars[n], env)
                                     for n in k.step_scalars}}
@@ -159,20 +181,36 @@ class Optimizer:
                 for n, e in k.scalar_state_updates.items():
                     st[n] = np.float64(scalar_expr.evaluate(e, local))
             if p.size:
-                self._run(k, p, g, st, scalars)
+                self._run(i, k, p, g, st, scalars)
 
     @staticmethod
     def _pack(k: KernelInfo, values: Mapping[str, Any]) -> np.ndarray:
         """The kernel's scalar array: float64 on the host, rounded once to the kernel dtype."""
         return np.array([values[s] for s in k.scalars], dtype=k.dtype)
 
-    def _run(self, k: KernelInfo, p, g, st, scalars: np.ndarray) -> None:
-        arrays = {"w": p.reshape(-1), "grad": g.reshape(-1)}
-        arrays.update((n, st[n].reshape(-1)) for n in k.buffers[2:])
+    def _workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, np.ndarray]:
+        """Parameter ``i``'s float64 reduction buffers for kernel ``k`` (kept between steps)."""
+        ws = self._work[i].get(k.symbol)
+        if ws is None:
+            ws = self._work[i][k.symbol] = {
+                n: aligned_full((self.artifact.reduction_buffer_size,) if not axes
+                                else views.extents(d, axes), 0.0, np.float64)
+                for n, axes in k.workspaces.items()}
+        return ws
+
+    def _run(self, i: int, k: KernelInfo, p, g, st, scalars: np.ndarray) -> None:
+        d = views.dims(p.shape)
+        arrays = {"w": p, "grad": g, **{n: st[n] for n in k.buffers if n in st}}
         if self.backend == "compiled":
-            self.artifact.function(k.symbol)(*(arrays[b] for b in k.buffers), scalars)
+            arrays.update(self._workspace(i, k, d))
+            for ln in k.launches:
+                view = ln["view"]
+                self.artifact.function(ln["symbol"])(
+                    *(views.as_kernel(arrays[b], k.buffer_axes[b], d, view)
+                      for b in ln["buffers"]), scalars)
         else:
-            new = reference.evaluate(k.ir, k.dtype, arrays, dict(zip(k.scalars, scalars)))
+            new = reference.evaluate(k.ir, k.dtype, arrays, k.buffer_axes,
+                                     dict(zip(k.scalars, scalars)), d)
             for name, value in new.items():
                 arrays[name][...] = value
 

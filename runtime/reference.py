@@ -1,13 +1,18 @@
 """The reference interpreter: evaluates a kernel's IR (as the manifest stores it) with numpy.
 
-It is the oracle for "compiled kernel == spec": same IR, same host scalars, evaluated
-elementwise in the parameter's dtype (float32 or float64) without TVM.
+It is the oracle for "compiled kernel == spec": same IR, same host scalars, evaluated in
+the parameter's dtype (float32 or float64) without TVM, on the ``[B, R, C]`` view
+(runtime.views). Reductions accumulate in float64 and are rounded once to the dtype,
+as the kernels do; everything is computed from the old values, then returned.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
+
+from .views import AXES, broadcastable
 
 _UNARY = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs, "sign": np.sign,
           "neg": np.negative, "not": np.logical_not}
@@ -18,10 +23,13 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
 
 
 def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
-             scalars: Mapping[str, float]) -> dict[str, np.ndarray]:
-    """New values of every output, as fresh arrays of ``arrays["w"]``'s shape."""
+             axes: Mapping[str, str], scalars: Mapping[str, float],
+             d: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    """New values of every output, each shaped like its array in ``arrays``.
+
+    ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
+    ``(B, R, C)``."""
     dt = np.dtype(dtype).type
-    shape = arrays["w"].shape
     vals: list = []
     with np.errstate(all="ignore"):
         for rec in ir["nodes"]:
@@ -30,9 +38,16 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             if op == "const":
                 v = dt(rec["value"]) if rec["dtype"] == "float" else bool(rec["value"])
             elif op in ("param", "grad", "state"):
-                v = arrays[rec["name"]]
+                name = rec["name"]
+                v = broadcastable(arrays[name], axes[name], d)
             elif op == "hyper":
                 v = dt(scalars[rec["name"]])
+            elif op == "reduce":
+                red = tuple(AXES.index(x) for x in rec["name"])
+                full = np.broadcast_to(a[0], d).astype(np.float64)
+                v = np.sum(full, axis=red, keepdims=True)
+                if rec["value"] == "mean":
+                    v = v / np.float64(math.prod(d[k] for k in red))
             elif op == "rsqrt":
                 v = dt(1) / np.sqrt(a[0])
             elif op == "where":
@@ -44,5 +59,9 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             if rec["dtype"] == "float":
                 v = np.asarray(v, dtype=dt) if isinstance(v, np.ndarray) else dt(v)
             vals.append(v)
-        return {name: np.broadcast_to(np.asarray(vals[i], dtype=dt), shape).copy()
-                for name, i in ir["outputs"].items()}
+        out = {}
+        for name, i in ir["outputs"].items():
+            target = broadcastable(arrays[name], axes[name], d)
+            out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
+                .reshape(arrays[name].shape).copy()
+        return out

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import catalog, hyper as hyper_rules, reference
+from optgen.runtime import catalog, hyper as hyper_rules, reference, scalar_expr, views
 from conftest import offset_array
 
-SHAPES = [0, 1, 15, 16, 17, 1000, 1_000_003, (31, 17), (8, 3, 3, 3)]
+SHAPES = [0, 1, 15, 16, 17, 1000, 1_000_003, (31, 17), (8, 3, 3, 3), (2, 0, 5)]
 DTYPES = ["float32", "float64"]
 TOL = {"float32": dict(rtol=2e-6, atol=1e-6), "float64": dict(rtol=1e-12, atol=1e-13)}
 CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0]
@@ -89,19 +89,47 @@ def test_compiled_matches_reference(name, flags, setting, dtype, rng):
                                        err_msg=f"{name} state {sname}, shape {shape}")
 
 
+RAW_SHAPES = [(1009,), (7, 13, 11)]
+
+
+def _raw_shape(art, k):
+    """A parameter shape whose shape flags (e.g. "factored") are those of kernel ``k``."""
+    for shape in RAW_SHAPES:
+        env = {"ndim": len(shape), "numel": int(np.prod(shape))}
+        if all(bool(scalar_expr.evaluate(rule, env)) == k.flags[n]
+               for n, rule in art.shape_flags.items()):
+            return shape
+    raise AssertionError(f"no test shape for {k.symbol}")
+
+
 @pytest.mark.parametrize("name", list(catalog.list_specs()))
 def test_raw_kernel_on_misaligned_states(name, rng):
-    """Call each compiled kernel directly with *every* buffer at a 16-byte offset."""
+    """Call each compiled kernel's launches directly with *every* buffer at a 16-byte
+    offset (reduction workspaces included)."""
     art = optgen.get_artifact(name)
     for k in art.kernels:
-        n = 1009
-        arrays = {b: offset_array(rng.standard_normal(n).astype(k.dtype), rng) for b in k.buffers}
+        shape = _raw_shape(art, k)
+        d = views.dims(shape)
+        arrays = {}
+        for b in k.buffers:
+            axes = k.buffer_axes[b]
+            if b in k.workspaces:
+                ext = (art.reduction_buffer_size,) if not axes else views.extents(d, axes)
+                arrays[b] = offset_array(np.zeros(ext), rng)
+            else:
+                kind = {"brc": "param", "br": "row", "bc": "col"}[axes]
+                value = rng.standard_normal(views.state_shape(shape, kind)).astype(k.dtype)
+                arrays[b] = offset_array(np.abs(value) if b != "w" and b != "grad" else value, rng)
         scalars = {s: 0.25 for s in k.scalars}
         if "clip_gradient" in scalars:
             scalars["clip_gradient"] = 0.5
-        expect = reference.evaluate(k.ir, k.dtype, arrays, scalars)
+        plain = {b: a for b, a in arrays.items() if b not in k.workspaces}
+        expect = reference.evaluate(k.ir, k.dtype, plain, k.buffer_axes, scalars, d)
         scalar_array = offset_array(np.array([scalars[s] for s in k.scalars], k.dtype), rng)
-        art.function(k.symbol)(*(arrays[b] for b in k.buffers), scalar_array)
+        for ln in k.launches:
+            art.function(ln["symbol"])(*(views.as_kernel(arrays[b], k.buffer_axes[b], d,
+                                                         ln["view"]) for b in ln["buffers"]),
+                                       scalar_array)
         for out, value in expect.items():
             np.testing.assert_allclose(arrays[out], value, **TOL[k.dtype],
                                        err_msg=f"{k.symbol} output {out}")

@@ -149,7 +149,7 @@ def test_empty_and_zero_dim_params():
 
 
 def test_unknown_optimizer_and_unbuilt():
-    with pytest.raises(ValueError, match=r"unknown optimizer 'adamx'; known: adam"):
+    with pytest.raises(ValueError, match=r"unknown optimizer .adamx.; known: .*adam, .*sgd"):
         optgen.create("adamx", [np.zeros(2, np.float32)])
     with pytest.raises(ValueError, match="backend must be"):
         optgen.create("sgd", [np.zeros(2, np.float32)], backend="gpu")
@@ -271,7 +271,8 @@ def test_artifact_contents():
         "(-clip_gradient)", "(1.0 - beta2)"]
     assert k32["scalars"][-4:] == ["_host0", "_host1", "_host2", "_host3"]
     script = open(os.path.join(art.path, "kernels.tvmscript.py")).read()
-    assert script.count("@T.prim_func") == 2 and "T.parallel" in script and "align=4" in script
+    assert script.count("@T.prim_func") == sum(len(k["launches"]) for k in m["kernels"])
+    assert "T.parallel" in script and "align=4" in script
 
 
 def test_generated_wrapper_module():

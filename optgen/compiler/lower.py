@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Expr, walk
+from ..ir import Expr
 from .specialize import KernelIR
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -24,12 +24,32 @@ _CALL = {"sqrt": "T.sqrt", "exp": "T.exp", "log": "T.log",
 
 
 @dataclass
+class LoweredBuffer:
+    name: str        # ABI name ("w", "grad", a state, "_red<k>")
+    var: str         # TVMScript buffer variable
+    axes: str        # "brc", "br", "bc", "b" or "" (one value per parameter)
+    dtype: str       # the kernel dtype, or float64 for reduction buffers
+
+
+@dataclass
 class LoweredKernel:
+    """One pass (see specialize.Launch), as TVMScript statements for one element.
+
+    ``body`` holds ``T.let`` bindings and stores indexed by ``i`` (flat view) or
+    ``b, r, c`` (3d view). A reduce pass's body ends in the value to accumulate,
+    named by ``acc``; its buffer is ``red``."""
     symbol: str
     dtype: str
-    buffers: list[tuple[str, str]]   # (ABI name, TVMScript buffer variable)
+    kind: str                        # "reduce" | "update"
+    view: str                        # "flat" | "3d"
+    space: str                       # the loop space
+    buffers: list[LoweredBuffer]
     scalars: list[str]               # names of the entries of the scalar array, in order
-    body: list[str]                  # per-element lets and stores, index variable ``i``
+    body: list[str]
+    acc: str | None = None
+    red: LoweredBuffer | None = None
+    op: str | None = None            # "sum" | "mean"
+    reduced: str = ""                # the reduced axes
 
 
 def buffer_var(name: str) -> str:
@@ -37,32 +57,59 @@ def buffer_var(name: str) -> str:
 
 
 SCALARS = "S"
+ACC_DTYPE = "float64"   # reductions accumulate in float64 whatever the kernel dtype
 
 
-def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
+def index(axes: str, view: str) -> str:
+    if not axes:
+        return "0"
+    if view == "flat":
+        assert axes == "brc", axes
+        return "i"
+    return ", ".join(axes)
+
+
+def lower(kir: KernelIR, dtype: str, symbol: str) -> list[LoweredKernel]:
+    """Every pass of one kernel IR (reductions level by level, then the updates).
+
+    A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
+    in launch order."""
+    multi = len(kir.launches) > 1
+    return [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol)
+            for k, ln in enumerate(kir.launches)]
+
+
+def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
     """Scalars (hyperparameters, host scalars) are read inline as ``S[j]`` from one
     array argument. As scalar parameters or let-bound values, TVM 0.27's simplifier
     crashes on shapes such as ``lr * min(max(g, -c), c)`` (it tries to bound a float
     variable with an integer constant); a buffer load is opaque to it."""
     ty = TVM_DTYPE[dtype]
     slot = {name: j for j, name in enumerate(kir.scalars)}
+    red_of = {id(e): name for name, e in kir.reductions.items()}
     names: dict[int, str] = {}
     body: list[str] = []
+    view = ln.view
 
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
+
+    def load(name: str) -> str:
+        return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view)}]"
 
     def ref(e: Expr) -> str:
         if e.op == "const":
             return const(e.value) if e.dtype == "float" else repr(bool(e.value))
         if e.op == "hyper":
             return f"{SCALARS}[{slot[e.name]}]"
+        if id(e) in red_of and id(e) not in names:
+            return f'T.Cast("{ty}", {load(red_of[id(e)])})'
         return names[id(e)]
 
     def render(e: Expr) -> str:
         a = [ref(x) for x in e.args]
         if e.op in ("param", "grad", "state"):
-            return f"{buffer_var(e.name)}[i]"
+            return load(e.name)
         if e.op in _BIN:
             return f"({a[0]} {_BIN[e.op]} {a[1]})"
         if e.op == "neg":
@@ -80,22 +127,57 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> LoweredKernel:
                     f"T.Select({x} < {const(0)}, {const(-1)}, {const(0)}))")
         return f"{_CALL[e.op]}({', '.join(a)})"
 
-    for k, e in enumerate(walk(kir.tensor_updates.values())):
-        if e.op in ("const", "hyper"):
+    def emit(roots: list[Expr]) -> None:
+        for k, e in enumerate(walk_until_reduce(roots, red_of)):
+            if e.op in ("const", "hyper") or id(e) in names:
+                continue
+            if id(e) in red_of:
+                names[id(e)] = f"r{k}"
+                body.append(f'r{k}: T.let = T.Cast("{ty}", {load(red_of[id(e)])})')
+                continue
+            if e.dtype == "bool":
+                # Conditions stay inline in their Select: a let-bound comparison of a
+                # vector with a scalar trips TVM 0.27's analyzer after vectorization
+                # ("float32 vs float32x16" in IntSetAnalyzer).
+                names[id(e)] = render(e)
+                continue
+            names[id(e)] = f"v{k}"
+            body.append(f"v{k}: T.let = {render(e)}")
+
+    def lbuf(name: str) -> LoweredBuffer:
+        return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
+                             ACC_DTYPE if name in kir.reductions else dtype)
+
+    if ln.kind == "reduce":
+        operand = ln.node.args[0]
+        emit([operand])
+        acc = ref(operand)
+        return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
+                             [lbuf(b) for b in ln.buffers], list(kir.scalars), body, acc=acc,
+                             red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name)
+    outs = {n: kir.tensor_updates[n] for n in ln.outputs}
+    emit(list(outs.values()))
+    for out, e in outs.items():  # a value with fewer axes is broadcast
+        body.append(f"{load(out)} = {ref(e)}")
+    return LoweredKernel(symbol, dtype, "update", view, ln.space,
+                         [lbuf(b) for b in ln.buffers], list(kir.scalars), body)
+
+
+def walk_until_reduce(roots: list[Expr], red_of: dict[int, str]) -> list[Expr]:
+    """Nodes a pass computes: everything reachable without entering a reduction
+    (a reduction's value is read from its buffer)."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
             continue
-        if e.dtype == "bool":
-            # Conditions stay inline in their Select: a let-bound comparison of a vector
-            # with a scalar trips TVM 0.27's analyzer after vectorization ("float32 vs
-            # float32x16" in IntSetAnalyzer).
-            names[id(e)] = render(e)
+        if id(node) in seen:
             continue
-        # compound scalars were hoisted to the host (specialize), so every let is per element
-        names[id(e)] = f"v{k}"
-        body.append(f"v{k}: T.let = {render(e)}")
-    for out, e in kir.tensor_updates.items():  # a scalar value is broadcast
-        body.append(f"{buffer_var(out)}[i] = {ref(e)}")
-    return LoweredKernel(
-        symbol=symbol, dtype=dtype,
-        buffers=[(b, buffer_var(b)) for b in kir.buffers],
-        scalars=list(kir.scalars),
-        body=body)
+        seen.add(id(node))
+        stack.append((node, True))
+        if id(node) not in red_of:
+            stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+    return order

@@ -21,7 +21,7 @@ from optgen.runtime.artifact import Artifact, ArtifactError
 from . import tvm_backend
 from .loader import load_spec
 from .lower import DTYPE_TAG, lower
-from .schedule_llvm import schedule
+from .schedule_llvm import RED_SCALAR_SIZE, schedule
 from .specialize import KernelIR, specialize
 from .templates import render
 from .verify import verify
@@ -69,8 +69,8 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         traces = verify(spec)                                        # 2 verify
         kirs = [specialize(spec, tr) for tr in traces]              # 3 IR
         _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-        lowered = [lower(kir, dt, symbol_for(spec.name, dt, kir.flags))
-                   for kir in kirs for dt in DTYPES]                 # 4 lower
+        lowered = [k for kir in kirs for dt in DTYPES
+                   for k in lower(kir, dt, symbol_for(spec.name, dt, kir.flags))]  # 4 lower
         scripts = {k.symbol: schedule(k) for k in lowered}          # 5 schedule
         _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
@@ -109,7 +109,11 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
     for kir in kirs:
         for dt in DTYPES:
             sym = symbol_for(spec.name, dt, kir.flags)
-            kernels.append({"symbol": sym, "dtype": dt, **kir.to_json()})
+            entry = {"symbol": sym, "dtype": dt, **kir.to_json()}
+            multi = len(entry["launches"]) > 1
+            for j, ln in enumerate(entry["launches"]):
+                ln["symbol"] = f"{sym}_p{j}" if multi else sym
+            kernels.append(entry)
     hypers = [h.info for h in spec.hypers.values()]
     manifest = {
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
@@ -119,10 +123,17 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "optgen_version": optgen.__version__, "tvm_version": tvm_backend.tvm_version(),
         "hyperparameters": [h.to_json() for h in hypers],
         "requirements": [r.to_json() for r, _ in spec.requirements],
-        "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc}
-                   for s in spec.states.values()],
-        "abi": "kernel(*buffers, scalars): buffers are 1-D contiguous arrays of the kernel "
-               "dtype, updated in place except grad; scalars is one 1-D array of the kernel "
+        "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc,
+                    "when": s.when} for s in spec.states.values()],
+        "shape_flags": {n: {"rule": r, "doc": d} for n, (r, d) in spec.shape_flags.items()},
+        "lazy_update_default": spec.lazy_update_default,
+        "reduction_buffer_size": RED_SCALAR_SIZE,
+        "abi": "each kernel runs its 'launches' in order; a launch is kernel(*buffers, "
+               "scalars): buffers are contiguous arrays, updated in place except grad, viewed "
+               "flat (n,) or as [B, R, C] (B = prod(shape[:-2]), R = shape[-2], C = "
+               "shape[-1]; [1, 1, n] below 2-D) with row states [B, R] and column states "
+               "[B, C]; '_red<k>' buffers are float64 workspaces (per-parameter values have "
+               "reduction_buffer_size elements); scalars is one 1-D array of the kernel "
                "dtype holding the values named by 'scalars', in that order",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
         "sources": {"tvmscript": "kernels.tvmscript.py", **{k: f"kernels.{k}" for k in sources}},

@@ -17,8 +17,19 @@ VECTOR_BYTES = 64                 # one AVX-512 register; also fine on AVX2 (two
 PARALLEL_MIN_ELEMENTS = 1 << 15   # below this a thread-pool launch costs more than it saves
 
 
+REDUCE_CHUNKS = 64               # fixed chunk count of whole-tensor reductions (deterministic)
+REDUCE_LANES = 16                # float64 partial sums per chunk, at most (float32: 16 lanes)
+RED_SCALAR_SIZE = 1 + REDUCE_CHUNKS * REDUCE_LANES   # size of a per-parameter reduction buffer
+
+
 def schedule(k: LoweredKernel) -> str:
     itemsize = np.dtype(k.dtype).itemsize
     vec = VECTOR_BYTES // itemsize
-    return render("kernel_llvm.py.j2", k=k, vec=vec, align=itemsize,
+    if k.view == "3d":
+        name = "kernel_llvm_3d.py.j2"
+    elif k.kind == "reduce":
+        name = "kernel_llvm_reduce.py.j2"
+    else:
+        name = "kernel_llvm.py.j2"
+    return render(name, k=k, vec=vec, align=itemsize, chunks=REDUCE_CHUNKS,
                   parallel_min_vectors=max(1, PARALLEL_MIN_ELEMENTS // vec))

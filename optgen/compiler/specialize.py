@@ -7,7 +7,12 @@ The pass splits the update into what runs where:
   them once per step in float64 and passes them as kernel arguments (rounded once to
   the kernel dtype), so they cost nothing per element and never trigger a rebuild;
 * scalar-state updates: evaluated on the host after the kernel, like host scalars;
-* tensor updates (the parameter and per-element states): the kernel body.
+* tensor updates (the parameter, per-element states, row/column states): kernel bodies;
+* reductions (``reduce`` nodes): each becomes a pass of its own that writes a small
+  float64 buffer (``_red<k>``) before the passes that read it. A reduction's *level* is
+  1 + the highest level among the reductions inside its operand, and passes run level by
+  level; every pass recomputes its values from the old parameter and states, which are
+  only written by the final update passes (``plan``).
 
 ``KernelIR.to_json`` is what the manifest stores; the reference interpreter and the
 runtime read that form, so neither needs the compiler.
@@ -21,24 +26,53 @@ from ..ir import Expr, apply, to_python, walk
 
 
 @dataclass
+class Launch:
+    """One pass over the data: a reduction into ``_red<k>`` or the final update of the
+    outputs of one space ("brc": parameter and per-element states, "br" row states,
+    "bc" column states). ``view`` is "flat" when every value is per element or per
+    parameter (one loop over n elements), "3d" when rows or columns appear."""
+    kind: str                      # "reduce" | "update"
+    space: str                     # the loop space (axes)
+    view: str                      # "flat" | "3d"
+    buffers: list[str]             # array arguments in order
+    outputs: list[str] = field(default_factory=list)   # update: names written
+    node: Expr | None = None       # reduce: the reduce node
+    red: str | None = None         # reduce: its buffer name
+
+    def to_json(self, index: dict[int, int]) -> dict:
+        d = {"kind": self.kind, "space": self.space, "view": self.view, "buffers": self.buffers}
+        if self.kind == "update":
+            d["outputs"] = self.outputs
+        else:
+            d.update(node=index[id(self.node)], red=self.red, op=self.node.value,
+                     reduced=self.node.name, out_axes=self.node.axes)
+        return d
+
+
+@dataclass
 class KernelIR:
     flags: dict[str, bool]
-    buffers: list[str]                  # array arguments: "w", "grad", then per-element states
+    buffers: list[str]                  # array arguments: "w", "grad", states, then "_red<k>"
     hypers: list[str]                   # numeric hyperparameters, passed as scalars
     host_scalars: dict[str, str]        # name -> Python expression, evaluated per step
     scalar_state_updates: dict[str, str]
-    tensor_updates: dict[str, Expr]     # "w" and per-element states -> kernel expression
+    tensor_updates: dict[str, Expr]     # "w", per-element/row/column states -> expression
     scalar_states: list[str] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    reductions: dict[str, Expr] = field(default_factory=dict)   # "_red<k>" -> reduce node
+    buffer_axes: dict[str, str] = field(default_factory=dict)   # buffer -> axes
 
     @property
     def scalars(self) -> list[str]:
         return self.hypers + list(self.host_scalars)
 
     def to_json(self) -> dict:
+        ir, index = serialize(self.tensor_updates, self.reductions)
         return {"flags": self.flags, "buffers": self.buffers, "scalars": self.scalars,
                 "host_scalars": self.host_scalars,
                 "scalar_state_updates": self.scalar_state_updates,
-                "ir": serialize(self.tensor_updates)}
+                "buffer_axes": self.buffer_axes,
+                "launches": [ln.to_json(index) for ln in self.launches], "ir": ir}
 
 
 def _needs_host(e: Expr) -> bool:
@@ -72,15 +106,18 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
         else:
             args = tuple(rewrite(a) for a in e.args)
             out = e if all(a is b for a, b in zip(args, e.args)) else \
-                Expr(e.op, args, value=e.value, name=e.name, dtype=e.dtype, kind=e.kind, loc=e.loc)
+                Expr(e.op, args, value=e.value, name=e.name, dtype=e.dtype, kind=e.kind,
+                     axes=e.axes, loc=e.loc)
         memo[id(e)] = out
         return out
 
-    tensor_states = [n for n, s in spec.states.items() if s.shape == "param"]
-    scalar_states = [n for n, s in spec.states.items() if s.shape == "scalar"]
+    active = spec.active_states(trace.flags)
+    tensor_states = [s.name for s in active if s.shape != "scalar"]
+    scalar_states = [s.name for s in active if s.shape == "scalar"]
     tensor_updates = {name: rewrite(trace.updates[name]) for name in ["w", *tensor_states]}
     scalar_updates = {name: to_python(trace.updates[name]) for name in scalar_states}
-    return KernelIR(
+    axes = {"w": "brc", "grad": "brc", **{s.name: s.node.axes for s in active}}
+    kir = KernelIR(
         flags=dict(trace.flags),
         buffers=["w", "grad", *tensor_states],
         hypers=list(spec.numeric_hypers),
@@ -88,21 +125,93 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
         scalar_state_updates=scalar_updates,
         tensor_updates=tensor_updates,
         scalar_states=scalar_states,
+        buffer_axes=axes,
     )
+    plan(kir)
+    return kir
 
 
-def serialize(outputs: dict[str, Expr]) -> dict:
-    """A topologically ordered node list plus the node index of each output."""
+def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
+    """Buffers (leaves) and reduce nodes a pass reads, not looking inside reductions."""
+    names: list[str] = []
+    reds: list[Expr] = []
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.op == "reduce" and id(e) in stop:
+            reds.append(e)
+            continue
+        if e.op in ("param", "grad") or (e.op == "state" and e.kind == "tensor"):
+            if e.name not in names:
+                names.append(e.name)
+        stack.extend(e.args)
+    return names, reds
+
+
+def plan(kir: KernelIR) -> None:
+    """Split the update into passes: reductions level by level, then the updates."""
+    level: dict[int, int] = {}
+    reduces: list[Expr] = []
+    for e in walk(kir.tensor_updates.values()):
+        inner = max((level[id(a)] for a in e.args), default=0)
+        if e.op == "reduce":
+            reduces.append(e)
+            level[id(e)] = inner + 1
+        else:
+            level[id(e)] = inner
+    red_ids = {id(e) for e in reduces}
+    red_name = {id(e): f"_red{k}" for k, e in enumerate(reduces)}
+    kir.reductions = {red_name[id(e)]: e for e in reduces}
+    kir.buffers += list(kir.reductions)
+    for name, e in kir.reductions.items():
+        kir.buffer_axes[name] = e.axes
+
+    def view(roots: list[Expr], space: str) -> tuple[str, list[str]]:
+        names, reds = _reads(roots, red_ids)
+        used = [kir.buffer_axes[n] for n in names] + [r.axes for r in reds] + [space]
+        flat = all(a in ("brc", "") for a in used) and space in ("brc", "")
+        order = [b for b in kir.buffers if b in names or b in {red_name[id(r)] for r in reds}]
+        return ("flat" if flat else "3d"), order
+
+    launches: list[Launch] = []
+    for lvl in sorted({level[id(e)] for e in reduces}):
+        for e in reduces:
+            if level[id(e)] != lvl:
+                continue
+            v, bufs = view([e.args[0]], e.args[0].axes)
+            if e.axes:  # a partial reduction writes rows/columns: nested loops
+                v = "3d"
+            launches.append(Launch("reduce", e.args[0].axes, v, bufs + [red_name[id(e)]],
+                                   node=e, red=red_name[id(e)]))
+    for space in ("brc", "br", "bc"):
+        outs = [n for n in kir.tensor_updates if kir.buffer_axes[n] == space]
+        if not outs:
+            continue
+        v, bufs = view([kir.tensor_updates[n] for n in outs], space)
+        bufs = [b for b in kir.buffers if b in bufs or b in outs]
+        launches.append(Launch("update", space, v, bufs, outputs=outs))
+    kir.launches = launches
+
+
+def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None
+              ) -> tuple[dict, dict[int, int]]:
+    """A topologically ordered node list plus the node index of each output and reduction."""
     nodes: list[dict] = []
     index: dict[int, int] = {}
     for n in walk(outputs.values()):
-        rec: dict = {"op": n.op, "dtype": n.dtype, "kind": n.kind}
+        rec: dict = {"op": n.op, "dtype": n.dtype, "kind": n.kind, "axes": n.axes}
         if n.args:
             rec["args"] = [index[id(a)] for a in n.args]
-        if n.op == "const":
+        if n.op == "const" or n.op == "reduce":
             rec["value"] = n.value
         if n.name is not None:
             rec["name"] = n.name
         index[id(n)] = len(nodes)
         nodes.append(rec)
-    return {"nodes": nodes, "outputs": {k: index[id(v)] for k, v in outputs.items()}}
+    ir = {"nodes": nodes, "outputs": {k: index[id(v)] for k, v in outputs.items()},
+          "reductions": {k: index[id(v)] for k, v in (reductions or {}).items()}}
+    return ir, index

@@ -20,7 +20,7 @@ MAX_FLAGS = 6  # 64 kernels per dtype at most
 
 
 def flag_combinations(spec: Spec) -> list[dict[str, bool]]:
-    names = list(spec.flags)
+    names = spec.all_flag_names()
     return [dict(zip(names, bits)) for bits in itertools.product([False, True], repeat=len(names))]
 
 
@@ -30,8 +30,9 @@ def verify(spec: Spec) -> list[Trace]:
     if spec.rule is None:
         raise SpecError("the spec declares no update function (decorate one with @spec.update)",
                         spec.loc)
-    if len(spec.flags) > MAX_FLAGS:
-        raise SpecError(f"at most {MAX_FLAGS} flags per spec, found {len(spec.flags)}", spec.loc)
+    nflags = len(spec.all_flag_names())
+    if nflags > MAX_FLAGS:
+        raise SpecError(f"at most {MAX_FLAGS} flags per spec, found {nflags}", spec.loc)
     return [_check_trace(spec, _trace(spec, flags)) for flags in flag_combinations(spec)]
 
 
@@ -73,9 +74,13 @@ def _check_trace(spec: Spec, tr: Trace) -> Trace:
     which = f" (flags {tr.flags})" if tr.flags else ""
     if "w" not in tr.updates:
         raise SpecError(f"the update returns no new value for the parameter w{which}", tr.loc)
+    active = {s.name for s in spec.active_states(tr.flags)}
     for name, st in spec.states.items():
-        if name not in tr.updates:
+        if name in active and name not in tr.updates:
             raise SpecError(f"state {name!r} is declared but never updated{which}", st.loc)
+        if name not in active and name in tr.updates:
+            raise SpecError(f"state {name!r} is updated{which} but does not exist there "
+                            f"(when={st.when!r})", tr.updates[name].loc or st.loc)
     for name, value in tr.updates.items():
         loc = value.loc or tr.loc
         if value.dtype != "float":
@@ -83,9 +88,18 @@ def _check_trace(spec: Spec, tr: Trace) -> Trace:
                             " wrap it in where(cond, 1.0, 0.0)", loc)
         st = spec.states.get(name)
         if st is not None and st.shape == "scalar" and value.kind == "tensor":
-            raise SpecError(f"scalar state {name!r} is computed from tensor values; that needs "
-                            "a reduction, which this spec cannot use yet", loc)
+            raise SpecError(f"scalar state {name!r} is computed from tensor values; scalar "
+                            "states are updated on the host from hyperparameters, t and "
+                            "scalar states only", loc)
+        target_axes = st.node.axes if st is not None else "brc"
+        if any(a not in target_axes for a in value.axes):
+            raise SpecError(f"the new value of {name!r} varies along axes {value.axes!r} but "
+                            f"{name!r} holds {target_axes!r} (reduce it first, e.g. "
+                            "row_mean/col_mean/mean)", loc)
         for node in walk([value]):
+            if node.op == "state" and node.name not in active:
+                raise SpecError(f"state {node.name!r} is read{which} but does not exist there "
+                                f"(when={spec.states[node.name].when!r})", node.loc or loc)
             if node.op == "const" and node.dtype == "float" and not math.isfinite(node.value):
                 raise SpecError(f"constant {node.value!r} is not finite", node.loc or loc)
     return tr

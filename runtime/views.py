@@ -1,0 +1,47 @@
+"""The ``[B, R, C]`` view of a parameter that kernels and the reference interpreter share.
+
+``B = prod(shape[:-2])``, ``R = shape[-2]``, ``C = shape[-1]`` for two or more
+dimensions, ``[1, 1, n]`` below that. A value that varies along ``axes`` (a subset of
+"brc") is stored with the extents of those axes: per element ``[B, R, C]``, row states
+``[B, R]`` (shape[:-1]), column states ``[B, C]`` (shape[:-2] + shape[-1:]).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+AXES = "brc"
+
+
+def dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(shape) >= 2:
+        return math.prod(shape[:-2]), shape[-2], shape[-1]
+    return 1, 1, math.prod(shape)
+
+
+def state_shape(param_shape: tuple[int, ...], shape_kind: str) -> tuple[int, ...]:
+    """The array shape of a state of ``shape_kind`` ("param", "row", "col")."""
+    if shape_kind == "param":
+        return tuple(param_shape)
+    if len(param_shape) >= 2:
+        return tuple(param_shape[:-1]) if shape_kind == "row" else \
+            tuple(param_shape[:-2]) + tuple(param_shape[-1:])
+    b, r, c = dims(param_shape)
+    return (r,) if shape_kind == "row" else (c,)
+
+
+def extents(d: tuple[int, int, int], axes: str) -> tuple[int, ...]:
+    return tuple(d[AXES.index(a)] for a in axes)
+
+
+def as_kernel(arr: np.ndarray, axes: str, d: tuple[int, int, int], view: str) -> np.ndarray:
+    """How a kernel of ``view`` ("flat" or "3d") receives an array holding ``axes``."""
+    if view == "flat" or not axes:
+        return arr.reshape(-1)
+    return arr.reshape(extents(d, axes))
+
+
+def broadcastable(arr: np.ndarray, axes: str, d: tuple[int, int, int]) -> np.ndarray:
+    """``arr`` reshaped to 3 dimensions, with extent 1 on the axes it does not hold."""
+    return arr.reshape(tuple(d[k] if a in axes else 1 for k, a in enumerate(AXES)))
