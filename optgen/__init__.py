@@ -12,15 +12,16 @@ kernels, and step it from a trainer::
 __version__ = "0.1.0"
 
 from .errors import BuildError, SpecError  # noqa: E402
-from optgen.runtime import Artifact, ArtifactError, Optimizer, create, get_artifact, load  # noqa: E402
+from optgen.runtime import (Artifact, ArtifactError, Optimizer, RowSparse, create,  # noqa: E402
+                            get_artifact, load)
 
 
-def build(spec, target: str = "llvm", *, out=None, force: bool = False):
+def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None):
     """Build a spec (catalog name or file) and return the BuildResult."""
     from optgen.compiler.pipeline import build as _build
     from optgen.runtime import catalog
-    return _build(catalog.resolve(spec), target, out=out, force=force)
+    return _build(catalog.resolve(spec), target, out=out, force=force, base=base)
 
 
-__all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "SpecError", "build",
-           "create", "get_artifact", "load", "__version__"]
+__all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "RowSparse", "SpecError",
+           "build", "create", "get_artifact", "load", "__version__"]

@@ -10,6 +10,23 @@ from typing import Callable
 from .dsl import Spec, clip
 from .ir import Expr
 
+PREPROCESSED = "preprocessed"
+
+
+def preprocessed(g: Expr) -> Expr:
+    """Mark ``g`` as an already preprocessed gradient: a base rule called by a wrapper
+    (LARS) then uses it as is instead of rescaling, clipping and decaying it again."""
+    g = g if g.tag is None else g * 1.0
+    g.tag = PREPROCESSED
+    return g
+
+
+def rescale_and_clip(spec: Spec) -> Callable[[Expr], Expr]:
+    """``clip(rescale_grad * grad, -clip_gradient, clip_gradient)`` with the spec's own
+    rescale_grad and clip_gradient (declared by ``gradient_preprocessing``)."""
+    rescale, bound = spec.hypers["rescale_grad"].node, spec.hypers["clip_gradient"].node
+    return lambda grad: clip(grad * rescale, -bound, bound)
+
 
 def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
                            weight_decay_default: float = 0.0) -> Callable[[Expr, Expr], Expr]:
@@ -31,7 +48,11 @@ def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
         wd = spec.hyper("weight_decay", weight_decay_default, "weight_decay >= 0",
                         "L2 penalty: weight_decay * w is added to the clipped gradient")
 
+    spec.preprocessing = "coupled" if coupled_weight_decay else "decoupled"
+
     def preprocess(w: Expr, grad: Expr) -> Expr:
+        if grad.tag == PREPROCESSED:
+            return grad
         g = clip(grad * rescale, -bound, bound)
         return g + wd * w if wd is not None else g
 

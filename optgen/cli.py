@@ -15,6 +15,7 @@ from .errors import SpecError
 EPILOG = """examples:
   optgen build specs/adam.py                 build for this CPU into the cache
   optgen build adam sgd --out build/         build two catalog specs into build/
+  optgen build lars --base adam              LARS around Adam
   optgen list                                the catalog with hyperparameters
 """
 
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                    "this machine's CPU)")
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
     sub.add_parser("list", help="list the catalog's specs with their hyperparameters")
     return p
 
@@ -41,7 +43,9 @@ def _cmd_build(args) -> int:
     from optgen.runtime import catalog
     for spec in args.specs:
         path = catalog.resolve(spec)
-        r = build(path, args.target, out=args.out, force=args.force)
+        if args.base is not None:
+            catalog.resolve(args.base)
+        r = build(path, args.target, out=args.out, force=args.force, base=args.base)
         what = "cache hit" if r.cache_hit else "built"
         print(f"{what}: {r.name} for {args.target} in {r.seconds:.3f} s -> {r.path}")
     return 0
@@ -58,8 +62,11 @@ def _cmd_list(args) -> int:
             i = h.info
             rule = f"; {i.constraint}" if i.constraint else ""
             print(f"    {i.name} ({i.type}, default {i.default!r}{rule}) {i.doc}")
+        for n, (rule, doc) in spec.shape_flags.items():
+            print(f"    {n} (flag set per parameter: {rule}) {doc}")
         for s in spec.states.values():
-            print(f"    state {s.name} (init {s.init!r}, {s.shape}) {s.doc}")
+            when = f", when {s.when}" if s.when else ""
+            print(f"    state {s.name} (init {s.init!r}, {s.shape}{when}) {s.doc}")
     return 0
 
 

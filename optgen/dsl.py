@@ -135,7 +135,9 @@ class Spec:
     states: dict[str, State] = field(default_factory=dict)
     requirements: list[tuple[Requirement, Loc | None]] = field(default_factory=list)
     shape_flags: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (expr, doc)
-    lazy_update_default: bool = False
+    lazy_update_default: bool = False   # row-sparse gradients update only their rows
+    preprocessing: str | None = None    # "coupled" / "decoupled" weight decay (optgen.blocks)
+    base: "Spec | None" = None          # the spec this one extends (Spec.extend)
     rule: Callable | None = None
     rule_loc: Loc | None = None
     loc: Loc | None = None
@@ -146,6 +148,23 @@ class Spec:
         if not self.name.isidentifier():
             raise SpecError(f"spec name {self.name!r} must be a Python identifier", self.loc)
         self.t = Expr("t", name="t", kind="scalar", loc=self.loc)
+
+    @classmethod
+    def extend(cls, base: "Spec", name: str, doc: str = "", reference: str = "") -> "Spec":
+        """A new spec with ``base``'s hyperparameters, flags, states and requirements.
+
+        Its update function is declared as usual and may call ``base.rule(w, g, flags)``
+        (wrappers such as LARS), or be ``base.rule`` itself (``spec.update(base.rule)``,
+        e.g. LazyAdam = Adam with lazy row-sparse updates by default)."""
+        spec = cls(name, doc, reference=reference or base.reference, loc=caller_loc())
+        spec.hypers = dict(base.hypers)
+        spec.states = dict(base.states)
+        spec.requirements = list(base.requirements)
+        spec.shape_flags = dict(base.shape_flags)
+        spec.lazy_update_default = base.lazy_update_default
+        spec.preprocessing = base.preprocessing
+        spec.base = base
+        return spec
 
     # -- declarations ------------------------------------------------------------------
     def _new_name(self, name: str, what: str, loc: Loc | None) -> None:
@@ -317,6 +336,14 @@ class Spec:
 
     def hyper_defaults(self) -> dict[str, Any]:
         return {n: h.info.default for n, h in self.hypers.items()}
+
+
+def base_spec(name: str) -> Spec:
+    """Load catalog spec ``name`` to build on (``Spec.extend``). The artifact key of a spec
+    that does this covers the base's source too (optgen.runtime.cache)."""
+    from optgen.compiler.loader import load_spec  # the loader imports this module
+    from optgen.runtime import catalog
+    return load_spec(catalog.resolve(name))
 
 
 def _leaves(e: Expr) -> list[Expr]:

@@ -69,7 +69,7 @@ def caller_loc() -> Loc | None:
 class Expr:
     """One IR node. Build them with arithmetic on spec names, not by hand."""
 
-    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "axes", "loc")
+    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "axes", "loc", "tag")
     __array_priority__ = 1000  # numpy scalars defer to our reflected operators
 
     def __init__(self, op: str, args: tuple = (), *, value: Any = None, name: str | None = None,
@@ -81,6 +81,7 @@ class Expr:
         if axes is None:
             axes = "brc" if kind == "tensor" and op in ("param", "grad", "state") else ""
         self.axes = axes
+        self.tag: str | None = None   # e.g. "preprocessed" (optgen.blocks)
         self.loc = loc if loc is not None else caller_loc()
 
     # -- sugar: Python operators build nodes -------------------------------------------

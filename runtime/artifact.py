@@ -36,12 +36,13 @@ class KernelInfo:
     ir: dict
     launches: list[dict]
     buffer_axes: dict[str, str]
+    lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
                    d["host_scalars"], d["scalar_state_updates"], d["ir"], d["launches"],
-                   d["buffer_axes"])
+                   d["buffer_axes"], d["lazy"])
 
     @functools.cached_property
     def workspaces(self) -> dict[str, str]:

@@ -10,6 +10,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import platform
 
 FORMAT = 2
@@ -59,13 +60,34 @@ def tvm_version() -> str:
     return importlib.metadata.version("apache-tvm")
 
 
-def artifact_key(spec_source: str, target: str) -> str:
+_BASE_SPEC = re.compile(r"""base_spec\(\s*["'](\w+)["']""")
+
+
+def _catalog_sources(spec_source: str, base: str | None) -> dict[str, str]:
+    """Sources of the catalog specs a spec builds on (``base_spec("x")``, ``base=``)."""
+    from . import catalog
+    known = catalog.list_specs()
+    todo = _BASE_SPEC.findall(spec_source) + ([base] if base else [])
+    out: dict[str, str] = {}
+    while todo:
+        name = todo.pop()
+        if name in out or name not in known:
+            continue
+        with open(known[name], encoding="utf-8") as f:
+            out[name] = f.read()
+        todo += _BASE_SPEC.findall(out[name])
+    return out
+
+
+def artifact_key(spec_source: str, target: str, base: str | None = None) -> str:
     parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
-             "tvm": tvm_version(), "target": target,
+             "tvm": tvm_version(), "target": target, "base": base,
+             "bases": _catalog_sources(spec_source, base),
              "machine": machine() if target == "llvm" else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def artifact_dirname(spec_file: str, target: str, key: str | None) -> str:
-    stem = os.path.splitext(os.path.basename(spec_file))[0]
+def artifact_dirname(spec_file: str, target: str, key: str | None,
+                     base: str | None = None) -> str:
+    stem = os.path.splitext(os.path.basename(spec_file))[0] + (f"+{base}" if base else "")
     return f"{stem}-{target}" + (f"-{key[:16]}" if key else "")

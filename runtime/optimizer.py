@@ -13,6 +13,7 @@ import numpy as np
 from . import hyper as hyper_rules
 from . import reference, scalar_expr, views
 from .artifact import Artifact, KernelInfo
+from .sparse import RowSparse
 
 ALIGN = 64
 
@@ -36,13 +37,18 @@ class Optimizer:
     """
 
     def __init__(self, artifact: Artifact, params: Iterable[np.ndarray], *,
-                 backend: str = "compiled", **hyper: Any):
+                 backend: str = "compiled", lazy_update: bool | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = artifact.name
         if backend not in ("compiled", "reference"):
             raise ValueError(f"{self.name}: backend must be 'compiled' or 'reference', "
                              f"got {backend!r}")
         self.backend = backend
+        if lazy_update is None:
+            lazy_update = artifact.lazy_update_default
+        if not isinstance(lazy_update, bool):
+            raise TypeError(f"{self.name}: lazy_update must be a bool, got {lazy_update!r}")
+        self.lazy_update = lazy_update
         self.params: list[np.ndarray] = self._check_params(params)
         defaults = {n: h.default for n, h in artifact.hypers.items()}
         self._hyper = hyper_rules.resolve(self.name, artifact.hypers, artifact.requirements,
@@ -137,6 +143,9 @@ class Optimizer:
             raise ValueError(f"{self.name}: got {len(grads)} gradients for "
                              f"{len(self.params)} parameters")
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if isinstance(g, RowSparse):
+                grads[i] = self._check_row_sparse(i, p, g)
+                continue
             if not isinstance(g, np.ndarray):
                 raise TypeError(f"{self.name}: gradient {i} must be a numpy.ndarray, "
                                 f"got {type(g).__name__}")
@@ -154,6 +163,31 @@ class Optimizer:
                 raise ValueError(f"{self.name}: gradient {i} shares memory with parameter {i} "
                                  "or its state; pass a separate gradient array")
         return grads
+
+    def _check_row_sparse(self, i: int, p: np.ndarray, g: RowSparse):
+        """A valid RowSparse gradient, coalesced; or its dense array (lazy_update off,
+        or a rule with whole-tensor reductions, which has no lazy variant)."""
+        idx, rows = g.indices, g.rows
+        if p.ndim == 0:
+            raise ValueError(f"{self.name}: gradient {i} is row-sparse but parameter {i} is "
+                             "a 0-d array (it has no rows)")
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"{self.name}: gradient {i}: RowSparse indices must be a 1-D "
+                            f"integer array, got {idx.dtype}{list(idx.shape)}")
+        if rows.shape != (len(idx),) + p.shape[1:]:
+            raise ValueError(f"{self.name}: gradient {i}: RowSparse rows have shape "
+                             f"{rows.shape}, expected {(len(idx),) + p.shape[1:]}")
+        if rows.dtype != p.dtype:
+            raise TypeError(f"{self.name}: gradient {i}: RowSparse rows have dtype "
+                            f"{rows.dtype}, parameter {i} has dtype {p.dtype}")
+        if len(idx) and (idx.min() < 0 or idx.max() >= p.shape[0]):
+            bad = idx[(idx < 0) | (idx >= p.shape[0])][0]
+            raise ValueError(f"{self.name}: gradient {i}: row index {bad} is out of range "
+                             f"for parameter {i} with {p.shape[0]} rows")
+        k = self._kernel(p.dtype.name, self._flags(i))
+        if not self.lazy_update or k.lazy is None:
+            return g.to_dense(p.shape)
+        return g.coalesce()
 
     def step(self, grads: Sequence[np.ndarray]) -> None:
         """One update of every parameter, in place."""
@@ -180,7 +214,10 @@ class Optimizer:
                     scalars = self._pack(k, local)
                 for n, e in k.scalar_state_updates.items():
                     st[n] = np.float64(scalar_expr.evaluate(e, local))
-            if p.size:
+            if isinstance(g, RowSparse):
+                if len(g.indices) and p.size:
+                    self._run_lazy(k, p, g, st, scalars)
+            elif p.size:
                 self._run(i, k, p, g, st, scalars)
 
     @staticmethod
@@ -213,6 +250,25 @@ class Optimizer:
                                      dict(zip(k.scalars, scalars)), d)
             for name, value in new.items():
                 arrays[name][...] = value
+
+    def _run_lazy(self, k: KernelInfo, p, g: RowSparse, st, scalars: np.ndarray) -> None:
+        """The rule on the rows ``g`` names only (indices unique and in range)."""
+        rows = g.rows.reshape(len(g.indices), -1)
+        states = [n for n in k.buffers if n in st and isinstance(st[n], np.ndarray)]
+        if self.backend == "compiled":
+            arrays = {"w": p.reshape(-1), "grad": rows, "_indices": g.indices,
+                      **{n: st[n].reshape(-1) for n in states}}
+            self.artifact.function(k.lazy["symbol"])(*(arrays[b] for b in k.lazy["buffers"]),
+                                                     scalars)
+            return
+        sub = {"w": p.reshape(p.shape[0], -1)[g.indices].reshape(-1),
+               "grad": rows.reshape(-1),
+               **{n: st[n].reshape(p.shape[0], -1)[g.indices].reshape(-1) for n in states}}
+        new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
+                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size))
+        for name, value in new.items():
+            target = p if name == "w" else st[name]
+            target.reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -48,6 +48,9 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
                 v = np.sum(full, axis=red, keepdims=True)
                 if rec["value"] == "mean":
                     v = v / np.float64(math.prod(d[k] for k in red))
+            elif op == "pow":  # in float64, rounded once (as the kernels)
+                v = np.power(np.float64(a[0]) if np.isscalar(a[0]) else a[0].astype(np.float64),
+                             np.float64(a[1]) if np.isscalar(a[1]) else a[1].astype(np.float64))
             elif op == "rsqrt":
                 v = dt(1) / np.sqrt(a[0])
             elif op == "where":

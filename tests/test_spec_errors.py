@@ -116,7 +116,7 @@ def rule(w, grad, flags):
 def rule(w, grad, flags):
     return {m: grad * "x", w: w - lr * grad}
 """, 8, r"cannot be used in an update rule"),
-    ("no-spec", "x = 1\n", None, r"exactly one Spec, found 0"),
+    ("no-spec", "x = 1\n", None, r"exactly one Spec \(or name it .spec.\), found 0"),
 ]
 
 

@@ -26,7 +26,9 @@ def spec_line_error(exc: BaseException, path: str) -> SpecError:
     return SpecError(f"{kind}: {exc}", file=path, line=line)
 
 
-def load_spec(path: str) -> Spec:
+def load_spec(path: str, base: str | None = None) -> Spec:
+    """The spec a file defines; with ``base``, the file's ``wrap(base_spec)`` applied to
+    the catalog spec ``base`` (wrappers such as LARS)."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -44,8 +46,21 @@ def load_spec(path: str) -> Spec:
     except Exception as e:  # spec code is user code: every failure is a spec error
         raise spec_line_error(e, path) from None
     specs = [v for v in module.__dict__.values() if isinstance(v, Spec)]
+    if isinstance(module.__dict__.get("spec"), Spec):   # the file's own, beside its bases
+        specs = [module.__dict__["spec"]]
     if len(specs) != 1:
-        raise SpecError(f"a spec file must create exactly one Spec, found {len(specs)}", file=path)
+        raise SpecError(f"a spec file must create exactly one Spec (or name it 'spec'), "
+                        f"found {len(specs)}", file=path)
     spec = specs[0]
+    if base is not None:
+        wrap = module.__dict__.get("wrap")
+        if not callable(wrap):
+            raise SpecError(f"{os.path.basename(path)} is not a wrapper (it defines no "
+                            "wrap(base)), so base= does not apply", file=path)
+        from ..dsl import base_spec
+        try:
+            spec = wrap(base_spec(base))
+        except Exception as e:
+            raise spec_line_error(e, path) from None
     spec.file, spec.source = path, source
     return spec

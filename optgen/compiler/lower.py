@@ -75,8 +75,11 @@ def lower(kir: KernelIR, dtype: str, symbol: str) -> list[LoweredKernel]:
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
     in launch order."""
     multi = len(kir.launches) > 1
-    return [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol)
-            for k, ln in enumerate(kir.launches)]
+    out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol)
+           for k, ln in enumerate(kir.launches)]
+    if kir.lazy is not None:
+        out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy"))
+    return out
 
 
 def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
@@ -95,6 +98,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         return f"T.{ty}({float(v)!r})"
 
     def load(name: str) -> str:
+        if view == "lazy":  # gradient rows are packed; parameter rows are looked up
+            return f"{buffer_var(name)}[{'ri, j' if name == 'grad' else 'pi'}]"
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view)}]"
 
     def ref(e: Expr) -> str:
@@ -116,6 +121,11 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
             return f"({const(0.0)} - {a[0]})"
         if e.op == "pow" and e.args[1].op == "const" and e.args[1].value in (1.0, 2.0, 0.5):
             return {1.0: a[0], 2.0: f"({a[0]} * {a[0]})", 0.5: f"T.sqrt({a[0]})"}[e.args[1].value]
+        if e.op == "pow":
+            # evaluated in float64 and rounded once, as the reference does: FTRL's
+            # accum**p - accum_old**p cancels, and float32 powf implementations differ
+            return (f'T.Cast("{ty}", T.pow(T.Cast("float64", {a[0]}), '
+                    f'T.Cast("float64", {a[1]})))')
         if e.op == "rsqrt":
             # T.rsqrt of a let-bound value fails TVM 0.27's MakePackedAPI ("variables ...
             # are used, but are not passed in as API arguments"); 1/sqrt is what the
@@ -145,6 +155,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
             body.append(f"v{k}: T.let = {render(e)}")
 
     def lbuf(name: str) -> LoweredBuffer:
+        if name == "_indices":
+            return LoweredBuffer(name, buffer_var(name), "k", "int64")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              ACC_DTYPE if name in kir.reductions else dtype)
 

@@ -49,23 +49,27 @@ def symbol_for(name: str, dtype: str, flags: dict[str, bool]) -> str:
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
-          force: bool = False) -> BuildResult:
+          force: bool = False, base: str | None = None) -> BuildResult:
+    """Build (or find in the cache) the artifact of a spec file; ``base`` picks the base
+    optimizer of a wrapper spec (LARS)."""
     start = time.perf_counter()
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
     with open(spec_path, encoding="utf-8") as f:
         source = f.read()
-    key = cache.artifact_key(source, target)
+    key = cache.artifact_key(source, target, base)
     if out is not None:
-        dest = os.path.join(os.path.abspath(out), cache.artifact_dirname(spec_path, target, None))
+        dest = os.path.join(os.path.abspath(out),
+                            cache.artifact_dirname(spec_path, target, None, base))
     else:
-        dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(spec_path, target, key))
+        dest = os.path.join(cache.cache_dir(),
+                            cache.artifact_dirname(spec_path, target, key, base))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest + ".lock", "w") as lock:          # one builder per artifact at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not force and _is_current(dest, key):
             return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
-        spec = load_spec(spec_path)                                  # 1 load
+        spec = load_spec(spec_path, base)                            # 1 load
         traces = verify(spec)                                        # 2 verify
         kirs = [specialize(spec, tr) for tr in traces]              # 3 IR
         _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
@@ -113,6 +117,8 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
             multi = len(entry["launches"]) > 1
             for j, ln in enumerate(entry["launches"]):
                 ln["symbol"] = f"{sym}_p{j}" if multi else sym
+            if entry["lazy"] is not None:
+                entry["lazy"]["symbol"] = f"{sym}_lazy"
             kernels.append(entry)
     hypers = [h.info for h in spec.hypers.values()]
     manifest = {

@@ -25,7 +25,9 @@ RED_SCALAR_SIZE = 1 + REDUCE_CHUNKS * REDUCE_LANES   # size of a per-parameter r
 def schedule(k: LoweredKernel) -> str:
     itemsize = np.dtype(k.dtype).itemsize
     vec = VECTOR_BYTES // itemsize
-    if k.view == "3d":
+    if k.view == "lazy":
+        name = "kernel_llvm_lazy.py.j2"
+    elif k.view == "3d":
         name = "kernel_llvm_3d.py.j2"
     elif k.kind == "reduce":
         name = "kernel_llvm_reduce.py.j2"

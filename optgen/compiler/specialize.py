@@ -61,6 +61,7 @@ class KernelIR:
     launches: list[Launch] = field(default_factory=list)
     reductions: dict[str, Expr] = field(default_factory=dict)   # "_red<k>" -> reduce node
     buffer_axes: dict[str, str] = field(default_factory=dict)   # buffer -> axes
+    lazy: Launch | None = None          # the row-sparse variant, where the rule allows one
 
     @property
     def scalars(self) -> list[str]:
@@ -72,7 +73,8 @@ class KernelIR:
                 "host_scalars": self.host_scalars,
                 "scalar_state_updates": self.scalar_state_updates,
                 "buffer_axes": self.buffer_axes,
-                "launches": [ln.to_json(index) for ln in self.launches], "ir": ir}
+                "launches": [ln.to_json(index) for ln in self.launches],
+                "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir}
 
 
 def _needs_host(e: Expr) -> bool:
@@ -195,6 +197,11 @@ def plan(kir: KernelIR) -> None:
         bufs = [b for b in kir.buffers if b in bufs or b in outs]
         launches.append(Launch("update", space, v, bufs, outputs=outs))
     kir.launches = launches
+    # row-wise elementwise rules also get a lazy (row-sparse) variant: the same body over
+    # the rows named by an index array (MXNet lazy_update, MindSpore LazyAdam)
+    if not reduces and all(a in ("brc", "") for a in kir.buffer_axes.values()):
+        kir.lazy = Launch("update", "brc", "lazy", [*kir.buffers, "_indices"],
+                          outputs=list(kir.tensor_updates))
 
 
 def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None
