@@ -138,6 +138,7 @@ class Spec:
     lazy_update_default: bool = False   # row-sparse gradients update only their rows
     preprocessing: str | None = None    # "coupled" / "decoupled" weight decay (optgen.blocks)
     base: "Spec | None" = None          # the spec this one extends (Spec.extend)
+    inputs: dict[str, str] = field(default_factory=dict)  # extra per-element inputs -> doc
     rule: Callable | None = None
     rule_loc: Loc | None = None
     loc: Loc | None = None
@@ -163,6 +164,7 @@ class Spec:
         spec.shape_flags = dict(base.shape_flags)
         spec.lazy_update_default = base.lazy_update_default
         spec.preprocessing = base.preprocessing
+        spec.inputs = dict(base.inputs)
         spec.base = base
         return spec
 
@@ -175,7 +177,8 @@ class Spec:
                             loc)
         if name in RESERVED:
             raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc)
-        if name in self.hypers or name in self.states or name in self.shape_flags:
+        if name in self.hypers or name in self.states or name in self.shape_flags \
+                or name in self.inputs:
             raise SpecError(f"{what} {name!r} is declared twice", loc)
 
     def hyper(self, name: str, default: Any, constraint: str | None = None, doc: str = "", *,
@@ -210,6 +213,16 @@ class Spec:
             raise SpecError(f"flag {name!r} needs a bool default, got {default!r}", loc)
         self.hypers[name] = Hyper(HyperInfo(name, default, "bool", None, doc), None, loc)
         return name
+
+    def input(self, name: str, doc: str = "") -> Expr:
+        """An extra read-only per-element input beside the gradient (SVRG's snapshot
+        gradient), passed to ``step(grads, name=[...])``."""
+        loc = caller_loc()
+        self._new_name(name, "input", loc)
+        if name in self.inputs:
+            raise SpecError(f"input {name!r} is declared twice", loc)
+        self.inputs[name] = doc
+        return Expr("grad", name=name, kind="tensor", loc=loc)
 
     def shape_flag(self, name: str, rule: str, doc: str = "") -> str:
         """A flag set per parameter from its shape, e.g. ``"ndim >= 2"`` (names: ndim, numel).

@@ -105,6 +105,7 @@ class Artifact:
         self.shape_flags: dict[str, str] = {n: f["rule"]
                                             for n, f in manifest["shape_flags"].items()}
         self.lazy_update_default: bool = manifest["lazy_update_default"]
+        self.inputs: dict[str, str] = manifest["inputs"]
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self._module = None
         self._functions: dict[str, Callable] = {}

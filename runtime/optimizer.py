@@ -135,32 +135,34 @@ class Optimizer:
         return env
 
     # -- stepping ----------------------------------------------------------------------
-    def _check_grads(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _check_grads(self, grads: Sequence[np.ndarray], what: str = "grads") -> list[np.ndarray]:
         if isinstance(grads, np.ndarray):
-            raise TypeError(f"{self.name}: grads must be a list of arrays, got a single array")
+            raise TypeError(f"{self.name}: {what} must be a list of arrays, got a single array")
         grads = list(grads)
         if len(grads) != len(self.params):
-            raise ValueError(f"{self.name}: got {len(grads)} gradients for "
+            raise ValueError(f"{self.name}: got {len(grads)} "
+                             f"{'gradients' if what == 'grads' else what + ' arrays'} for "
                              f"{len(self.params)} parameters")
+        label = "gradient" if what == "grads" else what
         for i, (p, g) in enumerate(zip(self.params, grads)):
-            if isinstance(g, RowSparse):
+            if isinstance(g, RowSparse) and what == "grads":
                 grads[i] = self._check_row_sparse(i, p, g)
                 continue
             if not isinstance(g, np.ndarray):
-                raise TypeError(f"{self.name}: gradient {i} must be a numpy.ndarray, "
+                raise TypeError(f"{self.name}: {label} {i} must be a numpy.ndarray, "
                                 f"got {type(g).__name__}")
             if g.shape != p.shape:
-                raise ValueError(f"{self.name}: gradient {i} has shape {g.shape}, "
+                raise ValueError(f"{self.name}: {label} {i} has shape {g.shape}, "
                                  f"parameter {i} has shape {p.shape}")
             if g.dtype != p.dtype:
-                raise TypeError(f"{self.name}: gradient {i} has dtype {g.dtype}, "
+                raise TypeError(f"{self.name}: {label} {i} has dtype {g.dtype}, "
                                 f"parameter {i} has dtype {p.dtype}")
             if not g.flags.c_contiguous:
-                raise ValueError(f"{self.name}: gradient {i} is not C-contiguous")
+                raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
             if np.may_share_memory(g, p) or any(
                     isinstance(s, np.ndarray) and np.may_share_memory(g, s)
                     for s in self.state[i].values()):
-                raise ValueError(f"{self.name}: gradient {i} shares memory with parameter {i} "
+                raise ValueError(f"{self.name}: {label} {i} shares memory with parameter {i} "
                                  "or its state; pass a separate gradient array")
         return grads
 
@@ -189,9 +191,30 @@ class Optimizer:
             return g.to_dense(p.shape)
         return g.coalesce()
 
-    def step(self, grads: Sequence[np.ndarray]) -> None:
-        """One update of every parameter, in place."""
+    def _check_inputs(self, inputs: dict[str, Any], grads: list) -> list[dict[str, np.ndarray]]:
+        """The spec's extra per-element inputs (e.g. SVRG's grad_snapshot), per parameter."""
+        want = set(self.artifact.inputs)
+        if set(inputs) != want:
+            missing, extra = sorted(want - set(inputs)), sorted(set(inputs) - want)
+            raise TypeError(f"{self.name}: step() " + (f"needs {' and '.join(m + '=[...]' for m in missing)}"
+                            if missing else f"got unexpected input {extra[0]!r}")
+                            + (f" ({'; '.join(f'{n}: {d}' for n, d in self.artifact.inputs.items())})"
+                               if want else ""))
+        per_param: list[dict[str, np.ndarray]] = [{} for _ in self.params]
+        for name, arrays in inputs.items():
+            checked = self._check_grads(arrays, what=name)
+            for i, (a, g) in enumerate(zip(checked, grads)):
+                if isinstance(g, RowSparse):
+                    raise TypeError(f"{self.name}: gradient {i} is row-sparse, but {name} "
+                                    "inputs need dense gradients")
+                per_param[i][name] = a
+        return per_param
+
+    def step(self, grads: Sequence[np.ndarray], **inputs: Sequence[np.ndarray]) -> None:
+        """One update of every parameter, in place. Specs with extra inputs (SVRG) take
+        them by name: ``step(grads, grad_snapshot=[...], full_grad=[...])``."""
         grads = self._check_grads(grads)
+        extra = self._check_inputs(inputs, grads)
         self.t += 1
         env = self._scalar_env()
         shared: dict[str, tuple] = {}  # kernel -> (values, scalar array) for this step
@@ -218,7 +241,7 @@ class Optimizer:
                 if len(g.indices) and p.size:
                     self._run_lazy(k, p, g, st, scalars)
             elif p.size:
-                self._run(i, k, p, g, st, scalars)
+                self._run(i, k, p, g, st, scalars, extra[i])
 
     @staticmethod
     def _pack(k: KernelInfo, values: Mapping[str, Any]) -> np.ndarray:
@@ -235,9 +258,10 @@ class Optimizer:
                 for n, axes in k.workspaces.items()}
         return ws
 
-    def _run(self, i: int, k: KernelInfo, p, g, st, scalars: np.ndarray) -> None:
+    def _run(self, i: int, k: KernelInfo, p, g, st, scalars: np.ndarray,
+             extra: Mapping[str, np.ndarray]) -> None:
         d = views.dims(p.shape)
-        arrays = {"w": p, "grad": g, **{n: st[n] for n in k.buffers if n in st}}
+        arrays = {"w": p, "grad": g, **extra, **{n: st[n] for n in k.buffers if n in st}}
         if self.backend == "compiled":
             arrays.update(self._workspace(i, k, d))
             for ln in k.launches:

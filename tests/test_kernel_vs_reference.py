@@ -96,8 +96,9 @@ def test_compiled_matches_reference(name, flags, setting, dtype, rng):
         steps = 2 if np.prod(shape) > 100_000 else 5
         for _ in range(steps):
             g = rng.standard_normal(shape).astype(dtype)
-            comp.step([offset_array(g, rng)])
-            ref.step([g])
+            extra = {n: rng.standard_normal(shape).astype(dtype) for n in art.inputs}
+            comp.step([offset_array(g, rng)], **{n: [offset_array(a, rng)] for n, a in extra.items()})
+            ref.step([g], **{n: [a] for n, a in extra.items()})
         assert_close(w_c, w_r, dtype, f"{name} w, shape {shape}")
         for sname, value in comp.state[0].items():
             assert_close(value, ref.state[0][sname], dtype, f"{name} state {sname}, shape {shape}")

@@ -167,7 +167,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
                              [lbuf(b) for b in ln.buffers], list(kir.scalars), body, acc=acc,
                              red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name)
-    outs = {n: kir.tensor_updates[n] for n in ln.outputs}
+    # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
+    outs = {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)
+            if not (e.op == "state" and e.name == n)}
     emit(list(outs.values()))
     for out, e in outs.items():  # a value with fewer axes is broadcast
         body.append(f"{load(out)} = {ref(e)}")

@@ -132,6 +132,7 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc,
                     "when": s.when} for s in spec.states.values()],
         "shape_flags": {n: {"rule": r, "doc": d} for n, (r, d) in spec.shape_flags.items()},
+        "inputs": spec.inputs,
         "lazy_update_default": spec.lazy_update_default,
         "reduction_buffer_size": RED_SCALAR_SIZE,
         "abi": "each kernel runs its 'launches' in order; a launch is kernel(*buffers, "

@@ -118,10 +118,11 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
     scalar_states = [s.name for s in active if s.shape == "scalar"]
     tensor_updates = {name: rewrite(trace.updates[name]) for name in ["w", *tensor_states]}
     scalar_updates = {name: to_python(trace.updates[name]) for name in scalar_states}
-    axes = {"w": "brc", "grad": "brc", **{s.name: s.node.axes for s in active}}
+    axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
+            **{s.name: s.node.axes for s in active}}
     kir = KernelIR(
         flags=dict(trace.flags),
-        buffers=["w", "grad", *tensor_states],
+        buffers=["w", "grad", *spec.inputs, *tensor_states],
         hypers=list(spec.numeric_hypers),
         host_scalars={name: text for text, name in host.items()},
         scalar_state_updates=scalar_updates,
@@ -199,7 +200,9 @@ def plan(kir: KernelIR) -> None:
     kir.launches = launches
     # row-wise elementwise rules also get a lazy (row-sparse) variant: the same body over
     # the rows named by an index array (MXNet lazy_update, MindSpore LazyAdam)
-    if not reduces and all(a in ("brc", "") for a in kir.buffer_axes.values()):
+    has_inputs = any(b not in ("w", "grad") and b not in kir.tensor_updates
+                     for b in kir.buffers if not b.startswith("_red"))
+    if not reduces and not has_inputs and all(a in ("brc", "") for a in kir.buffer_axes.values()):
         kir.lazy = Launch("update", "brc", "lazy", [*kir.buffers, "_indices"],
                           outputs=list(kir.tensor_updates))
 
