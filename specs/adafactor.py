@@ -30,13 +30,13 @@ from optgen.dsl import Spec, maximum, mean, minimum, rms, row_mean, col_mean, sq
 spec = Spec("adafactor", __doc__, reference="arXiv:1804.04235")
 lr = spec.hyper("lr", None, "lr > 0", "external learning rate; used when relative_step is off",
                 optional=True, none_value=0.0)
-eps1 = spec.hyper("eps1", 1e-30, "eps1 >= 0", "added to the squared gradient")
-eps2 = spec.hyper("eps2", 1e-3, "eps2 >= 0", "lower bound of the parameter scale RMS(w)")
+eps1 = spec.hyper("eps1", 1e-30, "eps1 > 0", "added to the squared gradient")
+eps2 = spec.hyper("eps2", 1e-3, "eps2 > 0", "lower bound of the parameter scale RMS(w)")
 clip_threshold = spec.hyper("clip_threshold", 1.0, "clip_threshold > 0",
                             "the update is scaled down so that its RMS is at most this")
 decay_rate = spec.hyper("decay_rate", 0.8, "0 <= decay_rate <= 1",
                         "second-moment decay: beta2t = 1 - t**(-decay_rate)")
-beta1 = spec.hyper("beta1", None, "0 <= beta1 < 1",
+beta1 = spec.hyper("beta1", None, "0 < beta1 < 1",
                    "first-moment decay of the update; None: no first moment",
                    optional=True, none_value=0.0)
 weight_decay = spec.hyper("weight_decay", 0.0, "weight_decay >= 0",
