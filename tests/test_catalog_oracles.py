@@ -383,8 +383,9 @@ INVALID = [
     ("lars", dict(base="sgd", momentum=0.9, dampening=0.3, nesterov=True), "nesterov"),
     ("adafactor", dict(relative_step=False, lr=0.0), "lr"),         # lr > 0
     ("adafactor", dict(relative_step=False), "lr"),                 # lr must be set
-    ("adafactor", dict(eps1=-1.0), "eps1"),
-    ("adafactor", dict(eps2=-1.0), "eps2"),
+    ("adafactor", dict(eps1=0.0), "eps1"),                          # seed: eps <= 0 raises
+    ("adafactor", dict(eps2=0.0), "eps2"),
+    ("adafactor", dict(beta1=0.0), "beta1"),                        # seed: beta1 in (0, 1)
     ("adafactor", dict(clip_threshold=0.0), "clip_threshold"),
     ("adafactor", dict(decay_rate=1.5), "decay_rate"),
     ("adafactor", dict(beta1=1.0), "beta1"),
@@ -409,7 +410,7 @@ VALID = [
     ("lars", dict(epsilon=0.0)),
     ("lars", dict(base="sgd")),
     ("adafactor", dict(relative_step=False, lr=0.01)),
-    ("adafactor", dict(eps1=0.0, eps2=0.0, decay_rate=0.0, beta1=0.0)),
+    ("adafactor", dict(eps1=1e-45, eps2=1e-45, decay_rate=0.0, beta1=1e-9)),
     ("adafactor", dict(decay_rate=1.0)),
 ]
 WRONG_TYPE = [
