@@ -25,6 +25,7 @@ zero parameter, and lazy row-sparse updates.
 from __future__ import annotations
 
 import math
+import zlib
 import re
 
 import numpy as np
@@ -780,3 +781,45 @@ def test_oracle_lars_clip_rule():
     o = make_oracle("lars", w, base="momentum", lr=0.1, coefficient=0.02)
     o.step(np.full(100, 2.0))
     assert math.isclose(o.last_lambda, 0.02 * 10 / (20 + 1e-5))
+
+
+# -- svrg: the base rule on the variance-reduced gradient ----------------------------
+SVRG_CASES = {
+    "sgd-momentum": ("sgd", dict(lr=0.05, momentum=0.9, weight_decay=0.03, clip_gradient=0.5)),
+    "adam": ("adam", dict(lr=0.01, rescale_grad=0.14)),
+    "rmsprop-centered": ("rmsprop", dict(lr=0.01, centered=True, epsilon=1e-6)),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("case", list(SVRG_CASES))
+def test_svrg_is_base_on_variance_reduced_gradient(case, shape):
+    """svrg (seed 002, Johnson & Zhang): the base optimizer stepped on
+    grad - grad_snapshot + full_grad, with the base's own preprocessing."""
+    base, hyper = SVRG_CASES[case]
+    w0, grads = make_problem(shape, zlib.crc32(case.encode()))
+    _, snaps = make_problem(shape, 1 + zlib.crc32(case.encode()))
+    full = next(make_problem(shape, 2 + zlib.crc32(case.encode()))[1])
+    w = w0.copy()
+    opt = optgen.create("svrg", [w], base=base, **hyper)
+    oracle = make_oracle(base, w0, **hyper)
+    for t in range(1, 51):
+        g, s = next(grads), next(snaps)
+        opt.step([g], grad_snapshot=[s], full_grad=[full])
+        # the float32 kernel forms (grad - snapshot) + full in float32 (two roundings the
+        # rule cannot avoid; where the terms cancel they dominate), so the oracle starts
+        # from that float32 value and computes the rest in float64
+        oracle.step(((g - s) + full).astype(np.float64))
+        if t in (1, 10, 50):
+            compare(opt, oracle, t, f"svrg({base}) {shape}")
+
+
+def test_svrg_needs_its_inputs():
+    w = np.zeros(4, np.float32)
+    opt = optgen.create("svrg", [w])
+    g = np.ones(4, np.float32)
+    with pytest.raises(TypeError, match="grad_snapshot"):
+        opt.step([g])
+    with pytest.raises(ValueError, match="full_grad 0 has shape"):
+        opt.step([g], grad_snapshot=[g.copy()], full_grad=[np.ones(3, np.float32)])
+    assert opt.t == 0 and not w.any()
