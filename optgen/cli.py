@@ -64,6 +64,9 @@ def _cmd_list(args) -> int:
             print(f"    {i.name} ({i.type}, default {i.default!r}{rule}) {i.doc}")
         for n, (rule, doc) in spec.shape_flags.items():
             print(f"    {n} (flag set per parameter: {rule}) {doc}")
+        for n, (exclude, doc) in spec.name_flags.items():
+            print(f"    {n} (flag set per parameter: off for names containing "
+                  f"{' or '.join(map(repr, exclude))}) {doc}")
         for s in spec.states.values():
             when = f", when {s.when}" if s.when else ""
             print(f"    state {s.name} (init {s.init!r}, {s.shape}{when}) {s.doc}")

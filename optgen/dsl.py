@@ -135,6 +135,7 @@ class Spec:
     states: dict[str, State] = field(default_factory=dict)
     requirements: list[tuple[Requirement, Loc | None]] = field(default_factory=list)
     shape_flags: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (expr, doc)
+    name_flags: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     lazy_update_default: bool = False   # row-sparse gradients update only their rows
     preprocessing: str | None = None    # "coupled" / "decoupled" weight decay (optgen.blocks)
     base: "Spec | None" = None          # the spec this one extends (Spec.extend)
@@ -162,6 +163,7 @@ class Spec:
         spec.states = dict(base.states)
         spec.requirements = list(base.requirements)
         spec.shape_flags = dict(base.shape_flags)
+        spec.name_flags = dict(base.name_flags)
         spec.lazy_update_default = base.lazy_update_default
         spec.preprocessing = base.preprocessing
         spec.inputs = dict(base.inputs)
@@ -178,6 +180,7 @@ class Spec:
         if name in RESERVED:
             raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc)
         if name in self.hypers or name in self.states or name in self.shape_flags \
+                or name in self.name_flags \
                 or name in self.inputs:
             raise SpecError(f"{what} {name!r} is declared twice", loc)
 
@@ -241,6 +244,18 @@ class Spec:
         self.shape_flags[name] = (rule, doc)
         return name
 
+    def name_flag(self, name: str, exclude: tuple[str, ...] = (), doc: str = "") -> str:
+        """A flag set per parameter from its name: False when the name contains one of
+        ``exclude`` (LARS leaves out "LayerNorm" and "bias"), True otherwise and for
+        unnamed parameters. Users name parameters with ``create(..., param_names=[...])``
+        and may replace the rule with ``name_filters={name: callable}``."""
+        loc = caller_loc()
+        self._new_name(name, "flag", loc)
+        if isinstance(exclude, str) or not all(isinstance(x, str) for x in exclude):
+            raise SpecError(f"name flag {name!r}: exclude must be a tuple of strings", loc)
+        self.name_flags[name] = (tuple(exclude), doc)
+        return name
+
     def state(self, name: str, init: Any = 0.0, doc: str = "", *, shape: str = "param",
               when: str | None = None) -> Expr:
         """Optimizer state: per element (``shape="param"``), per row or column of the
@@ -265,7 +280,7 @@ class Spec:
         else:
             init = float(init)
         if when is not None:
-            flag_names = set(self.flags) | set(self.shape_flags)
+            flag_names = set(self.all_flag_names())
             try:
                 unknown = scalar_expr.names(when) - flag_names
             except scalar_expr.ExprError as e:
@@ -345,7 +360,7 @@ class Spec:
         raise SpecError(f"update keys must be states or w, got {key!r}", loc)
 
     def all_flag_names(self) -> list[str]:
-        return [*self.flags, *self.shape_flags]
+        return [*self.flags, *self.shape_flags, *self.name_flags]
 
     def hyper_defaults(self) -> dict[str, Any]:
         return {n: h.info.default for n, h in self.hypers.items()}

@@ -50,12 +50,15 @@ def load(path: str | os.PathLike) -> Artifact:
 def create(spec: str | os.PathLike | Artifact, params: Iterable[np.ndarray], *,
            target: str = "llvm", build: bool = True, backend: str = "compiled",
            base: str | None = None, lazy_update: bool | None = None,
+           param_names: Iterable[str] | None = None, name_filters: dict | None = None,
            **hyper: Any) -> Optimizer:
     """An optimizer for ``params`` from a catalog name, a spec file or an artifact.
 
     ``base``: the base optimizer of a wrapper spec (LARS). ``lazy_update``: whether a
     ``RowSparse`` gradient updates only its rows (default: the spec's choice, True for
-    lazyadam)."""
+    lazyadam). ``param_names`` (one per parameter) and ``name_filters`` set per-parameter
+    name flags, such as LARS's filter that leaves out LayerNorm and bias parameters."""
     art = spec if isinstance(spec, Artifact) else get_artifact(spec, target, build=build,
                                                                base=base)
-    return Optimizer(art, params, backend=backend, lazy_update=lazy_update, **hyper)
+    return Optimizer(art, params, backend=backend, lazy_update=lazy_update,
+                     param_names=param_names, name_filters=name_filters, **hyper)

@@ -106,6 +106,8 @@ class Artifact:
                                             for n, f in manifest["shape_flags"].items()}
         self.lazy_update_default: bool = manifest["lazy_update_default"]
         self.inputs: dict[str, str] = manifest["inputs"]
+        self.name_flags: dict[str, tuple[str, ...]] = {
+            n: tuple(f["exclude"]) for n, f in manifest["name_flags"].items()}
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self._module = None
         self._functions: dict[str, Callable] = {}

@@ -37,7 +37,9 @@ class Optimizer:
     """
 
     def __init__(self, artifact: Artifact, params: Iterable[np.ndarray], *,
-                 backend: str = "compiled", lazy_update: bool | None = None, **hyper: Any):
+                 backend: str = "compiled", lazy_update: bool | None = None,
+                 param_names: Sequence[str] | None = None,
+                 name_filters: Mapping[str, Any] | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = artifact.name
         if backend not in ("compiled", "reference"):
@@ -58,6 +60,8 @@ class Optimizer:
                                                                    "numel": p.size}))
                               for n, rule in artifact.shape_flags.items()}
                              for p in self.params]
+        for flags, name in zip(self._shape_flags, self._check_names(param_names, name_filters)):
+            flags.update(name)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         for i in range(len(self.params)):
             self._ensure_state(i)
@@ -88,6 +92,35 @@ class Optimizer:
                 if np.may_share_memory(p, params[j]):
                     raise ValueError(f"{self.name}: parameters {j} and {i} share memory")
         return params
+
+    def _check_names(self, names, filters) -> list[dict[str, bool]]:
+        """Per-parameter name flags (LARS's filter) from ``param_names``/``name_filters``."""
+        flags = self.artifact.name_flags
+        filters = dict(filters or {})
+        unknown = sorted(set(filters) - set(flags))
+        if unknown:
+            raise ValueError(f"{self.name}: name_filters has {unknown[0]!r}; this optimizer's "
+                             f"name flags are {sorted(flags) or 'none'}")
+        for n, f in filters.items():
+            if not callable(f):
+                raise TypeError(f"{self.name}: name_filters[{n!r}] must be a callable "
+                                f"name -> bool, got {type(f).__name__}")
+        if names is not None:
+            names = list(names)
+            if len(names) != len(self.params) or not all(isinstance(x, str) for x in names):
+                raise ValueError(f"{self.name}: param_names must be {len(self.params)} "
+                                 "strings, one per parameter")
+        out = []
+        for i in range(len(self.params)):
+            name = names[i] if names is not None else None
+            row = {}
+            for n, exclude in flags.items():
+                if n in filters:
+                    row[n] = bool(filters[n](name if name is not None else ""))
+                else:
+                    row[n] = name is None or not any(x in name for x in exclude)
+            out.append(row)
+        return out
 
     def _flags(self, i: int) -> dict[str, bool]:
         """Parameter ``i``'s flags: the user's, then those set by its shape."""

@@ -9,12 +9,16 @@
 
 Norms are L2 over the whole tensor, computed in a first pass. weight_decay and lr are the
 base's hyperparameters; the base does not apply its weight decay again. The base must
-use coupled weight decay (sgd, momentum, nag, adam, rmsprop, ...). MindSpore leaves out
-LayerNorm and bias parameters (lars_filter); here LARS applies to every parameter the
-optimizer is given: step such parameters with the plain base optimizer.
+use coupled weight decay (sgd, momentum, nag, adam, rmsprop, ...).
+
+As MindSpore's lars_filter, parameters whose name contains "LayerNorm" or "bias" are
+left out: they step the base rule on g itself (no LARS scaling, no weight decay). Name
+the parameters with ``param_names=[...]``; replace the rule with
+``name_filters={"apply_lars": lambda name: ...}``. Unnamed parameters get LARS.
 
     optgen.create("lars", params)                     # LARS(momentum)
     optgen.create("lars", params, base="adam")        # LARS(adam)
+    optgen.create("lars", params, param_names=["fc.weight", "fc.bias"])
     optgen build lars --base adam
 
 Reference: Y. You, I. Gitman, B. Ginsburg, "Large Batch Training of Convolutional
@@ -35,12 +39,16 @@ def wrap(base: Spec) -> Spec:
                              "trust coefficient of the local learning rate")
     epsilon = spec.hyper("epsilon", 1e-5, "epsilon >= 0", "added to the ratio's denominator")
     spec.flag("use_clip", False, "clip the local learning rate: min(lambda / lr, 1)")
+    spec.name_flag("apply_lars", ("LayerNorm", "bias"),
+                   "LARS for this parameter (off for LayerNorm and bias parameters)")
     lr, wd = base.hypers["lr"].node, base.hypers["weight_decay"].node
     rescale_clip = rescale_and_clip(base)
 
     @spec.update
     def lars(w, grad, flags):
         g = rescale_clip(grad)
+        if not flags.apply_lars:
+            return base.rule(w, preprocessed(g), flags)
         n_w, n_g = norm(w), norm(g)
         ratio = where((n_w > 0) & (n_g > 0), coefficient * n_w / (n_g + wd * n_w + epsilon), 1.0)
         if flags.use_clip:

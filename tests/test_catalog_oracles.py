@@ -823,3 +823,35 @@ def test_svrg_needs_its_inputs():
     with pytest.raises(ValueError, match="full_grad 0 has shape"):
         opt.step([g], grad_snapshot=[g.copy()], full_grad=[np.ones(3, np.float32)])
     assert opt.t == 0 and not w.any()
+
+
+# -- lars: the name filter (MindSpore lars_filter) ------------------------------------
+@pytest.mark.parametrize("base", ["momentum", "sgd"])
+def test_lars_filter_by_name(base):
+    """Parameters named like LayerNorm or bias step the base rule on the clipped, rescaled
+    gradient without LARS scaling and without weight decay; the others get LARS."""
+    hyper = dict(lr=0.05, weight_decay=0.03, coefficient=0.02, rescale_grad=0.14,
+                 clip_gradient=0.5, **({"momentum": 0.9} if base == "sgd" else {}))
+    names = ["encoder.weight", "encoder.LayerNorm.weight", "encoder.bias"]
+    shape = (31, 17)
+    problems = [make_problem(shape, seed_for("lars-filter", base, n)) for n in names]
+    w0 = [p[0] for p in problems]
+    ws = [w.copy() for w in w0]
+    opt = optgen.create("lars", ws, base=base, param_names=names, **hyper)
+    base_hyper = {k: v for k, v in hyper.items() if k != "coefficient"}
+    oracles = [make_oracle("lars", w0[0], base=base, **hyper),
+               make_oracle(base, w0[1], **{**base_hyper, "weight_decay": 0.0}),
+               make_oracle(base, w0[2], **{**base_hyper, "weight_decay": 0.0})]
+    for t in range(1, 31):
+        gs = [next(p[1]) for p in problems]
+        opt.step(gs)
+        for o, g in zip(oracles, gs):
+            o.step(g)
+        if t in (1, 10, 30):
+            for i, o in enumerate(oracles):
+                compare(opt, o, t, f"lars({base}) {names[i]}", i=i)
+    custom = optgen.create("lars", [w.copy() for w in w0], base=base, param_names=names,
+                           name_filters={"apply_lars": lambda n: n.endswith("weight")}, **hyper)
+    assert [custom._flags(i)["apply_lars"] for i in range(3)] == [True, True, False]
+    with pytest.raises(ValueError, match="param_names must be 3 strings"):
+        optgen.create("lars", [w.copy() for w in w0], base=base, param_names=["a"])
