@@ -97,6 +97,7 @@ class State:
     node: Expr
     loc: Loc | None
     when: str | None = None  # a flag expression: the state exists only where it is true
+    half_when: str | None = None  # a flag expression: stored as float16 where it is true
 
 
 @dataclass
@@ -257,12 +258,13 @@ class Spec:
         return name
 
     def state(self, name: str, init: Any = 0.0, doc: str = "", *, shape: str = "param",
-              when: str | None = None) -> Expr:
+              when: str | None = None, half_when: str | None = None) -> Expr:
         """Optimizer state: per element (``shape="param"``), per row or column of the
         ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
         or one scalar per parameter (``"scalar"``). ``init`` is a number or a
         hyperparameter expression (``spec.state("accum", initial_accum)``). With
-        ``when="flag"`` (a flag expression) the state exists only in those kernels."""
+        ``when="flag"`` (a flag expression) the state exists only in those kernels; with
+        ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype)."""
         loc = caller_loc()
         self._new_name(name, "state", loc)
         if shape not in STATE_SHAPES:
@@ -279,18 +281,22 @@ class Spec:
                             f"expression, got {init!r}", loc)
         else:
             init = float(init)
-        if when is not None:
-            flag_names = set(self.all_flag_names())
+        for key, rule in (("when", when), ("half_when", half_when)):
+            if rule is None:
+                continue
             try:
-                unknown = scalar_expr.names(when) - flag_names
+                unknown = scalar_expr.names(rule) - set(self.all_flag_names())
             except scalar_expr.ExprError as e:
-                raise SpecError(f"state {name!r}: bad when= rule: {e}", loc) from None
+                raise SpecError(f"state {name!r}: bad {key}= rule: {e}", loc) from None
             if unknown:
-                raise SpecError(f"state {name!r}: when= names {sorted(unknown)[0]!r}, which is "
-                                "not a flag declared before it", loc)
+                raise SpecError(f"state {name!r}: {key}= names {sorted(unknown)[0]!r}, which "
+                                "is not a flag declared before it", loc)
+        if half_when is not None and shape == "scalar":
+            raise SpecError(f"state {name!r}: scalar states stay float64 on the host "
+                            "(half_when applies to tensor states)", loc)
         axes = STATE_SHAPES[shape]
         node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc)
-        self.states[name] = State(name, init, doc, shape, node, loc, when)
+        self.states[name] = State(name, init, doc, shape, node, loc, when, half_when)
         return node
 
     def active_states(self, flags: dict[str, bool]) -> list[State]:

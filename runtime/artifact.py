@@ -37,12 +37,13 @@ class KernelInfo:
     launches: list[dict]
     buffer_axes: dict[str, str]
     lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
+    storage: dict[str, str]  # states stored in another dtype (float16)
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
                    d["host_scalars"], d["scalar_state_updates"], d["ir"], d["launches"],
-                   d["buffer_axes"], d["lazy"])
+                   d["buffer_axes"], d["lazy"], d["storage"])
 
     @functools.cached_property
     def workspaces(self) -> dict[str, str]:
@@ -68,6 +69,7 @@ class StateInfo:
     shape: str            # "param", "row", "col" or "scalar"
     doc: str = ""
     when: str | None = None   # flag expression: the state exists only where it holds
+    half_when: str | None = None  # flag expression: stored as float16 where it holds
 
     def exists(self, flags: dict[str, bool]) -> bool:
         return self.when is None or bool(scalar_expr.evaluate(self.when, flags))

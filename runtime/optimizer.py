@@ -135,8 +135,10 @@ class Optimizer:
                 continue
             init = s.init if not isinstance(s.init, str) else \
                 scalar_expr.evaluate(s.init, self._scalar_env())
+            half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
             st[s.name] = (np.float64(init) if s.shape == "scalar" else
-                          aligned_full(views.state_shape(p.shape, s.shape), init, p.dtype))
+                          aligned_full(views.state_shape(p.shape, s.shape), init,
+                                       np.float16 if half else p.dtype))
 
     # -- hyperparameters ---------------------------------------------------------------
     @property
@@ -257,6 +259,12 @@ class Optimizer:
             if any(b not in st and b not in ("w", "grad") and not b.startswith("_red")
                    for b in k.buffers):
                 self._ensure_state(i)
+            for n in k.buffers:  # a storage flag changed: convert the state (rounds once)
+                want = k.storage.get(n, k.dtype)
+                if isinstance(st.get(n), np.ndarray) and st[n].dtype.name != want:
+                    new = aligned_full(st[n].shape, 0.0, want)
+                    new[...] = st[n]
+                    st[n] = new
             if k.symbol not in shared:  # host scalars that read no scalar state: once a step
                 values = {**env, **{n: scalar_expr.evaluate(k.host_scalars[n], env)
                                     for n in k.step_scalars}}

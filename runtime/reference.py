@@ -40,6 +40,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             elif op in ("param", "grad", "state"):
                 name = rec["name"]
                 v = broadcastable(arrays[name], axes[name], d)
+                if v.dtype != dt:  # a float16 (compressed) state is computed in the dtype
+                    v = v.astype(dt)
             elif op == "hyper":
                 v = dt(scalars[rec["name"]])
             elif op == "reduce":
@@ -66,5 +68,5 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
         for name, i in ir["outputs"].items():
             target = broadcastable(arrays[name], axes[name], d)
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
-                .reshape(arrays[name].shape).copy()
+                .reshape(arrays[name].shape).astype(arrays[name].dtype)
         return out

@@ -18,8 +18,9 @@ A tensor of two or more dimensions is factored over its last two axes (leading a
 a batch), as in fairseq and MindSpore; the ``factored`` flag is set per parameter from
 its shape. Weight decay is decoupled and scaled by alpha, as in fairseq/MindSpore. With
 beta1 unset the exp_avg state still exists (it then equals U: beta1 = 0 is the same
-rule), so the memory saving is in the second moment only. The MindSpore ``compression``
-option (float16 running averages) is not implemented.
+rule), so the memory saving is in the second moment only. With ``compression`` (MindSpore)
+the running averages are stored as float16 (rounded once per step) and computed in the
+parameter's dtype.
 
 Reference: N. Shazeer, M. Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory
 Cost", ICML 2018 (arXiv:1804.04235).
@@ -44,17 +45,20 @@ weight_decay = spec.hyper("weight_decay", 0.0, "weight_decay >= 0",
 spec.flag("scale_parameter", True, "scale the step by max(eps2, RMS(w))")
 spec.flag("relative_step", True, "time-dependent step size min(1e-2, 1/sqrt(t)) instead of lr")
 spec.flag("warmup_init", False, "relative step min(1e-6 * t, 1/sqrt(t)) (warm-up)")
+spec.flag("compression", False, "store the running averages as float16")
 spec.require("relative_step or lr > 0", "lr must be set when relative_step is False")
 spec.require("relative_step or not warmup_init", "warmup_init needs relative_step")
 spec.shape_flag("factored", "ndim >= 2",
                 "second moment factored into row and column means (2+-D tensors)")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
-exp_avg = spec.state("exp_avg", 0.0, "first moment of the update (beta1)")
-exp_avg_sq = spec.state("exp_avg_sq", 0.0, "second moment (1-D tensors)", when="not factored")
+exp_avg = spec.state("exp_avg", 0.0, "first moment of the update (beta1)",
+                     half_when="compression")
+exp_avg_sq = spec.state("exp_avg_sq", 0.0, "second moment (1-D tensors)", when="not factored",
+                        half_when="compression")
 row = spec.state("exp_avg_sq_row", 0.0, "row means of the second moment (2+-D)",
-                 shape="row", when="factored")
+                 shape="row", when="factored", half_when="compression")
 col = spec.state("exp_avg_sq_col", 0.0, "column means of the second moment (2+-D)",
-                 shape="col", when="factored")
+                 shape="col", when="factored", half_when="compression")
 t = spec.t
 
 

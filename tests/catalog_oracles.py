@@ -54,7 +54,7 @@ DEFAULTS: dict[str, dict] = {
     "lars": dict(coefficient=0.001, epsilon=1e-5, use_clip=False),   # plus the base's
     "adafactor": dict(lr=None, eps1=1e-30, eps2=1e-3, clip_threshold=1.0, decay_rate=0.8,
                       beta1=None, weight_decay=0.0, scale_parameter=True,
-                      relative_step=True, warmup_init=False),
+                      relative_step=True, warmup_init=False, compression=False),
 }
 LARS_DEFAULT_BASE = "momentum"
 
@@ -636,6 +636,8 @@ class Adafactor(Oracle):
         if h["beta1"] is not None:
             U = h["beta1"] * s["exp_avg"] + (1 - h["beta1"]) * U
             s["exp_avg"] = U
+        if h["compression"]:  # MindSpore: running averages stored as float16
+            s = {n: v.astype(np.float16).astype(self.dtype) for n, v in s.items()}
         return w - h["weight_decay"] * alpha * w - U, s
 
 

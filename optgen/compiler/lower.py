@@ -28,7 +28,12 @@ class LoweredBuffer:
     name: str        # ABI name ("w", "grad", a state, "_red<k>")
     var: str         # TVMScript buffer variable
     axes: str        # "brc", "br", "bc", "b" or "" (one value per parameter)
-    dtype: str       # the kernel dtype, or float64 for reduction buffers
+    dtype: str       # the kernel dtype, float64 (reductions), float16 (compressed states)
+
+    @property
+    def align(self) -> int:
+        """The element size: numpy guarantees no more (tvm-notes §3)."""
+        return {"float16": 2, "float32": 4, "float64": 8, "int64": 8}[self.dtype]
 
 
 @dataclass
@@ -97,10 +102,20 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
 
-    def load(name: str) -> str:
+    def slot_of(name: str) -> str:
         if view == "lazy":  # gradient rows are packed; parameter rows are looked up
             return f"{buffer_var(name)}[{'ri, j' if name == 'grad' else 'pi'}]"
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view)}]"
+
+    def load(name: str) -> str:
+        if name in kir.storage:  # compressed (float16) state: computed in the kernel dtype
+            return f'T.Cast("{ty}", {slot_of(name)})'
+        return slot_of(name)
+
+    def store(name: str, value: str) -> str:
+        if name in kir.storage:
+            value = f'T.Cast("{kir.storage[name]}", {value})'
+        return f"{slot_of(name)} = {value}"
 
     def ref(e: Expr) -> str:
         if e.op == "const":
@@ -158,7 +173,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         if name == "_indices":
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
-                             ACC_DTYPE if name in kir.reductions else dtype)
+                             ACC_DTYPE if name in kir.reductions else kir.storage.get(name, dtype))
 
     if ln.kind == "reduce":
         operand = ln.node.args[0]
@@ -172,7 +187,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
             if not (e.op == "state" and e.name == n)}
     emit(list(outs.values()))
     for out, e in outs.items():  # a value with fewer axes is broadcast
-        body.append(f"{load(out)} = {ref(e)}")
+        body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in ln.buffers], list(kir.scalars), body)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..dsl import Spec, Trace
 from ..ir import Expr, apply, to_python, walk
+from optgen.runtime import scalar_expr
 
 
 @dataclass
@@ -62,6 +63,7 @@ class KernelIR:
     reductions: dict[str, Expr] = field(default_factory=dict)   # "_red<k>" -> reduce node
     buffer_axes: dict[str, str] = field(default_factory=dict)   # buffer -> axes
     lazy: Launch | None = None          # the row-sparse variant, where the rule allows one
+    storage: dict[str, str] = field(default_factory=dict)  # state -> storage dtype (float16)
 
     @property
     def scalars(self) -> list[str]:
@@ -72,7 +74,7 @@ class KernelIR:
         return {"flags": self.flags, "buffers": self.buffers, "scalars": self.scalars,
                 "host_scalars": self.host_scalars,
                 "scalar_state_updates": self.scalar_state_updates,
-                "buffer_axes": self.buffer_axes,
+                "buffer_axes": self.buffer_axes, "storage": self.storage,
                 "launches": [ln.to_json(index) for ln in self.launches],
                 "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir}
 
@@ -129,6 +131,8 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
         tensor_updates=tensor_updates,
         scalar_states=scalar_states,
         buffer_axes=axes,
+        storage={s.name: "float16" for s in active if s.shape != "scalar" and s.half_when
+                 and scalar_expr.evaluate(s.half_when, trace.flags)},
     )
     plan(kir)
     return kir

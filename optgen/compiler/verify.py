@@ -20,8 +20,13 @@ MAX_FLAGS = 6  # 64 kernels per dtype at most
 
 
 def flag_combinations(spec: Spec) -> list[dict[str, bool]]:
+    """Every flag combination that a requirement over flags alone does not rule out
+    (adafactor's "relative_step or not warmup_init"): no kernel is built for those."""
     names = spec.all_flag_names()
-    return [dict(zip(names, bits)) for bits in itertools.product([False, True], repeat=len(names))]
+    combos = [dict(zip(names, bits)) for bits in itertools.product([False, True], repeat=len(names))]
+    flag_rules = [r.expr for r, _ in spec.requirements
+                  if scalar_expr.names(r.expr) <= set(names)]
+    return [c for c in combos if all(scalar_expr.evaluate(e, c) for e in flag_rules)]
 
 
 def verify(spec: Spec) -> list[Trace]:
