@@ -193,8 +193,10 @@ def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
                 axes=keep, loc=loc)
 
 
-def walk(roots) -> Iterator[Expr]:
-    """Every node reachable from ``roots``, each once, operands before users."""
+def walk(roots, stop=()) -> Iterator[Expr]:
+    """Every node reachable from ``roots``, each once, operands before users. Nodes whose
+    id is in ``stop`` are yielded but not entered (a pass reads a reduction's result
+    from its buffer, not its operand)."""
     seen: set[int] = set()
     order: list[Expr] = []
     stack = [(r, False) for r in reversed(list(roots))]
@@ -207,7 +209,8 @@ def walk(roots) -> Iterator[Expr]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+        if id(node) not in stop:
+            stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
     return iter(order)
 
 

@@ -63,6 +63,7 @@ class Optimizer:
         for flags, name in zip(self._shape_flags, self._check_names(param_names, name_filters)):
             flags.update(name)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        self._prepared: list[KernelInfo | None] = [None] * len(self.params)
         for i in range(len(self.params)):
             self._ensure_state(i)
         self._kernels: dict[tuple, KernelInfo] = {}
@@ -150,6 +151,25 @@ class Optimizer:
         """Validate and apply new values; nothing changes if any value is invalid."""
         self._hyper = hyper_rules.resolve(self.name, self.artifact.hypers,
                                           self.artifact.requirements, self._hyper, changes)
+        self._prepared = [None] * len(self.params)  # flags may have changed
+
+    def _param_kernel(self, i: int) -> KernelInfo:
+        """Parameter ``i``'s kernel under the current flags, with its states ready for it
+        (cached: only a flag change, through set_hyper or load_state_dict, redoes this)."""
+        k = self._prepared[i]
+        if k is not None:
+            return k
+        k = self._kernel(self.params[i].dtype.name, self._flags(i))
+        self._ensure_state(i)
+        st = self.state[i]
+        for n in k.buffers:  # a storage flag changed: convert the state (rounds once)
+            want = k.storage.get(n, k.dtype)
+            if isinstance(st.get(n), np.ndarray) and st[n].dtype.name != want:
+                new = aligned_full(st[n].shape, 0.0, want)
+                new[...] = st[n]
+                st[n] = new
+        self._prepared[i] = k
+        return k
 
     def _kernel(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
         key = (dtype, tuple(sorted(flags.items())))
@@ -221,7 +241,7 @@ class Optimizer:
             bad = idx[(idx < 0) | (idx >= p.shape[0])][0]
             raise ValueError(f"{self.name}: gradient {i}: row index {bad} is out of range "
                              f"for parameter {i} with {p.shape[0]} rows")
-        k = self._kernel(p.dtype.name, self._flags(i))
+        k = self._prepared[i] or self._kernel(p.dtype.name, self._flags(i))
         if not self.lazy_update or k.lazy is None:
             return g.to_dense(p.shape)
         return g.coalesce()
@@ -254,17 +274,7 @@ class Optimizer:
         env = self._scalar_env()
         shared: dict[str, tuple] = {}  # kernel -> (values, scalar array) for this step
         for i, (p, g, st) in enumerate(zip(self.params, grads, self.state)):
-            flags = self._flags(i)
-            k = self._kernel(p.dtype.name, flags)
-            if any(b not in st and b not in ("w", "grad") and not b.startswith("_red")
-                   for b in k.buffers):
-                self._ensure_state(i)
-            for n in k.buffers:  # a storage flag changed: convert the state (rounds once)
-                want = k.storage.get(n, k.dtype)
-                if isinstance(st.get(n), np.ndarray) and st[n].dtype.name != want:
-                    new = aligned_full(st[n].shape, 0.0, want)
-                    new[...] = st[n]
-                    st[n] = new
+            k = self._param_kernel(i)
             if k.symbol not in shared:  # host scalars that read no scalar state: once a step
                 values = {**env, **{n: scalar_expr.evaluate(k.host_scalars[n], env)
                                     for n in k.step_scalars}}
@@ -374,6 +384,7 @@ class Optimizer:
                 else:
                     mine[n] = np.float64(theirs[n])
         self._hyper, self.t = hyper, int(t)
+        self._prepared = [None] * len(self.params)
 
     def __repr__(self) -> str:
         hp = ", ".join(f"{k}={v!r}" for k, v in self._hyper.items())

@@ -51,8 +51,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
                 if rec["value"] == "mean":
                     v = v / np.float64(math.prod(d[k] for k in red))
             elif op == "pow":  # in float64, rounded once (as the kernels)
-                v = np.power(np.float64(a[0]) if np.isscalar(a[0]) else a[0].astype(np.float64),
-                             np.float64(a[1]) if np.isscalar(a[1]) else a[1].astype(np.float64))
+                v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
             elif op == "rsqrt":
                 v = dt(1) / np.sqrt(a[0])
             elif op == "where":

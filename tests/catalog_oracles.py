@@ -148,10 +148,12 @@ class Oracle:
             self.s[n][uniq] = v
 
     def scalar_rule(self, t):
-        pass
+        """Per-step scalar-state update; most rules have no scalar state."""
 
-    def rule(self, w, g, s, t):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def rule(self, w, g, s, t):
+        """The elementwise rule: new (w, array states) from w, g, the states and t.
+        Every subclass defines it, except LARS, which steps its base instead."""
+        raise TypeError(f"the {self.name} oracle has no elementwise rule")
 
     def states(self) -> dict:
         return {**self.s, **self.sc}
@@ -584,7 +586,7 @@ class LARS(Oracle):
         b.w, b.s = b.rule(w, lam * (g + wd * w), b.s, b.t)
 
     def step_rows(self, indices, rows):  # pragma: no cover - not in the contract
-        raise NotImplementedError("lars has whole-tensor norms")
+        raise TypeError("lars has whole-tensor norms, so no lazy row-sparse rule")
 
 
 class Adafactor(Oracle):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Expr
+from ..ir import Expr, walk
 from .specialize import KernelIR
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -153,7 +153,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         return f"{_CALL[e.op]}({', '.join(a)})"
 
     def emit(roots: list[Expr]) -> None:
-        for k, e in enumerate(walk_until_reduce(roots, red_of)):
+        for k, e in enumerate(walk(roots, stop=red_of)):
             if e.op in ("const", "hyper") or id(e) in names:
                 continue
             if id(e) in red_of:
@@ -191,22 +191,3 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in ln.buffers], list(kir.scalars), body)
 
-
-def walk_until_reduce(roots: list[Expr], red_of: dict[int, str]) -> list[Expr]:
-    """Nodes a pass computes: everything reachable without entering a reduction
-    (a reduction's value is read from its buffer)."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if id(node) not in red_of:
-            stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
-    return order

@@ -140,23 +140,10 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
 
 def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
     """Buffers (leaves) and reduce nodes a pass reads, not looking inside reductions."""
-    names: list[str] = []
-    reds: list[Expr] = []
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.op == "reduce" and id(e) in stop:
-            reds.append(e)
-            continue
-        if e.op in ("param", "grad") or (e.op == "state" and e.kind == "tensor"):
-            if e.name not in names:
-                names.append(e.name)
-        stack.extend(e.args)
-    return names, reds
+    nodes = list(walk(roots, stop=stop))
+    names = list(dict.fromkeys(e.name for e in nodes if e.op in ("param", "grad")
+                               or (e.op == "state" and e.kind == "tensor")))
+    return names, [e for e in nodes if id(e) in stop]
 
 
 def plan(kir: KernelIR) -> None:
