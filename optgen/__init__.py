@@ -8,12 +8,14 @@ kernels, and step it from a trainer::
     opt.step([g])
 
 ``import optgen`` does not import TVM; building a spec does (see optgen.compiler).
+``optgen.torch`` holds drop-in ``torch.optim.Optimizer`` classes (imports torch).
 """
 __version__ = "0.1.0"
 
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, Optimizer, RowSparse, create,  # noqa: E402
-                            get_artifact, load)
+                            get_artifact, get_num_threads, load, register, schedules,
+                            set_num_threads)
 
 
 def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None):
@@ -24,4 +26,5 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
 
 
 __all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "RowSparse", "SpecError",
-           "build", "create", "get_artifact", "load", "__version__"]
+           "build", "create", "get_artifact", "get_num_threads", "load", "register",
+           "schedules", "set_num_threads", "__version__"]

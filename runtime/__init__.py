@@ -6,17 +6,18 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
-
-from . import cache, catalog
+from . import cache, catalog, schedules
 from .artifact import Artifact, ArtifactError
-from .optimizer import Optimizer, aligned_full
+from .catalog import register
+from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse
+from .threads import get_num_threads, set_num_threads
 
 __all__ = ["Artifact", "ArtifactError", "Optimizer", "RowSparse", "aligned_full", "create",
-           "get_artifact", "load"]
+           "default_decay_filter", "get_artifact", "get_num_threads", "load", "register",
+           "schedules", "set_num_threads"]
 
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,
@@ -47,18 +48,14 @@ def load(path: str | os.PathLike) -> Artifact:
     return Artifact.load(path)
 
 
-def create(spec: str | os.PathLike | Artifact, params: Iterable[np.ndarray], *,
-           target: str = "llvm", build: bool = True, backend: str = "compiled",
-           base: str | None = None, lazy_update: bool | None = None,
-           param_names: Iterable[str] | None = None, name_filters: dict | None = None,
-           **hyper: Any) -> Optimizer:
-    """An optimizer for ``params`` from a catalog name, a spec file or an artifact.
-
-    ``base``: the base optimizer of a wrapper spec (LARS). ``lazy_update``: whether a
-    ``RowSparse`` gradient updates only its rows (default: the spec's choice, True for
-    lazyadam). ``param_names`` (one per parameter) and ``name_filters`` set per-parameter
-    name flags, such as LARS's filter that leaves out LayerNorm and bias parameters."""
+def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "llvm",
+           build: bool = True, base: str | None = None, **options: Any) -> Optimizer:
+    """An optimizer for ``params`` from a catalog name, a registered name, a spec file or
+    an artifact. ``options`` are the Optimizer's keyword arguments (hyperparameters,
+    aliases such as ``learning_rate``/``wd``, and the runtime options ``multi_precision``,
+    ``clip_global_norm``, ``nonfinite``, ``loss_scale``, ``lr_mult``, ``wd_mult``,
+    ``decay_filter``, ``param_names``, ``name_filters``, ``lazy_update``, ``backend``,
+    ``begin_num_update``). ``base``: the base optimizer of a wrapper spec (LARS)."""
     art = spec if isinstance(spec, Artifact) else get_artifact(spec, target, build=build,
                                                                base=base)
-    return Optimizer(art, params, backend=backend, lazy_update=lazy_update,
-                     param_names=param_names, name_filters=name_filters, **hyper)
+    return Optimizer(art, params, **options)

@@ -1,7 +1,11 @@
-"""The spec catalog: the specs shipped in specs/ (installed as optgen.specs)."""
+"""The spec catalog: the specs shipped in specs/ (installed as optgen.specs), plus the
+specs a trainer registers at run time with ``optgen.register``."""
 from __future__ import annotations
 
 import os
+import re
+
+_registered: dict[str, str] = {}
 
 
 def specs_dir() -> str:
@@ -10,15 +14,34 @@ def specs_dir() -> str:
 
 
 def list_specs() -> dict[str, str]:
-    """Spec name -> file, for every spec shipped with optgen."""
+    """Spec name -> file, for every spec shipped with optgen or registered."""
     folder = specs_dir()
-    return {f[:-3]: os.path.join(folder, f) for f in sorted(os.listdir(folder))
-            if f.endswith(".py") and not f.startswith("_")}
+    shipped = {f[:-3]: os.path.join(folder, f) for f in sorted(os.listdir(folder))
+               if f.endswith(".py") and not f.startswith("_")}
+    return {**shipped, **_registered}
+
+
+def register(name: str, spec: str | os.PathLike, *, overwrite: bool = False) -> str:
+    """Make ``optgen.create(name, ...)`` use the spec file ``spec``; returns its path.
+
+    Registering a name that is taken (shipped or registered) needs ``overwrite=True``."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"register: name must be an identifier, got {name!r}")
+    path = os.fspath(spec)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"register: spec file {path!r} does not exist")
+    if name in list_specs() and not overwrite:
+        raise ValueError(f"register: {name!r} is already a known optimizer "
+                         f"({list_specs()[name]}); pass overwrite=True to replace it")
+    _registered[name] = os.path.abspath(path)
+    return _registered[name]
 
 
 def resolve(spec: str | os.PathLike) -> str:
     """A catalog name (``"adam"``) or a path to a spec file -> the spec file's path."""
     text = os.fspath(spec)
+    if text in _registered:
+        return _registered[text]
     if text.endswith(".py") or os.sep in text:
         if not os.path.isfile(text):
             raise FileNotFoundError(f"spec file {text!r} does not exist")
@@ -26,5 +49,5 @@ def resolve(spec: str | os.PathLike) -> str:
     known = list_specs()
     if text not in known:
         raise ValueError(f"unknown optimizer {text!r}; known: {', '.join(known)} "
-                         "(or pass the path of a spec file)")
+                         "(or pass the path of a spec file, or optgen.register one)")
     return known[text]

@@ -1,45 +1,69 @@
-"""The trainer-side optimizer: validated hyperparameters, states, and one fused kernel
-call per parameter per step.
+"""The trainer-side optimizer: parameter groups, learning-rate schedules, gradient
+handling, mixed precision and checkpoints around one fused kernel call per parameter.
 
-Every input is checked before any kernel runs, so an error leaves parameters and states
-bit-identical. Messages name the optimizer, the parameter index, the value and the rule.
+A step is:
+
+    check grads  ->  lr of each group (schedules)  ->  global norm / non-finite check
+    ->  per parameter: host scalars (float64), then the kernel launches, in place
+
+Every input is checked before any kernel runs, so an error (or a skipped step) leaves
+parameters and states bit-identical. Messages name the optimizer, the parameter
+(index and name), the value and the rule.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+import math
+import numbers
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from . import checkpoint, groups as grouping
 from . import hyper as hyper_rules
-from . import reference, scalar_expr, views
+from . import reference, scalar_expr, schedules, tensors, views
 from .artifact import Artifact, KernelInfo
 from .sparse import RowSparse
+from .tensors import aligned_full
 
-ALIGN = 64
+DEFAULT_NO_DECAY = ("beta", "gamma", "bias")
+NONFINITE = (None, "skip", "raise")
+NORM_EPS = 1e-6   # clip coefficient max_norm / (norm + eps), as torch.nn.utils.clip_grad_norm_
 
 
-def aligned_full(shape: tuple, value: float, dtype, align: int = ALIGN) -> np.ndarray:
-    """A C-contiguous array whose data starts on an ``align``-byte boundary."""
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(n * dtype.itemsize + align, dtype=np.uint8)
-    start = (-raw.ctypes.data) % align
-    arr = raw[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
-    arr.fill(value)
-    return arr
+def default_decay_filter(name: str) -> bool:
+    """MindSpore's and MXNet's default: no weight decay on normalization scales/shifts
+    and biases (names containing beta, gamma or bias)."""
+    return not any(s in name for s in DEFAULT_NO_DECAY)
+
+
+class _Group:
+    """A parameter group: its hyperparameters and where its lr comes from."""
+    __slots__ = ("hyper", "lr", "explicit", "grad_centralization")
+
+    def __init__(self, hyper: dict, lr: Callable[[int], float] | None, explicit: set,
+                 grad_centralization: bool):
+        self.hyper = hyper            # validated values; hyper["lr"] is the constant lr
+        self.lr = lr                  # a schedule (step -> lr), or None for a constant
+        self.explicit = explicit      # hyperparameters the group set itself
+        self.grad_centralization = grad_centralization
 
 
 class Optimizer:
-    """Steps a list of numpy arrays in place with an artifact's kernels.
+    """Steps arrays (numpy, torch, CuPy) in place with an artifact's kernels.
 
     ``backend="reference"`` runs the reference interpreter instead of the compiled
     kernels (same IR, same host scalars): the oracle used by the tests.
+    See README ("The runtime") for every argument.
     """
 
-    def __init__(self, artifact: Artifact, params: Iterable[np.ndarray], *,
+    def __init__(self, artifact: Artifact, params: Any, *,
                  backend: str = "compiled", lazy_update: bool | None = None,
                  param_names: Sequence[str] | None = None,
-                 name_filters: Mapping[str, Any] | None = None, **hyper: Any):
+                 name_filters: Mapping[str, Any] | None = None,
+                 lr_mult: Mapping | None = None, wd_mult: Mapping | None = None,
+                 decay_filter: Any = "default", multi_precision: bool = False,
+                 clip_global_norm: float | None = None, nonfinite: str | None = None,
+                 loss_scale: float = 1.0, begin_num_update: int = 0, **hyper: Any):
         self.artifact = artifact
         self.name = artifact.name
         if backend not in ("compiled", "reference"):
@@ -48,54 +72,140 @@ class Optimizer:
         self.backend = backend
         if lazy_update is None:
             lazy_update = artifact.lazy_update_default
-        if not isinstance(lazy_update, bool):
-            raise TypeError(f"{self.name}: lazy_update must be a bool, got {lazy_update!r}")
-        self.lazy_update = lazy_update
-        self.params: list[np.ndarray] = self._check_params(params)
+        self.lazy_update = self._bool("lazy_update", lazy_update)
+        self.multi_precision = self._bool("multi_precision", multi_precision)
+        self.clip_global_norm = None if clip_global_norm is None else \
+            self._positive("clip_global_norm", clip_global_norm)
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"{self.name}: nonfinite must be None, 'skip' or 'raise', "
+                             f"got {nonfinite!r}")
+        self.nonfinite = nonfinite
+        self.loss_scale = self._positive("loss_scale", loss_scale)
+        if isinstance(begin_num_update, bool) or not isinstance(begin_num_update, numbers.Integral) \
+                or begin_num_update < 0:
+            raise ValueError(f"{self.name}: begin_num_update must be an int >= 0, "
+                             f"got {begin_num_update!r}")
+        self.t = int(begin_num_update)        # updates applied (the schedules' step)
+        self.skipped_steps = 0                # steps skipped for non-finite gradients
+        self.last_grad_norm: float | None = None
+
+        entries, parsed = grouping.parse(self.name, params, artifact.hypers)
+        self.params: list[Any] = [e.array for e in entries]
+        self._lib: list[str] = self._check_params()
+        self.names: list[str | None] = self._names(entries, param_names)
+        self._group_of: list[int] = [e.group for e in entries]
+
         defaults = {n: h.default for n, h in artifact.hypers.items()}
-        self._hyper = hyper_rules.resolve(self.name, artifact.hypers, artifact.requirements,
-                                          defaults, hyper)
-        self.t = 0
-        self._shape_flags = [{n: bool(scalar_expr.evaluate(rule, {"ndim": p.ndim,
-                                                                   "numel": p.size}))
+        top = grouping.alias(self.name, artifact.hypers, hyper)
+        self._defaults, self._default_lr = self._resolve(defaults, None, top)
+        self._groups: list[_Group] = []
+        for g in parsed:
+            h, lr = self._resolve(self._defaults, self._default_lr, g.overrides)
+            self._groups.append(_Group(h, lr, set(g.overrides), g.grad_centralization))
+        for i, gi in enumerate(self._group_of):
+            if self._groups[gi].grad_centralization and len(self.params[i].shape) != 4:
+                raise ValueError(f"{self.name}: {self._label(i)} has shape "
+                                 f"{tuple(self.params[i].shape)}; grad_centralization applies "
+                                 f"only to 4-D convolution weights (group {gi})")
+
+        self._flags_fixed = [{n: bool(scalar_expr.evaluate(rule, {"ndim": len(p.shape),
+                                                                  "numel": _numel(p)}))
                               for n, rule in artifact.shape_flags.items()}
                              for p in self.params]
-        for flags, name in zip(self._shape_flags, self._check_names(param_names, name_filters)):
-            flags.update(name)
+        for flags, by_name in zip(self._flags_fixed, self._name_flags(name_filters)):
+            flags.update(by_name)
+        self._lr_mult = [1.0] * len(self.params)
+        self._wd_mult = [1.0] * len(self.params)
+        self._apply_decay_filter(decay_filter)
+        if lr_mult:
+            self.set_lr_mult(lr_mult)
+        if wd_mult:
+            self.set_wd_mult(wd_mult)
+
+        self._steps = [self.t] * len(self.params)   # per parameter (bias corrections)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        self._kargs = [tensors.kernel_arg(p, lib) for p, lib in zip(self.params, self._lib)]
+        for i, lib in enumerate(self._lib):
+            if self._mixed(i):   # the float32 master copy the kernel updates
+                self.state[i]["master"] = tensors.cast_copy(self.params[i], lib, "float32")
+        self._kernels: dict[tuple, KernelInfo] = {}
         self._prepared: list[KernelInfo | None] = [None] * len(self.params)
+        self._work: list[dict[str, dict[str, Any]]] = [{} for _ in self.params]
         for i in range(len(self.params)):
             self._ensure_state(i)
-        self._kernels: dict[tuple, KernelInfo] = {}
-        self._work: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in self.params]
 
     # -- construction ------------------------------------------------------------------
-    def _check_params(self, params) -> list[np.ndarray]:
-        if isinstance(params, np.ndarray):
-            raise TypeError(f"{self.name}: params must be a list of arrays, got a single array "
-                            "(wrap it in a list)")
-        params = list(params)
-        dtypes = self.artifact.dtypes
-        for i, p in enumerate(params):
-            if not isinstance(p, np.ndarray):
-                raise TypeError(f"{self.name}: parameter {i} must be a numpy.ndarray, "
-                                f"got {type(p).__name__}")
-            if p.dtype.name not in dtypes:
-                raise TypeError(f"{self.name}: parameter {i} has dtype {p.dtype}; "
-                                f"the kernels support {', '.join(dtypes)}")
-            if not p.flags.c_contiguous:
+    def _bool(self, what: str, value: Any) -> bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{self.name}: {what} must be a bool, got {value!r}")
+        return bool(value)
+
+    def _positive(self, what: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{self.name}: {what} must be a float, got "
+                            f"{type(value).__name__} {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{self.name}: invalid {what}={value!r}: must be finite and > 0")
+        return float(value)
+
+    def _label(self, i: int) -> str:
+        name = self.names[i] if hasattr(self, "names") else None
+        return f"parameter {i}" + (f" ({name})" if name else "")
+
+    def _check_params(self) -> list[str]:
+        device = tensors.TARGET_DEVICE.get(self.artifact.target, "cpu")
+        plain, mixed = self.artifact.dtypes, getattr(self.artifact, "mixed_dtypes", [])
+        libs, ranges = [], []
+        for i, p in enumerate(self.params):
+            lib = tensors.library(p)
+            if lib is None:
+                raise TypeError(f"{self.name}: parameter {i} must be an array (numpy.ndarray, "
+                                f"torch.Tensor or cupy.ndarray), got {type(p).__name__}")
+            dev = tensors.device(p, lib)
+            if dev.split(":")[0] != device:
+                raise TypeError(f"{self.name}: parameter {i} is on {dev}, but this optimizer's "
+                                f"kernels are built for {self.artifact.target} ({device}); "
+                                f"build for a matching target or move the parameter")
+            dt = tensors.dtype_name(p, lib)
+            if dt in tensors.LOW_PRECISION and dt in mixed:
+                if not self.multi_precision:
+                    raise TypeError(f"{self.name}: parameter {i} has dtype {dt}; low-precision "
+                                    "parameters need multi_precision=True (a float32 master "
+                                    "copy and float32 states)")
+            elif dt not in plain:
+                raise TypeError(f"{self.name}: parameter {i} has dtype {dt}; the kernels "
+                                f"support {', '.join(plain + list(mixed))}"
+                                + (" (low precision with multi_precision=True)" if mixed else ""))
+            if not tensors.is_contiguous(p, lib):
                 raise ValueError(f"{self.name}: parameter {i} is not C-contiguous "
-                                 "(pass np.ascontiguousarray(...) and keep that array)")
-            if not p.flags.writeable:
+                                 "(pass a contiguous copy and keep that array)")
+            if not tensors.is_writeable(p, lib):
                 raise ValueError(f"{self.name}: parameter {i} is read-only; "
                                  "parameters are updated in place")
-            for j in range(i):
-                if np.may_share_memory(p, params[j]):
+            r = tensors.address_range(p, lib)
+            for j, q in enumerate(ranges):
+                if tensors.overlaps(r, q):
                     raise ValueError(f"{self.name}: parameters {j} and {i} share memory")
-        return params
+            libs.append(lib)
+            ranges.append(r)
+        return libs
 
-    def _check_names(self, names, filters) -> list[dict[str, bool]]:
-        """Per-parameter name flags (LARS's filter) from ``param_names``/``name_filters``."""
+    def _names(self, entries, param_names) -> list[str | None]:
+        names = [e.name for e in entries]
+        if param_names is None:
+            return names
+        if any(n is not None for n in names):
+            raise TypeError(f"{self.name}: param_names given, but params already names its "
+                            "parameters (dict keys)")
+        param_names = list(param_names)
+        if len(param_names) != len(self.params) or not all(isinstance(x, str)
+                                                           for x in param_names):
+            raise ValueError(f"{self.name}: param_names must be {len(self.params)} "
+                             "strings, one per parameter")
+        return param_names
+
+    def _name_flags(self, filters) -> list[dict[str, bool]]:
+        """Per-parameter name flags (LARS's filter) from names/``name_filters``."""
         flags = self.artifact.name_flags
         filters = dict(filters or {})
         unknown = sorted(set(filters) - set(flags))
@@ -106,14 +216,8 @@ class Optimizer:
             if not callable(f):
                 raise TypeError(f"{self.name}: name_filters[{n!r}] must be a callable "
                                 f"name -> bool, got {type(f).__name__}")
-        if names is not None:
-            names = list(names)
-            if len(names) != len(self.params) or not all(isinstance(x, str) for x in names):
-                raise ValueError(f"{self.name}: param_names must be {len(self.params)} "
-                                 "strings, one per parameter")
         out = []
-        for i in range(len(self.params)):
-            name = names[i] if names is not None else None
+        for name in self.names:
             row = {}
             for n, exclude in flags.items():
                 if n in filters:
@@ -123,51 +227,181 @@ class Optimizer:
             out.append(row)
         return out
 
+    def _apply_decay_filter(self, decay_filter) -> None:
+        """wd_mult 0 for named parameters the filter leaves out, in groups that did not
+        set weight_decay themselves (MindSpore's rule)."""
+        if decay_filter == "default":
+            decay_filter = default_decay_filter
+        elif decay_filter is None or decay_filter is False:
+            return
+        elif not callable(decay_filter):
+            raise TypeError(f"{self.name}: decay_filter must be 'default', None or a callable "
+                            f"name -> bool, got {decay_filter!r}")
+        for i, name in enumerate(self.names):
+            if name is not None and "weight_decay" not in self._groups[self._group_of[i]].explicit \
+                    and not decay_filter(name):
+                self._wd_mult[i] = 0.0
+
+    def _mixed(self, i: int) -> bool:
+        return self.multi_precision and \
+            tensors.dtype_name(self.params[i], self._lib[i]) in tensors.LOW_PRECISION
+
+    def _compute_dtype(self, i: int) -> str:
+        return "float32" if self._mixed(i) else tensors.dtype_name(self.params[i], self._lib[i])
+
     def _flags(self, i: int) -> dict[str, bool]:
-        """Parameter ``i``'s flags: the user's, then those set by its shape."""
-        return {**{n: self._hyper[n] for n in self.artifact.flags}, **self._shape_flags[i]}
+        """Parameter ``i``'s flags: its group's, then those set by its shape and name."""
+        h = self._groups[self._group_of[i]].hyper
+        return {**{n: h[n] for n in self.artifact.flags}, **self._flags_fixed[i]}
 
     def _ensure_state(self, i: int) -> None:
         """Allocate the states parameter ``i`` has under its current flags (a state that
         appears when a flag is switched on starts at its init value)."""
-        p, st, flags = self.params[i], self.state[i], self._flags(i)
+        p, lib, st, flags = self.params[i], self._lib[i], self.state[i], self._flags(i)
+        env = None
         for s in self.artifact.states:
             if s.name in st or not s.exists(flags):
                 continue
-            init = s.init if not isinstance(s.init, str) else \
-                scalar_expr.evaluate(s.init, self._scalar_env())
+            if isinstance(s.init, str):
+                env = env or self._group_env(self._group_of[i], self._lr_value(
+                    self._group_of[i], self.t), 1.0)
+                init = scalar_expr.evaluate(s.init, env)
+            else:
+                init = s.init
             half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
             st[s.name] = (np.float64(init) if s.shape == "scalar" else
-                          aligned_full(views.state_shape(p.shape, s.shape), init,
-                                       np.float16 if half else p.dtype))
+                          tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
+                                            init, "float16" if half else self._compute_dtype(i)))
 
     # -- hyperparameters ---------------------------------------------------------------
+    def _resolve(self, current: Mapping[str, Any], current_lr, changes: Mapping[str, Any]
+                 ) -> tuple[dict[str, Any], Callable | None]:
+        """``current`` updated by ``changes`` (spec names), validated; an lr that is a
+        schedule, sequence or callable becomes the group's lr schedule."""
+        changes = dict(changes)
+        lr = current_lr
+        if "lr" in changes:
+            value = changes["lr"]
+            if value is None or isinstance(value, (numbers.Real, str)):
+                lr = None
+            else:
+                lr = schedules.as_schedule(value, owner=self.name)
+                changes["lr"] = current.get("lr")
+        new = hyper_rules.resolve(self.name, self.artifact.hypers, self.artifact.requirements,
+                                  current, changes)
+        if lr is not None and "lr" in self.artifact.hypers:
+            self._check_lr(lr(self.t), self.t, new)
+        return new, lr
+
+    def _check_lr(self, value: Any, step: int, hyper: Mapping[str, Any]) -> float:
+        info = self.artifact.hypers["lr"]
+        value = hyper_rules.coerce(self.name, info, value)
+        hyper_rules.check_constraint(self.name, info, value, hyper)
+        return value
+
+    def _lr_value(self, gi: int, step: int) -> float | None:
+        g = self._groups[gi]
+        if g.lr is None:
+            return g.hyper.get("lr")
+        return self._check_lr(g.lr(step), step, g.hyper)
+
     @property
     def hyper(self) -> dict[str, Any]:
-        """A copy of the current hyperparameters (change them with ``set_hyper``)."""
-        return dict(self._hyper)
+        """The optimizer-wide hyperparameters (groups may override them); change them
+        with ``set_hyper``."""
+        return dict(self._defaults)
 
-    def set_hyper(self, **changes: Any) -> None:
-        """Validate and apply new values; nothing changes if any value is invalid."""
-        self._hyper = hyper_rules.resolve(self.name, self.artifact.hypers,
-                                          self.artifact.requirements, self._hyper, changes)
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Each group's parameters, names and hyperparameters (copies; the lr entry is
+        the schedule where the group has one)."""
+        out = []
+        for gi, g in enumerate(self._groups):
+            idx = [i for i, x in enumerate(self._group_of) if x == gi]
+            out.append({"params": [self.params[i] for i in idx],
+                        "names": [self.names[i] for i in idx], **g.hyper,
+                        **({"lr": g.lr} if g.lr is not None else {}),
+                        "grad_centralization": g.grad_centralization})
+        return out
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The lr group 0 uses for the next step (MXNet's ``learning_rate``)."""
+        return self._lr_value(0, self.t)
+
+    def set_learning_rate(self, lr: Any) -> None:
+        """MXNet's ``set_learning_rate``: the lr of every group."""
+        self.set_hyper(lr=lr)
+
+    def set_hyper(self, group: int | None = None, **changes: Any) -> None:
+        """Validate and apply new values (aliases accepted), to every group or to
+        ``group``; nothing changes if any value is invalid. ``lr`` may be a schedule."""
+        changes = grouping.alias(self.name, self.artifact.hypers, changes)
+        if group is not None and not (isinstance(group, int) and 0 <= group < len(self._groups)):
+            raise ValueError(f"{self.name}: group must be an index below {len(self._groups)}, "
+                             f"got {group!r}")
+        targets = range(len(self._groups)) if group is None else [group]
+        new = {gi: self._resolve(self._groups[gi].hyper, self._groups[gi].lr, changes)
+               for gi in targets}
+        if group is None:
+            self._defaults, self._default_lr = self._resolve(self._defaults, self._default_lr,
+                                                             changes)
+        for gi, (h, lr) in new.items():
+            self._groups[gi].hyper, self._groups[gi].lr = h, lr
         self._prepared = [None] * len(self.params)  # flags may have changed
 
+    def _mults(self, what: str, mults: Mapping) -> dict[int, float]:
+        if not isinstance(mults, Mapping):
+            raise TypeError(f"{self.name}: {what} must be a dict name or index -> float")
+        by_name = {n: i for i, n in enumerate(self.names) if n is not None}
+        out = {}
+        for key, value in mults.items():
+            if isinstance(key, str):
+                if key not in by_name:
+                    raise ValueError(f"{self.name}: {what} names {key!r}, which is not a "
+                                     f"parameter name" + ("" if by_name else
+                                                          " (the parameters have no names)"))
+                i = by_name[key]
+            elif isinstance(key, numbers.Integral) and not isinstance(key, bool) \
+                    and 0 <= key < len(self.params):
+                i = int(key)
+            else:
+                raise ValueError(f"{self.name}: {what} key {key!r} is neither a parameter name "
+                                 f"nor an index below {len(self.params)}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{self.name}: {what}[{key!r}] must be a finite float >= 0, "
+                                 f"got {value!r}")
+            out[i] = float(value)
+        return out
+
+    def set_lr_mult(self, mults: Mapping) -> None:
+        """MXNet's per-parameter lr multipliers, by name or index: lr_i = lr * mult."""
+        for i, v in self._mults("lr_mult", mults).items():
+            self._lr_mult[i] = v
+
+    def set_wd_mult(self, mults: Mapping) -> None:
+        """MXNet's per-parameter weight-decay multipliers, by name or index."""
+        for i, v in self._mults("wd_mult", mults).items():
+            self._wd_mult[i] = v
+
+    # -- kernels -------------------------------------------------------------------------
     def _param_kernel(self, i: int) -> KernelInfo:
         """Parameter ``i``'s kernel under the current flags, with its states ready for it
         (cached: only a flag change, through set_hyper or load_state_dict, redoes this)."""
         k = self._prepared[i]
         if k is not None:
             return k
-        k = self._kernel(self.params[i].dtype.name, self._flags(i))
+        dt = tensors.dtype_name(self.params[i], self._lib[i])
+        k = self._kernel(dt, self._flags(i))
         self._ensure_state(i)
-        st = self.state[i]
+        st, lib = self.state[i], self._lib[i]
         for n in k.buffers:  # a storage flag changed: convert the state (rounds once)
             want = k.storage.get(n, k.dtype)
-            if isinstance(st.get(n), np.ndarray) and st[n].dtype.name != want:
-                new = aligned_full(st[n].shape, 0.0, want)
-                new[...] = st[n]
-                st[n] = new
+            v = st.get(n)
+            if v is not None and not isinstance(v, np.floating) and \
+                    tensors.dtype_name(v, lib) != want:
+                st[n] = tensors.cast_copy(v, lib, want)
         self._prepared[i] = k
         return k
 
@@ -181,17 +415,21 @@ class Optimizer:
             self._kernels[key] = k
         return k
 
-    def _scalar_env(self) -> dict[str, Any]:
+    def _group_env(self, gi: int, lr: float | None, grad_scale: float) -> dict[str, Any]:
+        """The scalar environment of group ``gi`` for one step (float64 on the host)."""
         env = {}
-        for n, v in self._hyper.items():
-            info = self.artifact.hypers[n]
-            env[n] = info.none_value if v is None else v
+        for n, v in self._groups[gi].hyper.items():
+            env[n] = self.artifact.hypers[n].none_value if v is None else v
+        if "lr" in env:
+            env["lr"] = self.artifact.hypers["lr"].none_value if lr is None else lr
+        if "rescale_grad" in env:
+            env["rescale_grad"] = env["rescale_grad"] * grad_scale
         env["t"] = self.t
         return env
 
     # -- stepping ----------------------------------------------------------------------
-    def _check_grads(self, grads: Sequence[np.ndarray], what: str = "grads") -> list[np.ndarray]:
-        if isinstance(grads, np.ndarray):
+    def _check_grads(self, grads: Sequence[Any], what: str = "grads") -> list[Any]:
+        if tensors.library(grads) is not None:
             raise TypeError(f"{self.name}: {what} must be a list of arrays, got a single array")
         grads = list(grads)
         if len(grads) != len(self.params):
@@ -200,30 +438,48 @@ class Optimizer:
                              f"{len(self.params)} parameters")
         label = "gradient" if what == "grads" else what
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
+                continue
             if isinstance(g, RowSparse) and what == "grads":
                 grads[i] = self._check_row_sparse(i, p, g)
                 continue
-            if not isinstance(g, np.ndarray):
-                raise TypeError(f"{self.name}: {label} {i} must be a numpy.ndarray, "
+            lib = self._lib[i]
+            glib = tensors.library(g)
+            if glib != lib:
+                kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
+                        "cupy": "cupy.ndarray"}[lib]
+                raise TypeError(f"{self.name}: {label} {i} must be a {kind} like parameter {i}, "
                                 f"got {type(g).__name__}")
-            if g.shape != p.shape:
-                raise ValueError(f"{self.name}: {label} {i} has shape {g.shape}, "
-                                 f"parameter {i} has shape {p.shape}")
-            if g.dtype != p.dtype:
-                raise TypeError(f"{self.name}: {label} {i} has dtype {g.dtype}, "
-                                f"parameter {i} has dtype {p.dtype}")
-            if not g.flags.c_contiguous:
+            if tuple(g.shape) != tuple(p.shape):
+                raise ValueError(f"{self.name}: {label} {i} has shape {tuple(g.shape)}, "
+                                 f"parameter {i} has shape {tuple(p.shape)}")
+            gd, pd = tensors.dtype_name(g, lib), tensors.dtype_name(p, lib)
+            if gd != pd:
+                raise TypeError(f"{self.name}: {label} {i} has dtype {gd}, "
+                                f"parameter {i} has dtype {pd}")
+            if lib != "numpy" and tensors.device(g, lib) != tensors.device(p, lib):
+                raise TypeError(f"{self.name}: {label} {i} is on {tensors.device(g, lib)}, "
+                                f"parameter {i} is on {tensors.device(p, lib)}")
+            if not tensors.is_contiguous(g, lib):
                 raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
-            if np.may_share_memory(g, p) or any(
-                    isinstance(s, np.ndarray) and np.may_share_memory(g, s)
+            r = tensors.address_range(g, lib)
+            if tensors.overlaps(r, tensors.address_range(p, lib)) or any(
+                    not isinstance(s, np.floating) and tensors.overlaps(
+                        r, tensors.address_range(s, lib))
                     for s in self.state[i].values()):
                 raise ValueError(f"{self.name}: {label} {i} shares memory with parameter {i} "
                                  "or its state; pass a separate gradient array")
         return grads
 
-    def _check_row_sparse(self, i: int, p: np.ndarray, g: RowSparse):
+    def _check_row_sparse(self, i: int, p, g: RowSparse):
         """A valid RowSparse gradient, coalesced; or its dense array (lazy_update off,
         or a rule with whole-tensor reductions, which has no lazy variant)."""
+        if self._lib[i] != "numpy":
+            raise TypeError(f"{self.name}: gradient {i} is a RowSparse (numpy) gradient, but "
+                            f"parameter {i} is a {self._lib[i]} array")
+        if self._groups[self._group_of[i]].grad_centralization:
+            raise TypeError(f"{self.name}: gradient {i} is row-sparse, but its group uses "
+                            "grad_centralization (dense gradients only)")
         idx, rows = g.indices, g.rows
         if p.ndim == 0:
             raise ValueError(f"{self.name}: gradient {i} is row-sparse but parameter {i} is "
@@ -246,7 +502,7 @@ class Optimizer:
             return g.to_dense(p.shape)
         return g.coalesce()
 
-    def _check_inputs(self, inputs: dict[str, Any], grads: list) -> list[dict[str, np.ndarray]]:
+    def _check_inputs(self, inputs: dict[str, Any], grads: list) -> list[dict[str, Any]]:
         """The spec's extra per-element inputs (e.g. SVRG's grad_snapshot), per parameter."""
         want = set(self.artifact.inputs)
         if set(inputs) != want:
@@ -255,33 +511,94 @@ class Optimizer:
                             if missing else f"got unexpected input {extra[0]!r}")
                             + (f" ({'; '.join(f'{n}: {d}' for n, d in self.artifact.inputs.items())})"
                                if want else ""))
-        per_param: list[dict[str, np.ndarray]] = [{} for _ in self.params]
+        per_param: list[dict[str, Any]] = [{} for _ in self.params]
         for name, arrays in inputs.items():
             checked = self._check_grads(arrays, what=name)
             for i, (a, g) in enumerate(zip(checked, grads)):
                 if isinstance(g, RowSparse):
                     raise TypeError(f"{self.name}: gradient {i} is row-sparse, but {name} "
                                     "inputs need dense gradients")
+                if g is not None and a is None:
+                    raise TypeError(f"{self.name}: {name} {i} is None but gradient {i} is not")
                 per_param[i][name] = a
         return per_param
 
-    def step(self, grads: Sequence[np.ndarray], **inputs: Sequence[np.ndarray]) -> None:
-        """One update of every parameter, in place. Specs with extra inputs (SVRG) take
-        them by name: ``step(grads, grad_snapshot=[...], full_grad=[...])``."""
+    def _grad_scale(self, grads: list) -> float | None:
+        """The factor every gradient is multiplied by this step (fused into the kernels
+        through rescale_grad): 1/loss_scale, times the global-norm clip coefficient.
+        None when a gradient is not finite and the step is to be skipped."""
+        scale = 1.0 / self.loss_scale
+        if self.clip_global_norm is None and self.nonfinite is None:
+            return scale
+        total = 0.0
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            arr = g.rows if isinstance(g, RowSparse) else g
+            r = self._groups[self._group_of[i]].hyper.get("rescale_grad", 1.0) * scale
+            total += tensors.sum_of_squares(arr, "numpy" if isinstance(g, RowSparse)
+                                            else self._lib[i]) * r * r
+        if not math.isfinite(total):
+            bad = next((i for i, g in enumerate(grads) if g is not None and not
+                        tensors.all_finite(g.rows if isinstance(g, RowSparse) else g,
+                                           "numpy" if isinstance(g, RowSparse) else self._lib[i])),
+                       None)
+            if bad is not None:
+                if self.nonfinite == "skip":
+                    self.last_grad_norm = math.nan
+                    return None
+                raise FloatingPointError(f"{self.name}: gradient {bad}"
+                                         f"{f' ({self.names[bad]})' if self.names[bad] else ''} "
+                                         "has NaN or Inf values; the step was not applied "
+                                         "(nonfinite='skip' skips such steps)")
+        norm = math.sqrt(total)
+        self.last_grad_norm = norm
+        if self.clip_global_norm is not None:
+            scale *= min(1.0, self.clip_global_norm / (norm + NORM_EPS))
+        return scale
+
+    def step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
+        """One update of every parameter that has a gradient, in place. Returns False
+        when the step was skipped for a non-finite gradient (``nonfinite="skip"``).
+        Specs with extra inputs (SVRG) take them by name: ``step(grads,
+        grad_snapshot=[...], full_grad=[...])``."""
         grads = self._check_grads(grads)
         extra = self._check_inputs(inputs, grads)
+        used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
+        lrs = {gi: self._lr_value(gi, self.t) for gi in used}
+        scale = self._grad_scale(grads)
+        if scale is None:
+            self.skipped_steps += 1
+            return False
+        for i, g in enumerate(grads):
+            if g is not None and not isinstance(g, RowSparse) and \
+                    self._groups[self._group_of[i]].grad_centralization:
+                grads[i] = tensors.centralize(g, self._lib[i])
         self.t += 1
-        env = self._scalar_env()
-        shared: dict[str, tuple] = {}  # kernel -> (values, scalar array) for this step
-        for i, (p, g, st) in enumerate(zip(self.params, grads, self.state)):
+        envs = {gi: self._group_env(gi, lrs[gi], scale) for gi in used}
+        shared: dict[tuple, tuple] = {}  # host scalars that read no scalar state: once a step
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
             k = self._param_kernel(i)
-            if k.symbol not in shared:  # host scalars that read no scalar state: once a step
+            gi, st = self._group_of[i], self.state[i]
+            self._steps[i] += 1
+            lm, wm = self._lr_mult[i], self._wd_mult[i]
+            key = (k.symbol, gi, self._steps[i], lm, wm)
+            if key not in shared:
+                env = envs[gi]
+                if lm != 1.0 or wm != 1.0 or self._steps[i] != self.t:
+                    env = dict(env, t=self._steps[i])
+                    if lm != 1.0 and lrs[gi] is not None and "lr" in env:
+                        env["lr"] = env["lr"] * lm
+                    if wm != 1.0 and "weight_decay" in env:
+                        env["weight_decay"] = env["weight_decay"] * wm
                 values = {**env, **{n: scalar_expr.evaluate(k.host_scalars[n], env)
                                     for n in k.step_scalars}}
-                shared[k.symbol] = values, (None if k.param_scalars else self._pack(k, values))
-            values, scalars = shared[k.symbol]
+                shared[key] = values, (None if k.param_scalars else self._pack(k, values))
+            values, scalars = shared[key]
             if k.scalar_state_updates:  # this parameter's scalar states
-                local = {**values, **{n: v for n, v in st.items() if not isinstance(v, np.ndarray)}}
+                local = {**values, **{n: v for n, v in st.items() if isinstance(v, np.floating)}}
                 if scalars is None:
                     local.update((n, scalar_expr.evaluate(k.host_scalars[n], local))
                                  for n in k.param_scalars)
@@ -289,30 +606,43 @@ class Optimizer:
                 for n, e in k.scalar_state_updates.items():
                     st[n] = np.float64(scalar_expr.evaluate(e, local))
             if isinstance(g, RowSparse):
-                if len(g.indices) and p.size:
-                    self._run_lazy(k, p, g, st, scalars)
-            elif p.size:
-                self._run(i, k, p, g, st, scalars, extra[i])
+                if len(g.indices) and self.params[i].size:
+                    self._run_lazy(i, k, g, scalars)
+            elif _numel(self.params[i]):
+                self._run(i, k, g, scalars, extra[i])
+        return True
 
     @staticmethod
     def _pack(k: KernelInfo, values: Mapping[str, Any]) -> np.ndarray:
         """The kernel's scalar array: float64 on the host, rounded once to the kernel dtype."""
         return np.array([values[s] for s in k.scalars], dtype=k.dtype)
 
-    def _workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    def _arrays(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]) -> dict[str, Any]:
+        st, lib = self.state[i], self._lib[i]
+        arrays = {"grad": tensors.kernel_arg(g, lib),
+                  **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
+                  **{n: st[n] for n in k.buffers if n in st}}
+        if self._mixed(i):
+            arrays["w"], arrays["w_low"] = st["master"], self._kargs[i]
+        else:
+            arrays["w"] = self._kargs[i]
+        return arrays
+
+    def _workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
         """Parameter ``i``'s float64 reduction buffers for kernel ``k`` (kept between steps)."""
         ws = self._work[i].get(k.symbol)
         if ws is None:
             ws = self._work[i][k.symbol] = {
-                n: aligned_full((self.artifact.reduction_buffer_size,) if not axes
-                                else views.extents(d, axes), 0.0, np.float64)
+                n: tensors.full_like(self.params[i], self._lib[i],
+                                     (self.artifact.reduction_buffer_size,) if not axes
+                                     else views.extents(d, axes), 0.0, "float64")
                 for n, axes in k.workspaces.items()}
         return ws
 
-    def _run(self, i: int, k: KernelInfo, p, g, st, scalars: np.ndarray,
-             extra: Mapping[str, np.ndarray]) -> None:
-        d = views.dims(p.shape)
-        arrays = {"w": p, "grad": g, **extra, **{n: st[n] for n in k.buffers if n in st}}
+    def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+             extra: Mapping[str, Any]) -> None:
+        d = views.dims(tuple(self.params[i].shape))
+        arrays = self._arrays(i, k, g, extra)
         if self.backend == "compiled":
             arrays.update(self._workspace(i, k, d))
             for ln in k.launches:
@@ -320,72 +650,91 @@ class Optimizer:
                 self.artifact.function(ln["symbol"])(
                     *(views.as_kernel(arrays[b], k.buffer_axes[b], d, view)
                       for b in ln["buffers"]), scalars)
-        else:
-            new = reference.evaluate(k.ir, k.dtype, arrays, k.buffer_axes,
-                                     dict(zip(k.scalars, scalars)), d)
-            for name, value in new.items():
-                arrays[name][...] = value
+            return
+        lib = self._lib[i]
+        host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
+        new = reference.evaluate(k.ir, k.dtype, host, k.buffer_axes,
+                                 dict(zip(k.scalars, scalars)), d)
+        for name, value in new.items():
+            host[name][...] = value
 
-    def _run_lazy(self, k: KernelInfo, p, g: RowSparse, st, scalars: np.ndarray) -> None:
+    def _run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""
+        p = self.params[i]
         rows = g.rows.reshape(len(g.indices), -1)
-        states = [n for n in k.buffers if n in st and isinstance(st[n], np.ndarray)]
+        full = self._arrays(i, k, rows, {})
+        full.pop("grad")
         if self.backend == "compiled":
-            arrays = {"w": p.reshape(-1), "grad": rows, "_indices": g.indices,
-                      **{n: st[n].reshape(-1) for n in states}}
+            arrays = {"grad": rows, "_indices": g.indices,
+                      **{n: a.reshape(-1) for n, a in full.items()}}
             self.artifact.function(k.lazy["symbol"])(*(arrays[b] for b in k.lazy["buffers"]),
                                                      scalars)
             return
-        sub = {"w": p.reshape(p.shape[0], -1)[g.indices].reshape(-1),
-               "grad": rows.reshape(-1),
-               **{n: st[n].reshape(p.shape[0], -1)[g.indices].reshape(-1) for n in states}}
+        sub = {"grad": rows.reshape(-1),
+               **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
         new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
                                  dict(zip(k.scalars, scalars)), (1, 1, rows.size))
         for name, value in new.items():
-            target = p if name == "w" else st[name]
-            target.reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
+            full[name].reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.name, "key": self.artifact.key, "t": self.t,
-                "hyper": dict(self._hyper),
-                "state": [{n: (v.copy() if isinstance(v, np.ndarray) else float(v))
-                           for n, v in st.items()} for st in self.state]}
+        """Everything a resumed run needs, as plain Python values and numpy copies:
+        states (master copies included), step counts, each group's hyperparameters and
+        layout, multipliers, and the spec's hash. Schedules are code: a group whose lr
+        is a schedule records ``lr_schedule: True`` and resumes with the schedule the new
+        optimizer was given (it is a function of ``t``, which is restored)."""
+        return {
+            "format": checkpoint.FORMAT, "optimizer": self.name,
+            "spec_hash": checkpoint.spec_hash(self.artifact), "key": self.artifact.key,
+            "t": self.t, "param_steps": list(self._steps), "skipped_steps": self.skipped_steps,
+            "hyper": dict(self._defaults),
+            "groups": [{"hyper": dict(g.hyper), "lr_schedule": g.lr is not None,
+                        "params": [i for i, x in enumerate(self._group_of) if x == gi]}
+                       for gi, g in enumerate(self._groups)],
+            "params": [{"name": n, "shape": list(p.shape),
+                        "dtype": tensors.dtype_name(p, lib)}
+                       for n, p, lib in zip(self.names, self.params, self._lib)],
+            "lr_mult": list(self._lr_mult), "wd_mult": list(self._wd_mult),
+            "state": [{n: (float(v) if isinstance(v, np.floating) else
+                           tensors.to_numpy(v, lib)) for n, v in st.items()}
+                      for st, lib in zip(self.state, self._lib)]}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        if sd.get("optimizer") != self.name:
-            raise ValueError(f"{self.name}: state_dict is for optimizer {sd.get('optimizer')!r}")
-        states = sd.get("state")
-        if not isinstance(states, list) or len(states) != len(self.params):
-            raise ValueError(f"{self.name}: state_dict has state for "
-                             f"{len(states) if isinstance(states, list) else '?'} parameters, "
-                             f"this optimizer has {len(self.params)}")
-        t = sd.get("t")
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-            raise ValueError(f"{self.name}: state_dict step t must be an int >= 0, got {t!r}")
-        hyper = hyper_rules.resolve(self.name, self.artifact.hypers, self.artifact.requirements,
-                                    self._hyper, sd.get("hyper", {}))
-        for i, (mine, theirs) in enumerate(zip(self.state, states)):
-            if set(mine) != set(theirs):
-                raise ValueError(f"{self.name}: state_dict state {i} has {sorted(theirs)}, "
-                                 f"expected {sorted(mine)}")
-            for n, v in mine.items():
-                if isinstance(v, np.ndarray):
-                    src = np.asarray(theirs[n])
-                    if src.shape != v.shape or src.dtype != v.dtype:
-                        raise ValueError(f"{self.name}: state_dict state {i}.{n} is "
-                                         f"{src.dtype}{list(src.shape)}, expected "
-                                         f"{v.dtype}{list(v.shape)}")
-        for mine, theirs in zip(self.state, states):
-            for n, v in mine.items():
-                if isinstance(v, np.ndarray):
-                    v[...] = theirs[n]
-                else:
+        plan = checkpoint.check(self, sd)
+        for i, (mine, theirs) in enumerate(zip(self.state, sd["state"])):
+            for n in list(mine):
+                if isinstance(mine[n], np.floating):
                     mine[n] = np.float64(theirs[n])
-        self._hyper, self.t = hyper, int(t)
+                else:
+                    tensors.copy_into(mine[n], self._lib[i], np.asarray(theirs[n]))
+        self._defaults = plan["defaults"]
+        for g, h in zip(self._groups, plan["groups"]):
+            g.hyper = h
+        self.t = int(sd["t"])
+        self._steps = [int(s) for s in sd["param_steps"]]
+        self.skipped_steps = int(sd.get("skipped_steps", 0))
+        self._lr_mult = [float(x) for x in sd["lr_mult"]]
+        self._wd_mult = [float(x) for x in sd["wd_mult"]]
         self._prepared = [None] * len(self.params)
 
+    def save(self, path: str) -> None:
+        """Write ``state_dict()`` to ``path`` (npz + json, no pickle; atomic)."""
+        checkpoint.save(path, self.state_dict())
+
+    def load(self, path: str) -> None:
+        """Restore a checkpoint written by ``save``."""
+        self.load_state_dict(checkpoint.load(path))
+
     def __repr__(self) -> str:
-        hp = ", ".join(f"{k}={v!r}" for k, v in self._hyper.items())
-        return f"<optgen {self.name} ({len(self.params)} params, t={self.t}): {hp}>"
+        hp = ", ".join(f"{k}={v!r}" for k, v in self._defaults.items())
+        return (f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} "
+                f"group(s), t={self.t}): {hp}>")
+
+
+def _numel(x: Any) -> int:
+    return int(np.prod(tuple(x.shape), dtype=np.int64))
+
+
+__all__ = ["Optimizer", "aligned_full", "default_decay_filter"]

@@ -50,7 +50,11 @@ HYPER_ERRORS = [
     ("adam", {"clip_gradient": -0.5}, ValueError, r"invalid clip_gradient=-0\.5: must satisfy clip_gradient >= 0"),
     ("adam", {"rescale_grad": 0.0}, ValueError, r"invalid rescale_grad=0\.0"),
     ("adam", {"weight_decay": -0.01}, ValueError, r"invalid weight_decay=-0\.01"),
-    ("adam", {"betas": (0.9, 0.99)}, TypeError, r"adam: unknown hyperparameter 'betas'"),
+    ("adam", {"betas": 0.9}, TypeError, r"adam: betas must be a pair \(beta1, beta2\), got 0\.9"),
+    ("adam", {"betas": (0.9, 1.5)}, ValueError, r"adam: invalid beta2=1\.5"),
+    ("adam", {"bets": (0.9, 0.99)}, TypeError, r"adam: unknown hyperparameter 'bets'; known: lr, .*\(aliases: .*betas"),
+    ("adam", {"lr": 0.1, "learning_rate": 0.2}, TypeError, r"adam: 'lr' and 'learning_rate' both set hyperparameter lr"),
+    ("adam", {"wd": -1.0}, ValueError, r"adam: invalid weight_decay=-1\.0"),
     ("sgd", {"nesterov": 1}, TypeError, r"sgd: hyperparameter nesterov is a flag and must be a bool"),
     ("sgd", {"nesterov": True}, ValueError,
      r"sgd: invalid hyperparameters \(dampening=0\.0, momentum=0\.0, nesterov=True\): "
@@ -90,7 +94,7 @@ def _bad_params():
     ro = np.zeros(10, np.float32)
     ro.flags.writeable = False
     return [
-        ("not-array", [[1.0, 2.0]], TypeError, r"adam: parameter 0 must be a numpy.ndarray, got list"),
+        ("not-array", [[1.0, 2.0]], TypeError, r"adam: parameter 0 must be an array \(numpy.ndarray, torch.Tensor or cupy.ndarray\), got list"),
         ("single-array", w, TypeError, r"params must be a list of arrays"),
         ("int-dtype", [np.zeros(3, np.int32)], TypeError, r"parameter 0 has dtype int32; the kernels support float32, float64"),
         ("float16", [np.zeros(3, np.float16)], TypeError, r"parameter 0 has dtype float16"),
@@ -111,7 +115,7 @@ def _bad_grads(opt):
     return [
         ("count", [np.zeros_like(p0)], ValueError, r"adam: got 1 gradients for 2 parameters"),
         ("single-array", np.zeros_like(p0), TypeError, r"grads must be a list of arrays"),
-        ("type", [np.zeros_like(p0), [0.0] * p1.size], TypeError, r"gradient 1 must be a numpy.ndarray, got list"),
+        ("type", [np.zeros_like(p0), [0.0] * p1.size], TypeError, r"gradient 1 must be a numpy.ndarray like parameter 1, got list"),
         ("shape", [np.zeros_like(p0), np.zeros(p1.size + 1, p1.dtype)], ValueError,
          r"gradient 1 has shape \(8,\), parameter 1 has shape \(7,\)"),
         ("dtype", [np.zeros_like(p0), np.zeros(p1.shape, np.float64)], TypeError,

@@ -1,0 +1,205 @@
+"""Drop-in ``torch.optim.Optimizer`` classes, one per spec, stepping with optgen's kernels.
+
+    model = torch.nn.Linear(10, 1)
+    opt = optgen.torch.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+    loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+    torch.save(opt.state_dict(), "opt.pt")
+
+Each class reads ``p.grad``, keeps torch's ``param_groups`` (so every torch lr scheduler
+works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
+in ``opt.state[p]`` as tensors, with ``step`` as torch does. Group dicts use the spec's
+hyperparameter names, with ``betas=(beta1, beta2)`` where the spec has both.
+
+Classes: ``optgen.torch.Adam``, ``SGD``, ``AdamW``, ``LAMB``, ... (``optgen.torch.CLASSES``
+names them), or ``optgen.torch.make(spec, base=None)`` for any spec file or wrapper.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from optgen.runtime import catalog, get_artifact
+from optgen.runtime import groups as grouping
+from optgen.runtime import hyper as hyper_rules
+from optgen.runtime.optimizer import Optimizer as _Core
+
+# catalog name -> class name, in torch's spelling where torch has the optimizer
+CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
+           "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
+           "adamweightdecay": "AdamWeightDecay", "ftml": "FTML", "ftrl": "FTRL",
+           "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
+           "nadam": "NAdam", "nag": "NAG", "proximal_adagrad": "ProximalAdagrad",
+           "radam": "RAdam", "rmsprop": "RMSprop", "sgd": "SGD", "signum": "Signum"}
+RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale")
+
+
+def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
+    """Spec-named hyperparameters as a torch group holds them (betas as a pair)."""
+    out = dict(hyper)
+    if "beta1" in out and "beta2" in out and "betas" not in art.hypers:
+        out["betas"] = (out.pop("beta1"), out.pop("beta2"))
+    return out
+
+
+class OptgenOptimizer(torch.optim.Optimizer):
+    """The base of the generated classes: torch's bookkeeping around an optgen runtime
+    optimizer that runs the fused kernels."""
+
+    spec: str = ""
+    base: str | None = None
+
+    def __init__(self, params, **kwargs: Any):
+        options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
+        self._target = options.pop("target", "llvm")
+        self._options = options
+        art = self._artifact = get_artifact(self.spec, self._target, base=self.base)
+        given = grouping.alias(art.name, art.hypers, kwargs)
+        spec_defaults = {n: h.default for n, h in art.hypers.items()}
+        hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
+        self._core: _Core | None = None
+        self._synced: list[dict[str, Any]] = []
+        super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
+
+    # -- the runtime optimizer behind the torch interface --------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self._core = self._rebuild(self._core)
+
+    def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The spec's hyperparameters of a torch group (keys torch schedulers add, such as
+        initial_lr, are not hyperparameters and are ignored)."""
+        art = self._artifact
+        known = {k: v for k, v in group.items() if k != "params" and grouping._known(k, art.hypers)}
+        return grouping.alias(art.name, art.hypers, known)
+
+    def _rebuild(self, old: _Core | None) -> _Core:
+        """A runtime optimizer over the current groups, keeping existing states."""
+        groups = [{"params": list(g["params"]), **self._group_hyper(g)} for g in self.param_groups]
+        core = _Core(self._artifact, groups, **self._options)
+        if old is not None:
+            where = {id(p): i for i, p in enumerate(old.params)}
+            for j, p in enumerate(core.params):
+                if id(p) in where:
+                    i = where[id(p)]
+                    core.state[j], core._steps[j] = old.state[i], old._steps[i]
+                    core._prepared[j] = None
+        self._synced = [self._group_hyper(g) for g in self.param_groups]
+        return core
+
+    def _sync(self) -> None:
+        """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
+        for gi, group in enumerate(self.param_groups):
+            now = self._group_hyper(group)
+            if now != self._synced[gi]:
+                changed = {k: v for k, v in now.items() if self._synced[gi].get(k) != v}
+                self._core.set_hyper(group=gi, **changed)
+                self._synced[gi] = now
+
+    def _mirror(self) -> None:
+        """``self.state[p]``: the runtime's state tensors (shared), scalar states as
+        floats, and ``step`` as a float32 tensor (torch's convention)."""
+        for i, p in enumerate(self._core.params):
+            st = {n: (float(v) if isinstance(v, np.floating) else v)
+                  for n, v in self._core.state[i].items()}
+            st["step"] = torch.tensor(float(self._core._steps[i]))
+            self.state[p] = st
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter with a ``.grad``; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync()
+        grads = []
+        for i, p in enumerate(self._core.params):
+            g = p.grad
+            if g is not None and g.is_sparse:
+                raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
+                                "optgen.torch optimizers take dense gradients")
+            grads.append(g)
+        self._core.step(grads)
+        self._core.t = max(self._core._steps, default=0)
+        self._mirror()
+        return loss
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        self._mirror()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, with every state checked against this optimizer's layout first
+        (a wrong shape or a missing state is a ValueError and changes nothing)."""
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if len(saved_groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"])
+                for a, b in zip(saved_groups, self.param_groups)):
+            raise ValueError(f"{self._artifact.name}: state_dict has another group layout "
+                             "(number of groups or parameters per group)")
+        core = self._core
+        index = {id(p): i for i, p in enumerate(core.params)}
+        plan = []
+        for sg, g in zip(saved_groups, self.param_groups):
+            for pid, p in zip(sg["params"], g["params"]):
+                if pid not in saved_state:
+                    continue
+                i, rec = index[id(p)], saved_state[pid]
+                want = set(core.state[i]) | {"step"}
+                if set(rec) != want:
+                    raise ValueError(f"{self._artifact.name}: state_dict state of parameter "
+                                     f"{i} has {sorted(rec)}, expected {sorted(want)}")
+                for n, v in core.state[i].items():
+                    if not isinstance(v, np.floating) and tuple(rec[n].shape) != tuple(v.shape):
+                        raise ValueError(f"{self._artifact.name}: state_dict state {i}.{n} has "
+                                         f"shape {tuple(rec[n].shape)}, expected {tuple(v.shape)}")
+                plan.append((i, rec))
+        super().load_state_dict(state_dict)
+        for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
+            for n, v in core.state[i].items():
+                if isinstance(v, np.floating):
+                    core.state[i][n] = np.float64(float(rec[n]))
+                else:
+                    v.copy_(rec[n])
+            core._steps[i] = int(rec["step"])
+        core.t = max(core._steps, default=0)
+        core._prepared = [None] * len(core.params)
+        self._synced = [{} for _ in self.param_groups]   # re-send every group's values
+        self._sync()
+        self._mirror()
+
+
+_made: dict[tuple, type] = {}
+
+
+def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
+    """The drop-in class of a spec (catalog name, registered name or file), optionally
+    wrapping ``base`` (``make("lars", base="momentum")``)."""
+    path = catalog.resolve(spec)
+    key = (path, base)
+    if key not in _made:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        cls_name = name or CLASSES.get(stem) or "".join(w.capitalize() for w in stem.split("_"))
+        if base is not None:
+            cls_name += "_" + CLASSES.get(base, base)
+        _made[key] = type(cls_name, (OptgenOptimizer,),
+                          {"spec": path, "base": base, "__module__": __name__,
+                           "__doc__": f"optgen's {stem} as a torch.optim.Optimizer "
+                                      "(see optgen.torch)."})
+    return _made[key]
+
+
+def __getattr__(attr: str) -> type:
+    for stem, cls_name in CLASSES.items():
+        if cls_name == attr:
+            return make(stem)
+    raise AttributeError(f"module 'optgen.torch' has no attribute {attr!r}; optimizers: "
+                         f"{', '.join(CLASSES.values())} (or optgen.torch.make(spec))")
+
+
+__all__ = ["CLASSES", "OptgenOptimizer", "make", *CLASSES.values()]

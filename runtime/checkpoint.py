@@ -1,0 +1,183 @@
+"""Optimizer checkpoints: validation of a state_dict, and a safe file format.
+
+The file is one ``.npz`` (numpy's zip of ``.npy`` arrays) holding every state array
+plus ``meta.json``: the rest of the state_dict as JSON. Nothing is pickled, so loading
+a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Writes are
+atomic: a temporary file in the same folder, then ``os.replace``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import numbers
+import os
+import zipfile
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import hyper as hyper_rules
+from . import tensors
+
+FORMAT = 1
+META = "meta.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_file(path: str, name: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(name.encode() + b"\0" + f.read()).hexdigest()[:16]
+
+
+def spec_hash(artifact) -> str:
+    """A hash of the spec's source (and name, which carries a wrapper's base): the
+    same on every target, different for any edit of the spec."""
+    return _hash_file(os.path.join(artifact.path, "spec.py"), artifact.name)
+
+
+def _fail(opt, message: str):
+    raise ValueError(f"{opt.name}: {message}")
+
+
+def _int(opt, value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        _fail(opt, f"state_dict {what} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def check(opt, sd: Any) -> dict[str, Any]:
+    """Validate ``sd`` against optimizer ``opt`` (same spec, parameters, groups and
+    state layout) and return the hyperparameters to restore; raises ValueError or
+    TypeError naming the first mismatch, changing nothing."""
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"{opt.name}: state_dict must be a dict, got {type(sd).__name__}")
+    if sd.get("optimizer") != opt.name:
+        _fail(opt, f"state_dict is for optimizer {sd.get('optimizer')!r}")
+    if sd.get("format") != FORMAT:
+        _fail(opt, f"state_dict format {sd.get('format')!r}; this optgen reads format {FORMAT}")
+    mine = spec_hash(opt.artifact)
+    if sd.get("spec_hash") != mine:
+        _fail(opt, f"state_dict comes from another version of the spec {opt.name} "
+                   f"(spec hash {sd.get('spec_hash')!r}, this one is {mine!r})")
+    n = len(opt.params)
+    states = sd.get("state")
+    if not isinstance(states, list) or len(states) != n:
+        _fail(opt, f"state_dict has state for {len(states) if isinstance(states, list) else '?'} "
+                   f"parameters, this optimizer has {n}")
+    _int(opt, sd.get("t"), "step t")
+    steps = sd.get("param_steps")
+    if not isinstance(steps, list) or len(steps) != n:
+        _fail(opt, f"state_dict param_steps must list {n} step counts")
+    for s in steps:
+        _int(opt, s, "param_steps entry")
+    _int(opt, sd.get("skipped_steps", 0), "skipped_steps")
+    for what in ("lr_mult", "wd_mult"):
+        values = sd.get(what)
+        if not isinstance(values, list) or len(values) != n or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in values):
+            _fail(opt, f"state_dict {what} must list {n} finite floats >= 0")
+    params = sd.get("params")
+    if not isinstance(params, list) or len(params) != n:
+        _fail(opt, f"state_dict describes {len(params) if isinstance(params, list) else '?'} "
+                   f"parameters, this optimizer has {n}")
+    for i, (p, lib, rec) in enumerate(zip(opt.params, opt._lib, params)):
+        want = (list(p.shape), tensors.dtype_name(p, lib))
+        got = (list(rec.get("shape", [])), rec.get("dtype"))
+        if got != want:
+            _fail(opt, f"state_dict parameter {i} is {got[1]}{got[0]}, this optimizer's "
+                       f"parameter {i} is {want[1]}{want[0]}")
+    layout = [[i for i, g in enumerate(opt._group_of) if g == gi] for gi in range(len(opt._groups))]
+    groups = sd.get("groups")
+    theirs = [g.get("params") for g in groups] if isinstance(groups, list) else None
+    if theirs != layout:
+        _fail(opt, f"state_dict has the group layout {theirs}, this optimizer has {layout} "
+                   "(parameter indices per group)")
+    defaults = hyper_rules.resolve(opt.name, opt.artifact.hypers, opt.artifact.requirements,
+                                   opt._defaults, sd.get("hyper", {}))
+    restored = []
+    for g, rec in zip(opt._groups, groups):
+        h = dict(rec.get("hyper", {}))
+        if g.lr is not None:       # the group keeps the schedule it was given
+            h.pop("lr", None)
+        restored.append(hyper_rules.resolve(opt.name, opt.artifact.hypers,
+                                            opt.artifact.requirements, g.hyper, h))
+    for i, (st, rec) in enumerate(zip(opt.state, states)):
+        if not isinstance(rec, Mapping) or set(st) != set(rec):
+            _fail(opt, f"state_dict state {i} has "
+                       f"{sorted(rec) if isinstance(rec, Mapping) else rec!r}, "
+                       f"expected {sorted(st)}")
+        for name, v in st.items():
+            if isinstance(v, np.floating):
+                x = rec[name]
+                if isinstance(x, bool) or not isinstance(x, numbers.Real):
+                    _fail(opt, f"state_dict state {i}.{name} must be a float, got {x!r}")
+                continue
+            src = np.asarray(rec[name])
+            want = (tensors.dtype_name(v, opt._lib[i]), list(v.shape))
+            if (src.dtype.name, list(src.shape)) != want:
+                _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
+                           f"expected {want[0]}{want[1]}")
+    return {"defaults": defaults, "groups": restored}
+
+
+# -- the file format -----------------------------------------------------------------
+def save(path: str | os.PathLike, sd: Mapping[str, Any]) -> None:
+    """Write a state_dict to ``path`` atomically (npz + json, no pickle)."""
+    path = os.fspath(path)
+    arrays: dict[str, np.ndarray] = {}
+    meta = {k: v for k, v in sd.items() if k != "state"}
+    meta["state"] = []
+    for i, st in enumerate(sd["state"]):
+        rec = {}
+        for name, v in st.items():
+            if isinstance(v, np.ndarray):
+                key = f"state.{i}.{name}"
+                rec[name] = {"array": key, "dtype": v.dtype.name}
+                arrays[key] = v.view(np.uint16) if v.dtype.name == "bfloat16" else v
+            else:
+                rec[name] = float(v)
+        meta["state"].append(rec)
+    blob = json.dumps(meta).encode()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays, **{META: np.frombuffer(blob, np.uint8)})
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint written by ``save`` (never unpickles)."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"{path}: not an optgen checkpoint ({e})") from None
+    if META not in files:
+        raise ValueError(f"{path}: not an optgen checkpoint (no {META})")
+    try:
+        sd = json.loads(files[META].tobytes().decode())
+    except ValueError as e:
+        raise ValueError(f"{path}: unreadable {META}: {e}") from None
+    if not isinstance(sd, dict) or not isinstance(sd.get("state"), list):
+        raise ValueError(f"{path}: {META} has no state list")
+    for rec in sd["state"]:
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: a state entry is not a dict")
+        for name, v in rec.items():
+            if isinstance(v, dict):
+                arr = files.get(v.get("array"))
+                if arr is None:
+                    raise ValueError(f"{path}: array {v.get('array')!r} is missing")
+                if v.get("dtype") == "bfloat16":
+                    arr = arr.view(tensors.numpy_dtype("bfloat16"))
+                rec[name] = arr
+    return sd
