@@ -100,8 +100,8 @@ def check(opt, sd: Any) -> dict[str, Any]:
     restored = []
     for g, rec in zip(opt._groups, groups):
         h = dict(rec.get("hyper", {}))
-        if g.lr is not None:       # the group keeps the schedule it was given
-            h.pop("lr", None)
+        if g.lr is not None or rec.get("lr_schedule"):
+            h.pop("lr", None)      # schedules are code: each side keeps its own lr
         restored.append(hyper_rules.resolve(opt.name, opt.artifact.hypers,
                                             opt.artifact.requirements, g.hyper, h))
     for i, (st, rec) in enumerate(zip(opt.state, states)):
