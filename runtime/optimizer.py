@@ -130,6 +130,9 @@ class Optimizer:
                 self.state[i]["master"] = tensors.cast_copy(self.params[i], lib, "float32")
         self._kernels: dict[tuple, KernelInfo] = {}
         self._prepared: list[KernelInfo | None] = [None] * len(self.params)
+        self._plans: list[list | None] = [None] * len(self.params)
+        self._numel = [_numel(p) for p in self.params]
+        self._dims = [views.dims(tuple(p.shape)) for p in self.params]
         self._work: list[dict[str, dict[str, Any]]] = [{} for _ in self.params]
         for i in range(len(self.params)):
             self._ensure_state(i)
@@ -403,7 +406,22 @@ class Optimizer:
                     tensors.dtype_name(v, lib) != want:
                 st[n] = tensors.cast_copy(v, lib, want)
         self._prepared[i] = k
+        self._plans[i] = self._plan(i, k) if self.backend == "compiled" else None
         return k
+
+    def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
+        """Parameter ``i``'s launches with their persistent arguments (parameter, states,
+        workspaces) viewed once; per-step arrays (the gradient, extra inputs) are named by
+        a ``(name, axes, view)`` placeholder."""
+        d = self._dims[i]
+        persistent = {**self._arrays(i, k, None, {}), **self._workspace(i, k, d)}
+        plan = []
+        for ln in k.launches:
+            args = [views.as_kernel(persistent[b], k.buffer_axes[b], d, ln["view"])
+                    if b in persistent else (b, k.buffer_axes[b], ln["view"])
+                    for b in ln["buffers"]]
+            plan.append((self.artifact.function(ln["symbol"]), args))
+        return plan
 
     def _kernel(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
         key = (dtype, tuple(sorted(flags.items())))
@@ -444,32 +462,40 @@ class Optimizer:
                 grads[i] = self._check_row_sparse(i, p, g)
                 continue
             lib = self._lib[i]
-            glib = tensors.library(g)
-            if glib != lib:
+            if type(g) is not type(p) and tensors.library(g) != lib:
                 kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
                         "cupy": "cupy.ndarray"}[lib]
                 raise TypeError(f"{self.name}: {label} {i} must be a {kind} like parameter {i}, "
                                 f"got {type(g).__name__}")
-            if tuple(g.shape) != tuple(p.shape):
+            if g.shape != p.shape:
                 raise ValueError(f"{self.name}: {label} {i} has shape {tuple(g.shape)}, "
                                  f"parameter {i} has shape {tuple(p.shape)}")
-            gd, pd = tensors.dtype_name(g, lib), tensors.dtype_name(p, lib)
-            if gd != pd:
-                raise TypeError(f"{self.name}: {label} {i} has dtype {gd}, "
-                                f"parameter {i} has dtype {pd}")
-            if lib != "numpy" and tensors.device(g, lib) != tensors.device(p, lib):
-                raise TypeError(f"{self.name}: {label} {i} is on {tensors.device(g, lib)}, "
-                                f"parameter {i} is on {tensors.device(p, lib)}")
-            if not tensors.is_contiguous(g, lib):
-                raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
-            r = tensors.address_range(g, lib)
-            if tensors.overlaps(r, tensors.address_range(p, lib)) or any(
-                    not isinstance(s, np.floating) and tensors.overlaps(
-                        r, tensors.address_range(s, lib))
-                    for s in self.state[i].values()):
+            if g.dtype != p.dtype:
+                raise TypeError(f"{self.name}: {label} {i} has dtype "
+                                f"{tensors.dtype_name(g, lib)}, parameter {i} has dtype "
+                                f"{tensors.dtype_name(p, lib)}")
+            if lib == "numpy":
+                if not g.flags.c_contiguous:
+                    raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
+                shared = np.may_share_memory(g, p) or any(
+                    np.may_share_memory(g, s) for s in self._guarded(i))
+            else:
+                if tensors.device(g, lib) != tensors.device(p, lib):
+                    raise TypeError(f"{self.name}: {label} {i} is on {tensors.device(g, lib)}, "
+                                    f"parameter {i} is on {tensors.device(p, lib)}")
+                if not tensors.is_contiguous(g, lib):
+                    raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
+                r = tensors.address_range(g, lib)
+                shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
+                    tensors.overlaps(r, tensors.address_range(s, lib)) for s in self._guarded(i))
+            if shared:
                 raise ValueError(f"{self.name}: {label} {i} shares memory with parameter {i} "
                                  "or its state; pass a separate gradient array")
         return grads
+
+    def _guarded(self, i: int) -> list[Any]:
+        """The state arrays of parameter ``i`` (a gradient must not overlap them)."""
+        return [s for s in self.state[i].values() if not isinstance(s, np.floating)]
 
     def _check_row_sparse(self, i: int, p, g: RowSparse):
         """A valid RowSparse gradient, coalesced; or its dense array (lazy_update off,
@@ -608,7 +634,7 @@ class Optimizer:
             if isinstance(g, RowSparse):
                 if len(g.indices) and self.params[i].size:
                     self._run_lazy(i, k, g, scalars)
-            elif _numel(self.params[i]):
+            elif self._numel[i]:
                 self._run(i, k, g, scalars, extra[i])
         return True
 
@@ -618,8 +644,9 @@ class Optimizer:
         return np.array([values[s] for s in k.scalars], dtype=k.dtype)
 
     def _arrays(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Kernel arguments by buffer name (without the gradient when ``g`` is None)."""
         st, lib = self.state[i], self._lib[i]
-        arrays = {"grad": tensors.kernel_arg(g, lib),
+        arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
         if self._mixed(i):
@@ -641,16 +668,15 @@ class Optimizer:
 
     def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
              extra: Mapping[str, Any]) -> None:
-        d = views.dims(tuple(self.params[i].shape))
-        arrays = self._arrays(i, k, g, extra)
+        d = self._dims[i]
         if self.backend == "compiled":
-            arrays.update(self._workspace(i, k, d))
-            for ln in k.launches:
-                view = ln["view"]
-                self.artifact.function(ln["symbol"])(
-                    *(views.as_kernel(arrays[b], k.buffer_axes[b], d, view)
-                      for b in ln["buffers"]), scalars)
+            step = {"grad": tensors.kernel_arg(g, self._lib[i]),
+                    **{n: tensors.kernel_arg(a, self._lib[i]) for n, a in extra.items()}}
+            for fn, args in self._plans[i]:
+                fn(*[a if type(a) is not tuple else
+                     views.as_kernel(step[a[0]], a[1], d, a[2]) for a in args], scalars)
             return
+        arrays = self._arrays(i, k, g, extra)
         lib = self._lib[i]
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
         new = reference.evaluate(k.ir, k.dtype, host, k.buffer_axes,
