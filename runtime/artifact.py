@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from .cache import FORMAT
 from . import scalar_expr
 from .hyper import HyperInfo, Requirement
@@ -26,8 +28,13 @@ class ArtifactError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class KernelInfo:
+    """One kernel of the manifest. ``dtype`` is the compute dtype (and the scalars'),
+    ``param_dtype`` the parameter's: equal for plain kernels; float16/bfloat16 for mixed
+    precision (dtype float32), where ``w`` is the float32 master and ``w_low`` the
+    parameter the kernel rewrites from it (see docs/design.md)."""
     symbol: str
     dtype: str
+    param_dtype: str
     flags: dict[str, bool]
     buffers: list[str]
     scalars: list[str]
@@ -37,13 +44,18 @@ class KernelInfo:
     launches: list[dict]
     buffer_axes: dict[str, str]
     lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
-    storage: dict[str, str]  # states stored in another dtype (float16)
+    storage: dict[str, str]  # buffers in another dtype: float16 states, mixed-precision I/O
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
-        return cls(d["symbol"], d["dtype"], d["flags"], d["buffers"], d["scalars"],
-                   d["host_scalars"], d["scalar_state_updates"], d["ir"], d["launches"],
-                   d["buffer_axes"], d["lazy"], d["storage"])
+        return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
+                   d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
+                   d["launches"], d["buffer_axes"], d["lazy"], d["storage"])
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: a float32 master ``w`` and a low-precision copy ``w_low``."""
+        return self.param_dtype != self.dtype
 
     @functools.cached_property
     def workspaces(self) -> dict[str, str]:
@@ -88,6 +100,25 @@ def _load_tvm_runtime() -> None:
         raise ArtifactError("the apache-tvm package is not installed (pip install apache-tvm)")
     lib = os.path.join(os.path.dirname(spec.origin), "lib", "libtvm_runtime.so")
     ctypes.CDLL(lib, ctypes.RTLD_GLOBAL)
+
+
+@functools.lru_cache(maxsize=1)
+def _bfloat16_view() -> tuple[Callable, Any]:
+    _load_tvm_runtime()
+    import tvm_ffi
+    return tvm_ffi.get_global_func("runtime.TVMTensorCreateView"), tvm_ffi.dtype("bfloat16")
+
+
+def bfloat16_tensor(arr: Any) -> Any:
+    """A kernel argument for a numpy bfloat16 (ml_dtypes) array: a tvm_ffi tensor of
+    dtype bfloat16 on the same memory (zero copy, about 1.3 us). numpy's DLPack export
+    refuses ml_dtypes' bfloat16, so the array goes through its uint16 bits and TVM's
+    runtime re-types the view. Other arrays (torch bfloat16 included) pass as they are."""
+    if not isinstance(arr, np.ndarray) or arr.dtype.name != "bfloat16":
+        return arr
+    import tvm_ffi
+    create_view, bf16 = _bfloat16_view()
+    return create_view(tvm_ffi.from_dlpack(arr.view("uint16")), arr.shape, bf16, 0)
 
 
 class Artifact:
@@ -137,14 +168,22 @@ class Artifact:
         return {n: h for n, h in self.hypers.items() if h.is_flag}
 
     def kernel_for(self, dtype: str, flags: dict[str, bool]) -> KernelInfo | None:
+        """The kernel for parameters of ``dtype``: plain for float32/float64, mixed
+        precision (float32 master) for float16/bfloat16."""
         for k in self.kernels:
-            if k.dtype == dtype and k.flags == flags:
+            if k.param_dtype == dtype and k.flags == flags:
                 return k
         return None
 
     @property
     def dtypes(self) -> list[str]:
-        return sorted({k.dtype for k in self.kernels})
+        """Parameter dtypes with plain kernels (float32, float64)."""
+        return sorted({k.dtype for k in self.kernels if not k.mixed})
+
+    @property
+    def mixed_dtypes(self) -> list[str]:
+        """Parameter dtypes with mixed-precision kernels (float16, bfloat16)."""
+        return sorted({k.param_dtype for k in self.kernels if k.mixed})
 
     def function(self, symbol: str) -> Callable[..., Any]:
         """The compiled kernel (library loaded once, handle cached)."""

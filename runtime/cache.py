@@ -13,7 +13,7 @@ import os
 import re
 import platform
 
-FORMAT = 2
+FORMAT = 3
 
 
 def cache_dir() -> str:

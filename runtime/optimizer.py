@@ -21,7 +21,7 @@ import numpy as np
 from . import checkpoint, groups as grouping
 from . import hyper as hyper_rules
 from . import reference, scalar_expr, schedules, tensors, views
-from .artifact import Artifact, KernelInfo
+from .artifact import Artifact, KernelInfo, bfloat16_tensor
 from .sparse import RowSparse
 from .tensors import aligned_full
 
@@ -132,6 +132,8 @@ class Optimizer:
         self._prepared: list[KernelInfo | None] = [None] * len(self.params)
         self._plans: list[list | None] = [None] * len(self.params)
         self._numel = [_numel(p) for p in self.params]
+        self._bf16_numpy = [lib == "numpy" and p.dtype.name == "bfloat16"
+                            for p, lib in zip(self.params, self._lib)]
         self._dims = [views.dims(tuple(p.shape)) for p in self.params]
         self._work: list[dict[str, dict[str, Any]]] = [{} for _ in self.params]
         for i in range(len(self.params)):
@@ -417,7 +419,8 @@ class Optimizer:
         persistent = {**self._arrays(i, k, None, {}), **self._workspace(i, k, d)}
         plan = []
         for ln in k.launches:
-            args = [views.as_kernel(persistent[b], k.buffer_axes[b], d, ln["view"])
+            args = [bfloat16_tensor(views.as_kernel(persistent[b], k.buffer_axes[b], d,
+                                                    ln["view"]))
                     if b in persistent else (b, k.buffer_axes[b], ln["view"])
                     for b in ln["buffers"]]
             plan.append((self.artifact.function(ln["symbol"]), args))
@@ -672,9 +675,10 @@ class Optimizer:
         if self.backend == "compiled":
             step = {"grad": tensors.kernel_arg(g, self._lib[i]),
                     **{n: tensors.kernel_arg(a, self._lib[i]) for n, a in extra.items()}}
+            wrap = bfloat16_tensor if self._bf16_numpy[i] else _same
             for fn, args in self._plans[i]:
                 fn(*[a if type(a) is not tuple else
-                     views.as_kernel(step[a[0]], a[1], d, a[2]) for a in args], scalars)
+                     wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
             return
         arrays = self._arrays(i, k, g, extra)
         lib = self._lib[i]
@@ -693,8 +697,8 @@ class Optimizer:
         if self.backend == "compiled":
             arrays = {"grad": rows, "_indices": g.indices,
                       **{n: a.reshape(-1) for n, a in full.items()}}
-            self.artifact.function(k.lazy["symbol"])(*(arrays[b] for b in k.lazy["buffers"]),
-                                                     scalars)
+            self.artifact.function(k.lazy["symbol"])(
+                *(bfloat16_tensor(arrays[b]) for b in k.lazy["buffers"]), scalars)
             return
         sub = {"grad": rows.reshape(-1),
                **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
@@ -757,6 +761,10 @@ class Optimizer:
         hp = ", ".join(f"{k}={v!r}" for k, v in self._defaults.items())
         return (f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} "
                 f"group(s), t={self.t}): {hp}>")
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 def _numel(x: Any) -> int:

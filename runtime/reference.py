@@ -1,9 +1,11 @@
 """The reference interpreter: evaluates a kernel's IR (as the manifest stores it) with numpy.
 
 It is the oracle for "compiled kernel == spec": same IR, same host scalars, evaluated in
-the parameter's dtype (float32 or float64) without TVM, on the ``[B, R, C]`` view
+the kernel's dtype (float32 or float64) without TVM, on the ``[B, R, C]`` view
 (runtime.views). Reductions accumulate in float64 and are rounded once to the dtype,
 as the kernels do; everything is computed from the old values, then returned.
+Arrays of another dtype (float16 states, the float16/bfloat16 gradients of a
+mixed-precision kernel) are read cast to the kernel dtype.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Mapping
 import numpy as np
 
 from .views import AXES, broadcastable
+
+LOW_COPY = "w_low"   # the low-precision parameter of a mixed-precision kernel
 
 _UNARY = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs, "sign": np.sign,
           "neg": np.negative, "not": np.logical_not}
@@ -25,7 +29,9 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
 def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
              axes: Mapping[str, str], scalars: Mapping[str, float],
              d: tuple[int, int, int]) -> dict[str, np.ndarray]:
-    """New values of every output, each shaped like its array in ``arrays``.
+    """New values of every output, each shaped like its array in ``arrays`` and of its
+    dtype, except ``w_low`` (mixed precision): the new ``w`` in the kernel dtype, which
+    rounds when assigned into the low-precision parameter (it need not be in ``arrays``).
 
     ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
     ``(B, R, C)``."""
@@ -40,7 +46,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             elif op in ("param", "grad", "state"):
                 name = rec["name"]
                 v = broadcastable(arrays[name], axes[name], d)
-                if v.dtype != dt:  # a float16 (compressed) state is computed in the dtype
+                if v.dtype != dt:  # float16 state, low-precision gradient: computed in dt
                     v = v.astype(dt)
             elif op == "hyper":
                 v = dt(scalars[rec["name"]])
@@ -65,7 +71,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             vals.append(v)
         out = {}
         for name, i in ir["outputs"].items():
-            target = broadcastable(arrays[name], axes[name], d)
+            like = arrays["w"] if name == LOW_COPY else arrays[name]
+            target = broadcastable(like, axes[name], d)
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
-                .reshape(arrays[name].shape).astype(arrays[name].dtype)
+                .reshape(like.shape).astype(like.dtype)
         return out

@@ -9,18 +9,20 @@ import pytest
 os.environ.setdefault("OPTGEN_CACHE_DIR", tempfile.mkdtemp(prefix="optgen-test-cache-"))
 
 
-def offset_array(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A copy of ``values`` whose data starts at a random 16-byte (not 64-byte) offset.
+def offset_array(values: np.ndarray, rng: np.random.Generator, unit: int = 16) -> np.ndarray:
+    """A copy of ``values`` whose data starts at a random multiple of ``unit`` bytes past
+    a 64-byte boundary (never on it).
 
-    numpy guarantees only 16-byte alignment; kernels must not assume more.
+    numpy guarantees only 16-byte alignment; kernels must not assume more. A slice of an
+    array is aligned to its element size only (``unit=values.itemsize``).
     """
     values = np.ascontiguousarray(values)
-    k = int(rng.integers(1, 4))  # 16, 32 or 48 bytes past a 64-byte boundary
+    k = int(rng.integers(1, 64 // unit))  # a nonzero multiple of unit below 64
     raw = np.empty(values.nbytes + 128, dtype=np.uint8)
-    start = (-raw.ctypes.data) % 64 + 16 * k
+    start = (-raw.ctypes.data) % 64 + unit * k
     out = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
     out[...] = values
-    assert values.nbytes == 0 or out.ctypes.data % 64 == 16 * k
+    assert values.nbytes == 0 or out.ctypes.data % 64 == unit * k
     return out
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Expr, walk
-from .specialize import KernelIR
+from .specialize import MASTER_DTYPE, KernelIR
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
-DTYPE_TAG = {"float32": "f32", "float64": "f64"}
+# symbol tags by parameter dtype; float16 and bfloat16 kernels are mixed precision
+DTYPE_TAG = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 
 _BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
         "ge": ">=", "eq": "==", "ne": "!="}
@@ -25,15 +26,16 @@ _CALL = {"sqrt": "T.sqrt", "exp": "T.exp", "log": "T.log",
 
 @dataclass
 class LoweredBuffer:
-    name: str        # ABI name ("w", "grad", a state, "_red<k>")
+    name: str        # ABI name ("w", "w_low", "grad", a state, "_red<k>")
     var: str         # TVMScript buffer variable
     axes: str        # "brc", "br", "bc", "b" or "" (one value per parameter)
-    dtype: str       # the kernel dtype, float64 (reductions), float16 (compressed states)
+    dtype: str       # the kernel dtype, float64 (reductions), float16 (compressed states),
+                     # float16/bfloat16 (w_low and gradients of mixed-precision kernels)
 
     @property
     def align(self) -> int:
         """The element size: numpy guarantees no more (tvm-notes §3)."""
-        return {"float16": 2, "float32": 4, "float64": 8, "int64": 8}[self.dtype]
+        return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8}[self.dtype]
 
 
 @dataclass
@@ -74,11 +76,43 @@ def index(axes: str, view: str) -> str:
     return ", ".join(axes)
 
 
+def widen(slot: str, dtype: str, ty: str) -> str:
+    """A load of a buffer stored as ``dtype``, in the kernel dtype ``ty`` (exact).
+
+    bfloat16 (into float32 only) widens through its bits: TVM 0.27's bfloat16 legalization
+    turns a let-bound ``T.Cast("float32", <bfloat16 load>)`` into an integer-to-float
+    conversion of the uint16 bits (``uitofp``: 1.0 reads as 16256.0)."""
+    if dtype == "bfloat16":
+        return (f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", '
+                f'T.reinterpret("uint16", {slot})), T.uint32(16)))')
+    return f'T.Cast("{ty}", {slot})'
+
+
+def narrow(value: str, dtype: str) -> str:
+    """``value`` rounded to the storage ``dtype``, to nearest even (from float32 or
+    float64 to float16; from float32 only to bfloat16, the compute dtype of mixed kernels).
+
+    TVM 0.27 legalizes float32 -> bfloat16 as integer rounding of the bits (``(x + 0x7FFF
+    + lsb) >> 16``): right for every number, but NaN payloads carry into inf or zero
+    (0x7F800001 -> inf, 0x7FFF8000 -> -0.0, 0xFFFFFFFF -> +0.0). So a NaN is first
+    replaced by ml_dtypes' quiet NaN of its sign (sign | 0x7FC00000), which makes the
+    result bit-identical to ml_dtypes. The NaN test is on the bits: ``T.isnan`` of a
+    let-bound value fails MakePackedAPI ("variables ... are used, but are not passed")."""
+    if dtype == "bfloat16":
+        bits = f'T.reinterpret("uint32", {value})'
+        is_nan = f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
+        nan = (f'T.reinterpret("float32", T.bitwise_or(T.bitwise_and({bits}, '
+               f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
+        value = f"T.Select({is_nan}, {nan}, {value})"
+    return f'T.Cast("{dtype}", {value})'
+
+
 def lower(kir: KernelIR, dtype: str, symbol: str) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
 
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
     in launch order."""
+    assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
     multi = len(kir.launches) > 1
     out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol)
            for k, ln in enumerate(kir.launches)]
@@ -108,13 +142,13 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view)}]"
 
     def load(name: str) -> str:
-        if name in kir.storage:  # compressed (float16) state: computed in the kernel dtype
-            return f'T.Cast("{ty}", {slot_of(name)})'
+        if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
+            return widen(slot_of(name), kir.storage[name], ty)
         return slot_of(name)
 
     def store(name: str, value: str) -> str:
         if name in kir.storage:
-            value = f'T.Cast("{kir.storage[name]}", {value})'
+            value = narrow(value, kir.storage[name])
         return f"{slot_of(name)} = {value}"
 
     def ref(e: Expr) -> str:

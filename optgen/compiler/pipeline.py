@@ -22,11 +22,11 @@ from . import tvm_backend
 from .loader import load_spec
 from .lower import DTYPE_TAG, lower
 from .schedule_llvm import RED_SCALAR_SIZE, schedule
-from .specialize import KernelIR, specialize
+from .specialize import MASTER_DTYPE, MIXED_DTYPES, KernelIR, specialize
 from .templates import render
 from .verify import verify
 
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
 TARGETS = ("llvm",)  # CUDA and the other targets come with their schedules
 BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
 
@@ -44,8 +44,15 @@ def _debug(stage: str, text: str) -> None:
         print(f"--- optgen: after {stage} ---\n{text}", file=sys.stderr)
 
 
-def symbol_for(name: str, dtype: str, flags: dict[str, bool]) -> str:
-    return "_".join([name, DTYPE_TAG[dtype], *(f for f, on in flags.items() if on)])
+def symbol_for(name: str, param_dtype: str, flags: dict[str, bool]) -> str:
+    return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on)])
+
+
+def variants(kirs: list[KernelIR]) -> list[tuple[KernelIR, str, str]]:
+    """(IR, compute dtype, parameter dtype) of every kernel: a plain IR compiles once per
+    DTYPES, a mixed-precision IR once, in float32 (MASTER_DTYPE)."""
+    return [(kir, dt, kir.param_dtype or dt) for kir in kirs
+            for dt in ((MASTER_DTYPE,) if kir.param_dtype else DTYPES)]
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
@@ -71,10 +78,11 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
             return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
         spec = load_spec(spec_path, base)                            # 1 load
         traces = verify(spec)                                        # 2 verify
-        kirs = [specialize(spec, tr) for tr in traces]              # 3 IR
+        kirs = [specialize(spec, tr, low) for tr in traces           # 3 IR
+                for low in (None, *MIXED_DTYPES)]
         _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-        lowered = [k for kir in kirs for dt in DTYPES
-                   for k in lower(kir, dt, symbol_for(spec.name, dt, kir.flags))]  # 4 lower
+        lowered = [k for kir, dt, pdt in variants(kirs)                # 4 lower
+                   for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags))]
         scripts = {k.symbol: schedule(k) for k in lowered}          # 5 schedule
         _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
@@ -110,16 +118,15 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                     sources: dict[str, str], key: str, target: str, seconds: float) -> None:
     import optgen
     kernels = []
-    for kir in kirs:
-        for dt in DTYPES:
-            sym = symbol_for(spec.name, dt, kir.flags)
-            entry = {"symbol": sym, "dtype": dt, **kir.to_json()}
-            multi = len(entry["launches"]) > 1
-            for j, ln in enumerate(entry["launches"]):
-                ln["symbol"] = f"{sym}_p{j}" if multi else sym
-            if entry["lazy"] is not None:
-                entry["lazy"]["symbol"] = f"{sym}_lazy"
-            kernels.append(entry)
+    for kir, dt, pdt in variants(kirs):
+        sym = symbol_for(spec.name, pdt, kir.flags)
+        entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
+        multi = len(entry["launches"]) > 1
+        for j, ln in enumerate(entry["launches"]):
+            ln["symbol"] = f"{sym}_p{j}" if multi else sym
+        if entry["lazy"] is not None:
+            entry["lazy"]["symbol"] = f"{sym}_lazy"
+        kernels.append(entry)
     hypers = [h.info for h in spec.hypers.values()]
     manifest = {
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
@@ -142,7 +149,12 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                "shape[-1]; [1, 1, n] below 2-D) with row states [B, R] and column states "
                "[B, C]; '_red<k>' buffers are float64 workspaces (per-parameter values have "
                "reduction_buffer_size elements); scalars is one 1-D array of the kernel "
-               "dtype holding the values named by 'scalars', in that order",
+               "dtype holding the values named by 'scalars', in that order; a buffer named "
+               "in 'storage' has the dtype given there (read through a cast to the kernel "
+               "dtype, rounded to nearest even on store). A kernel whose param_dtype "
+               "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
+               "is the float32 master, 'w_low' (written, never read) receives the new w "
+               "rounded to param_dtype, and grad and the extra inputs are param_dtype",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
         "sources": {"tvmscript": "kernels.tvmscript.py", **{k: f"kernels.{k}" for k in sources}},
         "kernels": kernels, "build_seconds": round(seconds, 3),
@@ -173,4 +185,4 @@ def render_wrapper(spec, hypers) -> str:
                   annotation=annotation)
 
 
-__all__ = ["BUILD_COUNT", "BuildResult", "DTYPES", "SpecError", "build"]
+__all__ = ["BUILD_COUNT", "BuildResult", "DTYPES", "MIXED_DTYPES", "SpecError", "build"]

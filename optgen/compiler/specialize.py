@@ -14,6 +14,11 @@ The pass splits the update into what runs where:
   level; every pass recomputes its values from the old parameter and states, which are
   only written by the final update passes (``plan``).
 
+A *mixed-precision* IR (``param_dtype`` float16 or bfloat16, multi_precision) is the
+same update with ``w`` as the float32 master copy: its gradients (``grad`` and the
+spec's extra inputs) are stored in the low dtype and read through a cast, and one more
+output, ``w_low``, receives the new master rounded to the low dtype.
+
 ``KernelIR.to_json`` is what the manifest stores; the reference interpreter and the
 runtime read that form, so neither needs the compiler.
 """
@@ -24,6 +29,10 @@ from dataclasses import dataclass, field
 from ..dsl import Spec, Trace
 from ..ir import Expr, apply, to_python, walk
 from optgen.runtime import scalar_expr
+from optgen.runtime.reference import LOW_COPY
+
+MIXED_DTYPES = ("float16", "bfloat16")   # parameter dtypes with a float32 master copy
+MASTER_DTYPE = "float32"                 # the compute dtype of mixed-precision kernels
 
 
 @dataclass
@@ -52,18 +61,25 @@ class Launch:
 
 @dataclass
 class KernelIR:
+    """One flag combination's update, split for the host and the kernel passes.
+
+    ``storage`` names the buffers stored in a dtype other than the kernel's (loads cast
+    up, stores round): float16 states (compression) and, in a mixed-precision IR
+    (``param_dtype`` set), ``w_low``, ``grad`` and the extra inputs in ``param_dtype``."""
     flags: dict[str, bool]
-    buffers: list[str]                  # array arguments: "w", "grad", states, then "_red<k>"
+    buffers: list[str]                  # array arguments: "w", ["w_low"], "grad", inputs,
+                                        # states, then "_red<k>"
     hypers: list[str]                   # numeric hyperparameters, passed as scalars
     host_scalars: dict[str, str]        # name -> Python expression, evaluated per step
     scalar_state_updates: dict[str, str]
-    tensor_updates: dict[str, Expr]     # "w", per-element/row/column states -> expression
+    tensor_updates: dict[str, Expr]     # "w", ["w_low"], per-element/row/column states -> value
     scalar_states: list[str] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     reductions: dict[str, Expr] = field(default_factory=dict)   # "_red<k>" -> reduce node
     buffer_axes: dict[str, str] = field(default_factory=dict)   # buffer -> axes
     lazy: Launch | None = None          # the row-sparse variant, where the rule allows one
-    storage: dict[str, str] = field(default_factory=dict)  # state -> storage dtype (float16)
+    storage: dict[str, str] = field(default_factory=dict)  # buffer -> stored dtype
+    param_dtype: str | None = None      # mixed precision: float16 or bfloat16
 
     @property
     def scalars(self) -> list[str]:
@@ -87,7 +103,9 @@ def _needs_host(e: Expr) -> bool:
     return e.kind == "scalar" and bool(e.args)
 
 
-def specialize(spec: Spec, trace: Trace) -> KernelIR:
+def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> KernelIR:
+    """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
+    mixed-precision variant (see the module docstring)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -122,17 +140,26 @@ def specialize(spec: Spec, trace: Trace) -> KernelIR:
     scalar_updates = {name: to_python(trace.updates[name]) for name in scalar_states}
     axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
             **{s.name: s.node.axes for s in active}}
+    storage = {s.name: "float16" for s in active if s.shape != "scalar" and s.half_when
+               and scalar_expr.evaluate(s.half_when, trace.flags)}
+    low_copy = []
+    if param_dtype is not None:
+        assert param_dtype in MIXED_DTYPES, param_dtype
+        low_copy = [LOW_COPY]
+        tensor_updates[LOW_COPY] = tensor_updates["w"]   # the same value, rounded on store
+        axes[LOW_COPY] = "brc"
+        storage.update({n: param_dtype for n in [LOW_COPY, "grad", *spec.inputs]})
     kir = KernelIR(
         flags=dict(trace.flags),
-        buffers=["w", "grad", *spec.inputs, *tensor_states],
+        buffers=["w", *low_copy, "grad", *spec.inputs, *tensor_states],
         hypers=list(spec.numeric_hypers),
         host_scalars={name: text for text, name in host.items()},
         scalar_state_updates=scalar_updates,
         tensor_updates=tensor_updates,
         scalar_states=scalar_states,
         buffer_axes=axes,
-        storage={s.name: "float16" for s in active if s.shape != "scalar" and s.half_when
-                 and scalar_expr.evaluate(s.half_when, trace.flags)},
+        storage=storage,
+        param_dtype=param_dtype,
     )
     plan(kir)
     return kir
