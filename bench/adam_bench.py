@@ -60,14 +60,14 @@ class Contender:
 
 # -- machine ---------------------------------------------------------------------------
 def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
+    fallback = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), fallback)
+    except OSError:   # no /proc (not Linux)
+        return fallback
 
 
 def machine_info(torch) -> dict:

@@ -73,7 +73,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """The spec's hyperparameters of a torch group (keys torch schedulers add, such as
         initial_lr, are not hyperparameters and are ignored)."""
         art = self._artifact
-        known = {k: v for k, v in group.items() if k != "params" and grouping._known(k, art.hypers)}
+        known = {k: v for k, v in group.items() if k != "params" and grouping.is_hyper_key(k, art.hypers)}
         return grouping.alias(art.name, art.hypers, known)
 
     def _rebuild(self, old: _Core | None) -> _Core:
@@ -101,12 +101,18 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _mirror(self) -> None:
         """``self.state[p]``: the runtime's state tensors (shared), scalar states as
-        floats, and ``step`` as a float32 tensor (torch's convention)."""
+        floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
         for i, p in enumerate(self._core.params):
-            st = {n: (float(v) if isinstance(v, np.floating) else v)
-                  for n, v in self._core.state[i].items()}
-            st["step"] = torch.tensor(float(self._core._steps[i]))
-            self.state[p] = st
+            st, core = self.state[p], self._core.state[i]
+            if "step" not in st or any(st.get(n) is not v for n, v in core.items()
+                                       if not isinstance(v, np.floating)):
+                st.clear()
+                st.update((n, v) for n, v in core.items() if not isinstance(v, np.floating))
+                st["step"] = torch.tensor(0.0)
+            for n, v in core.items():
+                if isinstance(v, np.floating):
+                    st[n] = float(v)
+            st["step"].fill_(float(self._core._steps[i]))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,7 +130,6 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                 "optgen.torch optimizers take dense gradients")
             grads.append(g)
         self._core.step(grads)
-        self._core.t = max(self._core._steps, default=0)
         self._mirror()
         return loss
 

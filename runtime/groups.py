@@ -147,7 +147,7 @@ def _parse_groups(owner: str, items: list[Mapping], hypers: Mapping[str, Any]
             seen[id(a)] = gix
             entries.append(Entry(a, n, gix))
         rest = {k: v for k, v in d.items() if k not in GROUP_KEYS}
-        unknown = [k for k in rest if not _known(k, hypers)]
+        unknown = [k for k in rest if not is_hyper_key(k, hypers)]
         if unknown:
             raise ValueError(f"{owner}: {where}unknown key {unknown[0]!r}; a group takes "
                              f"'params', 'grad_centralization' and hyperparameters "
@@ -163,7 +163,8 @@ def _parse_groups(owner: str, items: list[Mapping], hypers: Mapping[str, Any]
     return entries, groups
 
 
-def _known(key: str, hypers: Mapping[str, Any]) -> bool:
+def is_hyper_key(key: str, hypers: Mapping[str, Any]) -> bool:
+    """Whether ``key`` names a hyperparameter, directly or as an alias."""
     return key in hypers or (key in ALIASES and ALIASES[key] in hypers) or \
         (key == "betas" and "beta1" in hypers)
 

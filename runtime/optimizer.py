@@ -22,6 +22,7 @@ from . import checkpoint, groups as grouping
 from . import hyper as hyper_rules
 from . import reference, scalar_expr, schedules, tensors, views
 from .artifact import Artifact, KernelInfo, bfloat16_tensor
+from .reference import LOW_COPY
 from .sparse import RowSparse
 from .tensors import aligned_full
 
@@ -125,6 +126,8 @@ class Optimizer:
         self._steps = [self.t] * len(self.params)   # per parameter (bias corrections)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._kargs = [tensors.kernel_arg(p, lib) for p, lib in zip(self.params, self._lib)]
+        self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
+                          tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
         for i, lib in enumerate(self._lib):
             if self._mixed(i):   # the float32 master copy the kernel updates
                 self.state[i]["master"] = tensors.cast_copy(self.params[i], lib, "float32")
@@ -159,7 +162,7 @@ class Optimizer:
 
     def _check_params(self) -> list[str]:
         device = tensors.TARGET_DEVICE.get(self.artifact.target, "cpu")
-        plain, mixed = self.artifact.dtypes, getattr(self.artifact, "mixed_dtypes", [])
+        plain, mixed = self.artifact.dtypes, self.artifact.mixed_dtypes
         libs, ranges = [], []
         for i, p in enumerate(self.params):
             lib = tensors.library(p)
@@ -248,8 +251,8 @@ class Optimizer:
                 self._wd_mult[i] = 0.0
 
     def _mixed(self, i: int) -> bool:
-        return self.multi_precision and \
-            tensors.dtype_name(self.params[i], self._lib[i]) in tensors.LOW_PRECISION
+        """Whether parameter ``i`` is stepped through a float32 master copy."""
+        return self._is_mixed[i]
 
     def _compute_dtype(self, i: int) -> str:
         return "float32" if self._mixed(i) else tensors.dtype_name(self.params[i], self._lib[i])
@@ -559,19 +562,18 @@ class Optimizer:
         scale = 1.0 / self.loss_scale
         if self.clip_global_norm is None and self.nonfinite is None:
             return scale
+        def values(i: int, g) -> tuple[Any, str]:   # the array holding g's values, its library
+            return (g.rows, "numpy") if isinstance(g, RowSparse) else (g, self._lib[i])
+
         total = 0.0
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            arr = g.rows if isinstance(g, RowSparse) else g
             r = self._groups[self._group_of[i]].hyper.get("rescale_grad", 1.0) * scale
-            total += tensors.sum_of_squares(arr, "numpy" if isinstance(g, RowSparse)
-                                            else self._lib[i]) * r * r
+            total += tensors.sum_of_squares(*values(i, g)) * r * r
         if not math.isfinite(total):
-            bad = next((i for i, g in enumerate(grads) if g is not None and not
-                        tensors.all_finite(g.rows if isinstance(g, RowSparse) else g,
-                                           "numpy" if isinstance(g, RowSparse) else self._lib[i])),
-                       None)
+            bad = next((i for i, g in enumerate(grads)
+                        if g is not None and not tensors.all_finite(*values(i, g))), None)
             if bad is not None:
                 if self.nonfinite == "skip":
                     self.last_grad_norm = math.nan
@@ -653,7 +655,7 @@ class Optimizer:
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
         if self._mixed(i):
-            arrays["w"], arrays["w_low"] = st["master"], self._kargs[i]
+            arrays["w"], arrays[LOW_COPY] = st["master"], self._kargs[i]
         else:
             arrays["w"] = self._kargs[i]
         return arrays

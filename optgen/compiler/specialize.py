@@ -30,8 +30,8 @@ from ..dsl import Spec, Trace
 from ..ir import Expr, apply, to_python, walk
 from optgen.runtime import scalar_expr
 from optgen.runtime.reference import LOW_COPY
+from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 
-MIXED_DTYPES = ("float16", "bfloat16")   # parameter dtypes with a float32 master copy
 MASTER_DTYPE = "float32"                 # the compute dtype of mixed-precision kernels
 
 
