@@ -28,7 +28,7 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
     with open(path, encoding="utf-8") as f:
-        key = cache.artifact_key(f.read(), target, base)
+        key = cache.artifact_key(f.read(), cache.target_key(target), base)
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base))
     try:
         art = Artifact.load(dest)

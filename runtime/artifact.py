@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .cache import FORMAT
+from .device import DeviceError, DeviceProgram
 from . import scalar_expr
 from .hyper import HyperInfo, Requirement
 
@@ -142,6 +143,7 @@ class Artifact:
         self.name_flags: dict[str, tuple[str, ...]] = {
             n: tuple(f["exclude"]) for n, f in manifest["name_flags"].items()}
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
+        self.reduction_dtype: str = manifest["reduction_dtype"]
         self._module = None
         self._functions: dict[str, Callable] = {}
 
@@ -186,14 +188,30 @@ class Artifact:
         return sorted({k.param_dtype for k in self.kernels if k.mixed})
 
     def function(self, symbol: str) -> Callable[..., Any]:
-        """The compiled kernel (library loaded once, handle cached)."""
+        """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached):
+        CPU targets (llvm, c) through tvm_ffi, GPU targets through their device ABI
+        (runtime/device.py)."""
         fn = self._functions.get(symbol)
         if fn is None:
             with _lock:
                 if self._module is None:
-                    _load_tvm_runtime()
-                    import tvm_ffi
-                    self._module = tvm_ffi.load_module(
-                        os.path.join(self.path, self.manifest["library"]))
-                fn = self._functions[symbol] = self._module[symbol]
+                    self._module = self._load_module()
+                if isinstance(self._module, DeviceProgram):
+                    try:
+                        fn = self._module.function(symbol)
+                    except DeviceError as e:
+                        raise ArtifactError(f"{self.path}: {e}") from None
+                else:
+                    fn = self._module[symbol]
+                self._functions[symbol] = fn
         return fn
+
+    def _load_module(self):
+        if self.target in ("llvm", "c"):
+            _load_tvm_runtime()
+            import tvm_ffi
+            return tvm_ffi.load_module(os.path.join(self.path, self.manifest["library"]))
+        try:
+            return DeviceProgram(self.path, self.manifest)
+        except DeviceError as e:
+            raise ArtifactError(f"{self.path}: {e}") from None

@@ -13,7 +13,15 @@ import os
 import re
 import platform
 
-FORMAT = 3
+FORMAT = 4
+DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
+
+
+def target_key(target: str, archs: tuple[str, ...] | None = None) -> str:
+    """The target as the artifact key sees it: CUDA artifacts differ by architectures."""
+    if target != "cuda":
+        return target
+    return "cuda:" + ",".join(archs or DEFAULT_CUDA_ARCHS)
 
 
 def cache_dir() -> str:

@@ -667,7 +667,8 @@ class Optimizer:
             ws = self._work[i][k.symbol] = {
                 n: tensors.full_like(self.params[i], self._lib[i],
                                      (self.artifact.reduction_buffer_size,) if not axes
-                                     else views.extents(d, axes), 0.0, "float64")
+                                     else views.extents(d, axes), 0.0,
+                                     self.artifact.reduction_dtype)
                 for n, axes in k.workspaces.items()}
         return ws
 

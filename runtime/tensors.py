@@ -17,9 +17,10 @@ import numpy as np
 ALIGN = 64
 LOW_PRECISION = ("float16", "bfloat16")
 
-# the device kind each target's kernels run on
+# the device kind of the arrays each target's kernels take (OpenCL kernels take host
+# arrays, copied to the OpenCL device per call: see runtime/device.py)
 TARGET_DEVICE = {"llvm": "cpu", "c": "cpu", "cuda": "cuda", "rocm": "rocm",
-                 "opencl": "opencl", "metal": "metal", "webgpu": "webgpu"}
+                 "opencl": "cpu", "metal": "metal", "webgpu": "webgpu"}
 
 
 def numpy_dtype(name: str) -> np.dtype:

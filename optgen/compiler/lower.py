@@ -57,6 +57,7 @@ class LoweredKernel:
     red: LoweredBuffer | None = None
     op: str | None = None            # "sum" | "mean"
     reduced: str = ""                # the reduced axes
+    writes: list[str] | None = None  # buffers the pass stores into
 
 
 def buffer_var(name: str) -> str:
@@ -107,21 +108,23 @@ def narrow(value: str, dtype: str) -> str:
     return f'T.Cast("{dtype}", {value})'
 
 
-def lower(kir: KernelIR, dtype: str, symbol: str) -> list[LoweredKernel]:
+def lower(kir: KernelIR, dtype: str, symbol: str,
+          acc_dtype: str = ACC_DTYPE) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
 
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
-    in launch order."""
+    in launch order. ``acc_dtype`` is the wide type of reductions and ``pow``: float64,
+    or float32 on targets without doubles (Metal, WebGPU)."""
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
     multi = len(kir.launches) > 1
-    out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol)
+    out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol, acc_dtype)
            for k, ln in enumerate(kir.launches)]
     if kir.lazy is not None:
-        out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy"))
+        out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy", acc_dtype))
     return out
 
 
-def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
+def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> LoweredKernel:
     """Scalars (hyperparameters, host scalars) are read inline as ``S[j]`` from one
     array argument. As scalar parameters or let-bound values, TVM 0.27's simplifier
     crashes on shapes such as ``lr * min(max(g, -c), c)`` (it tries to bound a float
@@ -173,8 +176,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         if e.op == "pow":
             # evaluated in float64 and rounded once, as the reference does: FTRL's
             # accum**p - accum_old**p cancels, and float32 powf implementations differ
-            return (f'T.Cast("{ty}", T.pow(T.Cast("float64", {a[0]}), '
-                    f'T.Cast("float64", {a[1]})))')
+            return (f'T.Cast("{ty}", T.pow(T.Cast("{wide}", {a[0]}), '
+                    f'T.Cast("{wide}", {a[1]})))')
         if e.op == "rsqrt":
             # T.rsqrt of a let-bound value fails TVM 0.27's MakePackedAPI ("variables ...
             # are used, but are not passed in as API arguments"); 1/sqrt is what the
@@ -207,7 +210,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         if name == "_indices":
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
-                             ACC_DTYPE if name in kir.reductions else kir.storage.get(name, dtype))
+                             wide if name in kir.reductions else kir.storage.get(name, dtype))
 
     if ln.kind == "reduce":
         operand = ln.node.args[0]
@@ -215,7 +218,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
         acc = ref(operand)
         return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
                              [lbuf(b) for b in ln.buffers], list(kir.scalars), body, acc=acc,
-                             red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name)
+                             red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name,
+                             writes=[ln.red])
     # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
     outs = {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)
             if not (e.op == "state" and e.name == n)}
@@ -223,5 +227,6 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str) -> LoweredKernel:
     for out, e in outs.items():  # a value with fewer axes is broadcast
         body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
-                         [lbuf(b) for b in ln.buffers], list(kir.scalars), body)
+                         [lbuf(b) for b in ln.buffers], list(kir.scalars), body,
+                         writes=list(outs))
 

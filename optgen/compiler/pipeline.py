@@ -15,19 +15,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ..errors import SpecError
+from ..errors import BuildError, SpecError
 from optgen.runtime import cache
 from optgen.runtime.artifact import Artifact, ArtifactError
-from . import tvm_backend
+from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
-from .lower import DTYPE_TAG, lower
-from .schedule_llvm import RED_SCALAR_SIZE, schedule
+from .lower import DTYPE_TAG, LoweredKernel, lower
+from .schedule_llvm import RED_SCALAR_SIZE
 from .specialize import MASTER_DTYPE, MIXED_DTYPES, KernelIR, specialize
 from .templates import render
 from .verify import verify
 
 DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
-TARGETS = ("llvm",)  # CUDA and the other targets come with their schedules
+TARGETS = tuple(targets.TARGETS)
 BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
 
 
@@ -48,23 +48,46 @@ def symbol_for(name: str, param_dtype: str, flags: dict[str, bool]) -> str:
     return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on)])
 
 
-def variants(kirs: list[KernelIR]) -> list[tuple[KernelIR, str, str]]:
+def variants(kirs: list[KernelIR], dtypes: tuple[str, ...] = DTYPES
+             ) -> list[tuple[KernelIR, str, str]]:
     """(IR, compute dtype, parameter dtype) of every kernel: a plain IR compiles once per
-    DTYPES, a mixed-precision IR once, in float32 (MASTER_DTYPE)."""
+    ``dtypes``, a mixed-precision IR once, in float32 (MASTER_DTYPE)."""
     return [(kir, dt, kir.param_dtype or dt) for kir in kirs
-            for dt in ((MASTER_DTYPE,) if kir.param_dtype else DTYPES)]
+            for dt in ((MASTER_DTYPE,) if kir.param_dtype else dtypes)]
+
+
+def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
+    """The IRs a target gets: every flag combination, plain and in each mixed dtype the
+    target has; without float16 on the target, no IR that stores float16."""
+    kirs = [specialize(spec, tr, low) for tr in traces for low in (None, *tg.mixed)]
+    return [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
+
+
+def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
+    """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
+    if tg.family == "gpu":
+        return schedule_gpu.schedule(k, tg.acc_dtype)
+    # the C target gets scalar loops: TVM's C codegen cannot print vector sqrt, and gcc
+    # vectorizes the scalar loops itself (tvm-notes §8)
+    return schedule_llvm.schedule(k, vector=tg.name == "llvm"), None
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
-          force: bool = False, base: str | None = None) -> BuildResult:
-    """Build (or find in the cache) the artifact of a spec file; ``base`` picks the base
-    optimizer of a wrapper spec (LARS)."""
+          force: bool = False, base: str | None = None, arch: str | None = None) -> BuildResult:
+    """Build (or find in the cache) the artifact of a spec file for ``target``; ``base``
+    picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA architectures
+    nvcc compiles for (default sm_80,sm_90)."""
     start = time.perf_counter()
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    tg = targets.get(target)
+    archs = targets.parse_archs(arch) if target == "cuda" else ()
+    if arch is not None and target != "cuda":
+        raise ValueError(f"--arch applies to the cuda target only, not {target!r}")
+    if target == "rocm" and targets.rocm_path() is None:
+        raise BuildError("target rocm needs a ROCm toolchain (device libraries and ld.lld): "
+                         "none found in $ROCM_PATH, /opt/rocm or next to hipcc on PATH")
     with open(spec_path, encoding="utf-8") as f:
         source = f.read()
-    key = cache.artifact_key(source, target, base)
+    key = cache.artifact_key(source, cache.target_key(target, archs), base)
     if out is not None:
         dest = os.path.join(os.path.abspath(out),
                             cache.artifact_dirname(spec_path, target, None, base))
@@ -78,20 +101,27 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
             return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
         spec = load_spec(spec_path, base)                            # 1 load
         traces = verify(spec)                                        # 2 verify
-        kirs = [specialize(spec, tr, low) for tr in traces           # 3 IR
-                for low in (None, *MIXED_DTYPES)]
+        kirs = kernel_irs(spec, traces, tg)                          # 3 IR
         _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-        lowered = [k for kir, dt, pdt in variants(kirs)                # 4 lower
-                   for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags))]
-        scripts = {k.symbol: schedule(k) for k in lowered}          # 5 schedule
+        lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)    # 4 lower
+                   for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags),
+                                  tg.acc_dtype)]
+        scheduled = {k.symbol: schedule(k, tg) for k in lowered}      # 5 schedule
+        scripts = {sym: text for sym, (text, _) in scheduled.items()}
         _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
         tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(dest))
         try:
             sources = tvm_backend.build_library(                     # 6 build
-                funcs, tvm_backend.target_for(target), os.path.join(tmp, "kernels.so"))
+                funcs, tvm_backend.target_for(target, archs[0] if archs else None),
+                os.path.join(tmp, "kernels.so"))
+            device = None
+            if tg.family == "gpu":                                   # 6b device ABI
+                device = abi.device_kernels(target, sources, lowered,
+                                            {s: g for s, (_, g) in scheduled.items()})
+            binaries = nvcc.compile_all(sources["cuda"], archs, tmp) if archs else {}
             _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
-                            time.perf_counter() - start)             # 7 write
+                            time.perf_counter() - start, tg, archs, device, binaries)  # 7 write
             if os.path.exists(dest):
                 shutil.rmtree(dest)
             os.rename(tmp, dest)                                     # atomic publish
@@ -114,11 +144,25 @@ def _name_of(dest: str) -> str:
         return json.load(f)["name"]
 
 
+def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
+    if tg.name == "llvm":
+        return {"kind": "llvm", "mcpu": tvm_backend.host_cpu(), "machine": cache.machine()}
+    if tg.name == "c":
+        return {"kind": "c", "cc": os.environ.get("CC", "gcc"),
+                "options": tvm_backend.C_OPTIONS}
+    detail = {"kind": tg.name, "threads_per_block": schedule_gpu.THREADS}
+    if archs:
+        detail.update(archs=list(archs), nvcc=nvcc.version())
+    return detail
+
+
 def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
-                    sources: dict[str, str], key: str, target: str, seconds: float) -> None:
+                    sources: dict[str, str], key: str, target: str, seconds: float,
+                    tg: targets.Target, archs: tuple[str, ...], device: dict | None,
+                    binaries: dict[str, str]) -> None:
     import optgen
     kernels = []
-    for kir, dt, pdt in variants(kirs):
+    for kir, dt, pdt in variants(kirs, tg.dtypes):
         sym = symbol_for(spec.name, pdt, kir.flags)
         entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
         multi = len(entry["launches"]) > 1
@@ -131,8 +175,7 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
     manifest = {
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
         "spec_file": os.path.basename(spec.file), "key": key, "target": target,
-        "target_detail": {"kind": "llvm", "mcpu": tvm_backend.host_cpu(),
-                          "machine": cache.machine()},
+        "target_detail": _target_detail(tg, archs),
         "optgen_version": optgen.__version__, "tvm_version": tvm_backend.tvm_version(),
         "hyperparameters": [h.to_json() for h in hypers],
         "requirements": [r.to_json() for r, _ in spec.requirements],
@@ -143,6 +186,7 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "inputs": spec.inputs,
         "lazy_update_default": spec.lazy_update_default,
         "reduction_buffer_size": RED_SCALAR_SIZE,
+        "reduction_dtype": tg.acc_dtype,
         "abi": "each kernel runs its 'launches' in order; a launch is kernel(*buffers, "
                "scalars): buffers are contiguous arrays, updated in place except grad, viewed "
                "flat (n,) or as [B, R, C] (B = prod(shape[:-2]), R = shape[-2], C = "
@@ -156,21 +200,29 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                "is the float32 master, 'w_low' (written, never read) receives the new w "
                "rounded to param_dtype, and grad and the extra inputs are param_dtype",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
-        "sources": {"tvmscript": "kernels.tvmscript.py", **{k: f"kernels.{k}" for k in sources}},
+        "sources": {"tvmscript": "kernels.tvmscript.py",
+                    **{k: f"kernels.{SOURCE_SUFFIX.get(k, k)}" for k in sources}},
+        "binaries": binaries,
         "kernels": kernels, "build_seconds": round(seconds, 3),
     }
+    if device is not None:
+        manifest["device_abi"] = abi.DOC
+        manifest["device_kernels"] = device
     files = {
         "kernels.tvmscript.py": "# TVMScript generated by optgen; one PrimFunc per kernel\n"
                                 "from tvm.script import tirx as T\n\n\n"
                                 + "\n\n".join(scripts.values()),
         "spec.py": spec.source,
         manifest["wrapper"]: render_wrapper(spec, hypers),
-        **{f"kernels.{k}": text for k, text in sources.items()},
+        **{f"kernels.{SOURCE_SUFFIX.get(k, k)}": text for k, text in sources.items()},
         "manifest.json": json.dumps(manifest, indent=1),  # last: its presence marks completeness
     }
     for name, text in files.items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(text)
+
+
+SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix
 
 
 def class_name(name: str) -> str:

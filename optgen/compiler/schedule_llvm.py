@@ -22,9 +22,10 @@ REDUCE_LANES = 16                # float64 partial sums per chunk, at most (floa
 RED_SCALAR_SIZE = 1 + REDUCE_CHUNKS * REDUCE_LANES   # size of a per-parameter reduction buffer
 
 
-def schedule(k: LoweredKernel) -> str:
+def schedule(k: LoweredKernel, vector: bool = True) -> str:
+    """``vector=False`` gives one-element "vectors" (the C target: scalar loops)."""
     itemsize = np.dtype(k.dtype).itemsize
-    vec = VECTOR_BYTES // itemsize
+    vec = VECTOR_BYTES // itemsize if vector else 1
     if k.view == "lazy":
         name = "kernel_llvm_lazy.py.j2"
     elif k.view == "3d":

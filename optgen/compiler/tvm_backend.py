@@ -23,12 +23,23 @@ def host_cpu() -> str:
     return _tvm().target.codegen.llvm_get_system_cpu()
 
 
-def target_for(name: str):
-    """A TVM Target for a target name. ``llvm`` is this machine's CPU."""
+def target_for(name: str, arch: str | None = None):
+    """A TVM Target for a target name. ``llvm`` is this machine's CPU; device targets
+    get it as their host. ``arch`` is the CUDA architecture TVM generates for (the
+    source itself does not depend on it; nvcc compiles it for every --arch)."""
     tvm = _tvm()
+    host = {"kind": "llvm", "mcpu": host_cpu()}
     if name == "llvm":
-        return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
-    raise BuildError(f"target {name!r} is not supported yet (supported: llvm)")
+        return tvm.target.Target(host)
+    if name == "c":
+        return tvm.target.Target({"kind": "c"})
+    if name == "cuda":
+        return tvm.target.Target({"kind": "cuda", "arch": arch or "sm_80"}, host=host)
+    if name == "rocm":
+        return tvm.target.Target({"kind": "rocm", "mcpu": arch or "gfx942"}, host=host)
+    if name in ("opencl", "metal", "webgpu"):
+        return tvm.target.Target({"kind": name}, host=host)
+    raise BuildError(f"target {name!r} is not supported")
 
 
 def parse_tvmscript(text: str, symbol: str):
@@ -40,18 +51,48 @@ def parse_tvmscript(text: str, symbol: str):
         raise BuildError(f"TVMScript for {symbol} did not parse: {e}\n{text}") from e
 
 
+# gcc options of the C target: -fno-math-errno lets gcc vectorize sqrtf (tvm-notes §8);
+# TVM's C code names float16 "half", which is C's _Float16 (IEEE binary16, gcc >= 12)
+C_OPTIONS = ["-O3", "-fno-math-errno", "-Dhalf=_Float16"]
+
+
 def build_library(funcs: dict, target, path: str) -> dict[str, str]:
-    """Compile PrimFuncs into one shared library at ``path``; return target sources."""
+    """Compile PrimFuncs into one shared library at ``path``; return the sources by
+    kind: "ll"/"asm" (llvm), "c" (C), or the device source under the device module's
+    kind ("cuda", "cl", "metal", "wgsl", ...).
+
+    Device code is generated, not compiled, here: TVM embeds the source in the library
+    (its CUDA fallback module, forced so builds do not depend on a GPU being present);
+    native compilation (nvcc) is a separate stage."""
     tvm = _tvm()
+    kind = target.kind.name
+    options = C_OPTIONS if kind == "c" else None
+    old = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
+    os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+    # Device targets: no common-subexpression elimination, which would hoist a product
+    # of shape variables (the grid extent, also a bounds check) into a host value passed
+    # as an extra kernel parameter that the ABI cannot name; nvcc/the driver do CSE anyway.
+    config = {"tirx.disable_cse_tir": True} if kind not in ("llvm", "c") else {}
     try:
-        ex = tvm.compile(tvm.IRModule(funcs), target=target)
-        ex.export_library(path)
+        with tvm.transform.PassContext(opt_level=3, config=config):
+            ex = tvm.compile(tvm.IRModule(funcs), target=target)
+        ex.export_library(path, options=options)
     except Exception as e:
-        raise BuildError(f"TVM failed to build {sorted(funcs)}: {e}") from e
+        raise BuildError(f"TVM failed to build {sorted(funcs)} for {kind}: "
+                         f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}") from e
+    finally:
+        if old is None:
+            os.environ.pop("TVM_COMPILE_FORCE_FALLBACK", None)
+        else:
+            os.environ["TVM_COMPILE_FORCE_FALLBACK"] = old
     sources = {}
-    for kind in ("ll", "asm"):
-        try:
-            sources[kind] = ex.mod.inspect_source(kind)
-        except Exception:  # a source kind the target does not have
-            pass
+    if kind in ("llvm", "c"):
+        for sk in (("ll", "asm") if kind == "llvm" else ("c",)):
+            try:
+                sources[sk] = ex.mod.inspect_source(sk)
+            except Exception:  # a source kind the target does not have
+                pass
+        return sources
+    for m in ex.mod.imports:
+        sources[m.kind] = m.inspect_source("")
     return sources

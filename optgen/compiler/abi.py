@@ -1,0 +1,104 @@
+"""Stage 6b — the device ABI: which device kernels each PrimFunc became, their
+parameters in the order the generated code declares them, and their launch grids.
+
+TVM splits every thread-bound loop nest of a PrimFunc into a device kernel named
+``<symbol>_kernel``, ``<symbol>_kernel_1``, ..., and sorts each kernel's parameters by
+name (buffer pointers first, then the scalar shape variables it reads) rather than in
+PrimFunc order (tvm-notes §5). A runtime that launches the kernels itself (CuPy,
+pyopencl) needs exactly that, so it is read back from the generated source here and
+checked against what the schedule asked for.
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import BuildError
+from .lower import SCALARS, LoweredKernel
+
+DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
+       "order; each is launched on a 1-D grid of grid.threads threads per block and "
+       "min(grid.max_blocks, ceil(prod(dims[extent]) / grid.per_block)) blocks (no launch "
+       "when that is 0), with 'params' in order: {'buffer': name} a device pointer to that "
+       "buffer of the pass, {'scalars': true} a device array of the pass's scalars (kernel "
+       "dtype), {'dim': name} a shape variable of C type 'type'. 'dims' says where each "
+       "shape variable comes from: [buffer, axis] of the arrays passed to the pass.")
+
+_SIGNATURES = {
+    "cuda": re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)'),
+    "opencl": re.compile(r'__kernel void ()(\w+)\(([^)]*)\)'),
+    "rocm": None,   # LLVM AMDGPU code object: kernel names only
+    "metal": re.compile(r'kernel void ()(\w+)\('),
+    "webgpu": re.compile(r'fn ()(\w+)\(\n'),
+}
+_DIMS = {"b": "B", "r": "R", "c": "C"}
+
+
+def shape_vars(k: LoweredKernel) -> dict[str, list]:
+    """Shape variable -> [buffer, axis] that defines it, as the templates declare them."""
+    out: dict[str, list] = {}
+    for b in k.buffers:
+        if k.view == "lazy":
+            names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
+        elif not b.axes:
+            names = (f"m_{b.name}",)
+        elif k.view == "flat":
+            names = ("n",)
+        else:
+            names = tuple(_DIMS[a] for a in b.axes)
+        for axis, name in enumerate(names):
+            out.setdefault(name, [b.name, axis])
+    return out
+
+
+def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
+    by_var = {f"{b.var}_ptr": b.name for b in k.buffers}
+    params = []
+    for raw in (p.strip() for p in text.split(",") if p.strip()):
+        name = raw.split()[-1].lstrip("*")
+        ctype = " ".join(raw.split()[:-1])
+        if name in by_var:
+            params.append({"buffer": by_var[name], "type": ctype})
+        elif name == f"{SCALARS}_ptr":
+            params.append({"scalars": True, "type": ctype})
+        elif name in dims:
+            params.append({"dim": name, "type": ctype})
+        else:
+            raise BuildError(f"device kernel {kernel} has a parameter {raw!r} that optgen "
+                             "cannot bind (not a buffer, the scalars or a shape variable)")
+    return params
+
+
+def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKernel],
+                   grids: dict[str, list]) -> dict[str, dict]:
+    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass."""
+    text = next(iter(sources.values()), "")
+    pattern = _SIGNATURES.get(target)
+    found: dict[str, tuple[str | None, str | None]] = {}
+    if pattern is not None:
+        for m in pattern.finditer(text):
+            found.setdefault(m.group(2), (m.group(1) or None, m.group(3) if m.lastindex and
+                                          m.lastindex >= 3 else None))
+    out = {}
+    for k in lowered:
+        dims = shape_vars(k)
+        kernels = []
+        for j, grid in enumerate(grids[k.symbol]):
+            name = f"{k.symbol}_kernel" + (f"_{j}" if j else "")
+            entry = {"name": name, "grid": grid.to_json()}
+            if pattern is not None:
+                if name not in found:
+                    raise BuildError(f"{target} source has no kernel {name} (the schedule "
+                                     f"of {k.symbol} expected {len(grids[k.symbol])})")
+                bounds, plist = found[name]
+                if bounds is not None and int(bounds) != grid.to_json()["threads"]:
+                    raise BuildError(f"{name}: launch bounds {bounds}, schedule "
+                                     f"{grid.to_json()['threads']}")
+                if plist is not None:
+                    entry["params"] = _params(plist, k, name, dims)
+            kernels.append(entry)
+        extra = f"{k.symbol}_kernel_{len(kernels)}"
+        if pattern is not None and extra in found:
+            raise BuildError(f"{target} source has an unexpected kernel {extra}")
+        out[k.symbol] = {"kernels": kernels, "buffers": [b.name for b in k.buffers],
+                         "writes": k.writes, "dims": dims}
+    return out

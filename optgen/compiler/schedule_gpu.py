@@ -1,0 +1,108 @@
+"""Stage 5 — schedule for GPU-style targets (CUDA, ROCm, OpenCL, Metal, WebGPU).
+
+Each lowered pass becomes thread-bound loop nests over a one-dimensional grid of
+``THREADS``-thread blocks; TVM splits every nest into one device kernel:
+
+* an update (flat, 3-D or lazy rows): one element per thread, ``ceil(N / THREADS)``
+  blocks, a bounds check for the last block;
+* a whole-tensor reduction: two kernels. Up to ``PARTIAL_BLOCKS`` blocks each run a
+  grid-stride loop into a per-thread accumulator and a block all-reduce
+  (``tvm_thread_allreduce``: warp shuffles plus shared memory on CUDA, a local-memory
+  tree elsewhere) into ``red[1 + block]``; one block then reduces the partials into
+  ``red[0]``. The partition does not depend on the device, so the result is
+  deterministic;
+* a reduction along the innermost axis (Adafactor's row means): one block per output,
+  threads striding over the reduced elements, a block all-reduce;
+* a reduction along an outer axis (column means): one thread per output, a serial loop
+  over the reduced axis; neighbouring threads read neighbouring columns (coalesced).
+
+The all-reduce is written directly as TVM's ``tvm_thread_allreduce`` intrinsic inside
+the thread-bound loops, with its accumulators allocated there: this avoids the three
+ways the schedule-primitive route silently produces racy CUDA (tvm-notes §2d).
+
+Besides the TVMScript, each pass gets its launch geometry: per device kernel, the block
+size and the number of blocks as ``min(max_blocks, ceil(prod(extent) / per_block))``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .lower import LoweredKernel
+from .templates import render
+
+THREADS = 256          # threads per block
+PARTIAL_BLOCKS = 1024  # blocks of a whole-tensor reduction's first kernel (<= red size - 1)
+DIMS = {"b": "B", "r": "R", "c": "C"}
+
+
+@dataclass
+class Grid:
+    """Blocks of one device kernel: min(max_blocks, ceil(prod(extent) / per_block))."""
+    extent: list[str]            # shape variables (n, B, R, C, nrows, L)
+    per_block: int
+    max_blocks: int | None = None
+
+    def to_json(self) -> dict:
+        return {"extent": self.extent, "per_block": self.per_block,
+                "max_blocks": self.max_blocks, "threads": THREADS}
+
+    def tvm(self) -> str:
+        total = " * ".join(self.extent) if self.extent else "T.int64(1)"
+        blocks = total if self.per_block == 1 else \
+            f"({total} + T.int64({self.per_block - 1})) // T.int64({self.per_block})"
+        return f"T.min(T.int64({self.max_blocks}), {blocks})" if self.max_blocks else blocks
+
+
+def _product(axes: str) -> str:
+    return " * ".join(DIMS[a] for a in axes) if axes else "T.int64(1)"
+
+
+def _decompose(idx: str, axes: str) -> list[str]:
+    """Let-bindings of the axis indices from a flat index over ``axes`` (row-major)."""
+    lines, stride = [], ""
+    for k, ax in enumerate(reversed(axes)):
+        quotient = f"({idx} // ({stride}))" if stride else idx
+        lines.append(f"{ax}: T.let = {quotient}" if k == len(axes) - 1
+                     else f"{ax}: T.let = {quotient} % {DIMS[ax]}")
+        stride = f"{stride} * {DIMS[ax]}" if stride else DIMS[ax]
+    return list(reversed(lines))
+
+
+def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
+    """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
+    ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
+    if k.view == "lazy":
+        grid = Grid(["nrows", "L"], THREADS)
+        return render("kernel_gpu_update.py.j2", total="nrows * L", grid=grid,
+                      index=["ri: T.let = e // L", "j: T.let = e % L",
+                             "pi: T.let = B__indices[ri] * L + j"], **ctx), [grid]
+    if k.kind == "update":
+        axes = "" if k.view == "flat" else k.space
+        total = "n" if k.view == "flat" else _product(axes)
+        grid = Grid(["n"] if k.view == "flat" else [DIMS[a] for a in axes], THREADS)
+        index = ["i: T.let = e"] if k.view == "flat" else _decompose("e", axes)
+        return render("kernel_gpu_update.py.j2", total=total, grid=grid, index=index,
+                      **ctx), [grid]
+    out_axes = k.red.axes
+    reduced = k.reduced if k.view == "3d" else ""
+    space = "" if k.view == "flat" else k.space
+    if not out_axes:  # whole tensor: partial sums per block, then one block
+        first = Grid(["n"] if k.view == "flat" else [DIMS[a] for a in space], THREADS,
+                     PARTIAL_BLOCKS)
+        total = "n" if k.view == "flat" else _product(space)
+        index = ["i: T.let = e"] if k.view == "flat" else _decompose("e", space)
+        return render("kernel_gpu_reduce_whole.py.j2", total=total, grid=first, index=index,
+                      partials=PARTIAL_BLOCKS, **ctx), [first, Grid([], 1)]
+    out_index = f"{k.red.var}[{', '.join(out_axes)}]"
+    divisor = _product(reduced)
+    if space.endswith("c") and "c" in reduced:  # innermost axis reduced: block per output
+        grid = Grid([DIMS[a] for a in out_axes], 1)
+        return render("kernel_gpu_reduce_rows.py.j2", grid=grid, outer=_decompose("o", out_axes),
+                      inner=_decompose("e", reduced), inner_total=divisor, out=out_index,
+                      divisor=divisor, **ctx), [grid]
+    grid = Grid([DIMS[a] for a in out_axes], THREADS)
+    return render("kernel_gpu_reduce_cols.py.j2", grid=grid, outer_total=_product(out_axes),
+                  outer=_decompose("o", out_axes), inner=_decompose("e", reduced),
+                  inner_total=divisor, out=out_index, divisor=divisor, **ctx), [grid]
