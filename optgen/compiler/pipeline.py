@@ -58,9 +58,14 @@ def variants(kirs: list[KernelIR], dtypes: tuple[str, ...] = DTYPES
 
 def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
     """The IRs a target gets: every flag combination, plain and in each mixed dtype the
-    target has; without float16 on the target, no IR that stores float16."""
+    target has; without float16 on the target, no IR that stores float16; without
+    64-bit integers, no row-sparse variant."""
     kirs = [specialize(spec, tr, low) for tr in traces for low in (None, *tg.mixed)]
-    return [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
+    kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
+    if not tg.lazy:
+        for k in kirs:
+            k.lazy = None
+    return kirs
 
 
 def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:

@@ -27,6 +27,7 @@ class Target:
     half_states: bool           # float16 state storage (half_when flags) is available
     acc_dtype: str              # reductions and pow: float64 where the target has doubles
     doc: str
+    lazy: bool = True           # row-sparse kernels (they index with int64 row numbers)
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
@@ -44,7 +45,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("metal", "gpu", "metal", ("float32",), ("float16",), True, "float32",
            "Apple GPUs: Metal Shading Language (no doubles: float32 reductions)"),
     Target("webgpu", "gpu", "wgsl", ("float32",), (), False, "float32",
-           "WebGPU: WGSL (no doubles or halves: float32 kernels, float32 reductions)"),
+           "WebGPU: WGSL (no doubles, halves or 64-bit integers: float32 kernels, float32 "
+           "reductions, no row-sparse kernels)", lazy=False),
 )}
 
 CUDA_ARCHS = DEFAULT_CUDA_ARCHS    # default --arch of the cuda target
