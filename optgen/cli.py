@@ -10,12 +10,15 @@ import os
 import sys
 import traceback
 
-from .errors import SpecError
+from .errors import BuildError, SpecError
 
 EPILOG = """examples:
   optgen build specs/adam.py                 build for this CPU into the cache
   optgen build adam sgd --out build/         build two catalog specs into build/
   optgen build lars --base adam              LARS around Adam
+  optgen build specs/lamb.py --target cuda   CUDA source, PTX and cubin (sm_80, sm_90)
+  optgen build adam --target cuda --arch sm_90a
+  optgen targets                             what this machine can build, compile, run
   optgen list                                the catalog with hyperparameters
 """
 
@@ -29,12 +32,18 @@ def _parser() -> argparse.ArgumentParser:
                        description="Build one or more specs (a file or a catalog name) into "
                        "an artifact directory: library, manifest.json, sources, wrapper.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
-    b.add_argument("--target", default="llvm", help="target to build for (default: llvm, "
-                   "this machine's CPU)")
+    b.add_argument("--target", default="llvm", help="target to build for: llvm (default, "
+                   "this machine's CPU), c, cuda, rocm, opencl, metal, webgpu")
+    b.add_argument("--arch", help="cuda only: comma-separated GPU architectures nvcc compiles "
+                   "PTX and cubin for (default sm_80,sm_90)")
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
     sub.add_parser("list", help="list the catalog's specs with their hyperparameters")
+    sub.add_parser("targets", help="list the targets and what this machine can do with each",
+                   description="Every target, with whether this machine can build it (TVM "
+                   "generates the code), compile it (a native toolchain makes a binary) and "
+                   "run it (optgen's runtime executes the kernels).")
     return p
 
 
@@ -45,9 +54,25 @@ def _cmd_build(args) -> int:
         path = catalog.resolve(spec)
         if args.base is not None:
             catalog.resolve(args.base)
-        r = build(path, args.target, out=args.out, force=args.force, base=args.base)
+        r = build(path, args.target, out=args.out, force=args.force, base=args.base,
+                  arch=args.arch)
         what = "cache hit" if r.cache_hit else "built"
         print(f"{what}: {r.name} for {args.target} in {r.seconds:.3f} s -> {r.path}")
+        if args.target != "llvm":
+            print("  files: " + " ".join(sorted(f for f in os.listdir(r.path)
+                                                 if not f.startswith("."))))
+    return 0
+
+
+def _cmd_targets(args) -> int:
+    from optgen.compiler import targets
+    for name, t in targets.TARGETS.items():
+        st = targets.status(name)
+        kernels = ", ".join(t.dtypes) + (f"; mixed precision {', '.join(t.mixed)}"
+                                         if t.mixed else "")
+        print(f"{name}: {t.doc}\n  kernels: {kernels}")
+        for what in ("build", "compile", "run"):
+            print(f"  {what + ':':9}{st[what]}")
     return 0
 
 
@@ -76,10 +101,16 @@ def _cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # exits 2 on a usage error
     try:
-        return {"build": _cmd_build, "list": _cmd_list}[args.command](args)
+        return {"build": _cmd_build, "list": _cmd_list,
+                "targets": _cmd_targets}[args.command](args)
     except SpecError as e:
         print(f"optgen: spec error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into head & co.
+        return 0
+    except BuildError as e:  # a missing toolchain (nvcc, ROCm) or a failed native compile
+        print(f"optgen: build error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError) as e:
         print(f"optgen: error: {e}", file=sys.stderr)
         return 2

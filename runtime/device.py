@@ -109,7 +109,7 @@ class _CuPy:
             cc = int(cupy.cuda.Device().compute_capability)
         except Exception as e:  # no driver, no device
             raise DeviceError(f"no usable CUDA device: {e}") from None
-        archs = {int(a[3:].rstrip("a")): files for a, files in binaries.items()}
+        archs = {int(a[3:].rstrip("af")): files for a, files in binaries.items()}
         if cc in archs:
             path = os.path.join(folder, archs[cc]["cubin"])
         else:
@@ -132,8 +132,12 @@ class _CuPy:
         for n, a in arrays.items():
             if type(a).__module__.startswith("torch"):
                 import torch
-                stream = stream or cp.cuda.ExternalStream(torch.cuda.current_stream(a.device).cuda_stream)
-                a = cp.from_dlpack(a.detach())
+                stream = stream or cp.cuda.ExternalStream(
+                    torch.cuda.current_stream(a.device).cuda_stream)
+                a = a.detach()
+                if a.dtype == torch.bfloat16:  # CuPy has no bfloat16; the kernel needs the bits
+                    a = a.view(torch.int16)
+                a = cp.from_dlpack(a)
             devarrays[n] = a
         dims = shape_values(spec, devarrays)
         with (stream or cp.cuda.get_current_stream()):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -64,7 +65,7 @@ def parse_archs(arch: str | None) -> tuple[str, ...]:
     if arch is None:
         return CUDA_ARCHS
     archs = tuple(a.strip() for a in arch.split(",") if a.strip())
-    bad = [a for a in archs if not (a.startswith("sm_") and a[3:].rstrip("a").isdigit())]
+    bad = [a for a in archs if not re.fullmatch(r"sm_[1-9][0-9]{1,2}[af]?", a)]
     if not archs or bad:
         raise ValueError(f"invalid --arch {arch!r}: expected a comma-separated list such as "
                          "sm_80,sm_90")

@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""GPU Adam and LAMB, side by side: optgen's CUDA kernels against torch's fused CUDA Adam
+and a device-to-device copy (the bandwidth anchor).
+
+    python bench/cuda_bench.py                   # 10^7 and 10^8 fp32 parameters, 20 reps
+    python bench/cuda_bench.py --sizes 10000000 --reps 50 --json gpu.json
+
+Needs an NVIDIA GPU, CuPy (pip install 'optgen[cuda]'), nvcc for the build, and a CUDA
+build of torch for the torch row (skipped without one). Each contender updates its own
+copy of the same parameters; repetitions are interleaved and timed with CUDA events
+around one step each; medians are reported. Bytes moved per parameter: Adam 28 (read w,
+g, m, v; write w, m, v); LAMB 48 (pass 1 reads w for ||w||, pass 2 reads w, g, m, v for
+||update||, pass 3 is Adam's 28); copy 8 (read 4, write 4).
+This is a script, not a test: it asserts no timings.
+
+Not yet run: no GPU was lent to the session that wrote it (see docs/targets.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10000000,100000000")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import cupy as cp
+    import optgen
+
+    def timed(fn) -> float:
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end)  # ms
+
+    try:
+        import torch
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        have_torch = False
+    rows: dict[str, list[float]] = {}
+    results = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        rng = np.random.default_rng(0)
+        w0 = rng.standard_normal(n, dtype=np.float32)
+        g0 = rng.standard_normal(n, dtype=np.float32)
+        contenders = {}
+        for name in ("adam", "lamb"):
+            w, g = cp.asarray(w0), cp.asarray(g0)
+            opt = optgen.create(name, [w], target="cuda", lr=1e-3)
+            contenders[f"optgen {name}"] = (lambda opt=opt, g=g: opt.step([g]),
+                                            28 if name == "adam" else 48)
+        src, dst = cp.asarray(w0), cp.empty(n, cp.float32)
+        contenders["copy d2d"] = (lambda: dst.__setitem__(Ellipsis, src), 8)
+        if have_torch:
+            p = torch.tensor(w0, device="cuda", requires_grad=True)
+            p.grad = torch.tensor(g0, device="cuda")
+            topt = torch.optim.Adam([p], lr=1e-3, fused=True)
+            contenders["torch fused adam"] = (topt.step, 28)
+        for fn, _ in contenders.values():  # warm up (loads modules, allocates states)
+            fn()
+        cp.cuda.Device().synchronize()
+        names = list(contenders)
+        rows = {k: [] for k in names}
+        for r in range(args.reps):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                rows[k].append(timed(contenders[k][0]))
+        copy_bw = contenders["copy d2d"][1] * n / (statistics.median(rows["copy d2d"]) * 1e-3)
+        print(f"n = {n:,}")
+        print(f"  {'contender':18} {'median ms':>10} {'GB/s':>8} {'x copy bw':>10} {'x torch':>8}")
+        torch_ms = statistics.median(rows["torch fused adam"]) if have_torch else None
+        for k in names:
+            ms = statistics.median(rows[k])
+            bw = contenders[k][1] * n / (ms * 1e-3)
+            ratio = f"{ms / torch_ms:8.2f}" if torch_ms else "       -"
+            print(f"  {k:18} {ms:10.3f} {bw / 1e9:8.1f} {bw / copy_bw:10.2f} {ratio}")
+            results.append({"n": n, "contender": k, "median_ms": ms, "samples_ms": rows[k],
+                            "bytes_per_param": contenders[k][1]})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
