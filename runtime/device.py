@@ -42,6 +42,22 @@ def shape_values(spec: dict, arrays: dict[str, Any]) -> dict[str, int]:
     return {name: int(arrays[buf].shape[axis]) for name, (buf, axis) in spec["dims"].items()}
 
 
+def pick_binary(binaries: dict[str, dict[str, str]], cc: int) -> str:
+    """The file to load on a GPU of compute capability ``cc`` (e.g. 90): the cubin built
+    for exactly that architecture, else the PTX of the newest architecture below it
+    (the driver compiles PTX forward, never backward)."""
+    archs = {int(a[3:].rstrip("af")): files for a, files in binaries.items()
+             if not a.endswith(("a", "f"))}  # sm_90a code runs on sm_90 only: exact match
+    exact = [files for a, files in binaries.items() if int(a[3:].rstrip("af")) == cc]
+    if exact:
+        return exact[0]["cubin"]
+    lower = [a for a in archs if a <= cc]
+    if not lower:
+        raise DeviceError(f"the artifact has code for {', '.join(sorted(binaries))} only; this "
+                          f"GPU is sm_{cc}: rebuild with --arch sm_{cc}")
+    return archs[max(lower)]["ptx"]
+
+
 class _OpenCL:
     """pyopencl on the first OpenCL device (``OPTGEN_OPENCL_DEVICE=<index>`` picks another)."""
     name = "opencl"
@@ -109,17 +125,8 @@ class _CuPy:
             cc = int(cupy.cuda.Device().compute_capability)
         except Exception as e:  # no driver, no device
             raise DeviceError(f"no usable CUDA device: {e}") from None
-        archs = {int(a[3:].rstrip("af")): files for a, files in binaries.items()}
-        if cc in archs:
-            path = os.path.join(folder, archs[cc]["cubin"])
-        else:
-            lower = [a for a in archs if a <= cc]
-            if not lower:
-                raise DeviceError(f"the artifact has code for {sorted(binaries)} only; this "
-                                  f"GPU is sm_{cc}: rebuild with --arch sm_{cc}")
-            path = os.path.join(folder, archs[max(lower)]["ptx"])
-        self.module = cupy.RawModule(path=path)
-        self.path = path
+        self.path = os.path.join(folder, pick_binary(binaries, cc))
+        self.module = cupy.RawModule(path=self.path)
 
     def kernel(self, name: str) -> Any:
         return self.module.get_function(name)
