@@ -18,11 +18,13 @@ from optgen.runtime import (Artifact, ArtifactError, Optimizer, RowSparse, creat
                             set_num_threads)
 
 
-def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None):
-    """Build a spec (catalog name or file) and return the BuildResult."""
+def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None,
+          arch: str | None = None):
+    """Build a spec (catalog name or file) for ``target`` and return the BuildResult;
+    ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90")."""
     from optgen.compiler.pipeline import build as _build
     from optgen.runtime import catalog
-    return _build(catalog.resolve(spec), target, out=out, force=force, base=base)
+    return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch)
 
 
 __all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "RowSparse", "SpecError",

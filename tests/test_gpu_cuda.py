@@ -12,7 +12,7 @@ import pytest
 
 import optgen
 from optgen.runtime import catalog
-from test_kernel_vs_reference import assert_close, busy_hypers, _valid
+from helpers import assert_close, busy_hypers, valid as _valid
 
 cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")
 

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
@@ -117,14 +118,17 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
         tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(dest))
         try:
-            sources = tvm_backend.build_library(                     # 6 build
-                funcs, tvm_backend.target_for(target, archs[0] if archs else None),
-                os.path.join(tmp, "kernels.so"))
+            with ThreadPoolExecutor(max_workers=1) as native:
+                sources, nvcc_done = tvm_backend.build_library(       # 6 build
+                    funcs, tvm_backend.target_for(target, archs[0] if archs else None),
+                    os.path.join(tmp, "kernels.so"),
+                    then=lambda src: archs and native.submit(       # 6c nvcc, during export
+                        nvcc.compile_all, src["cuda"], archs, tmp))
+                binaries = nvcc_done.result() if nvcc_done else {}
             device = None
             if tg.family == "gpu":                                   # 6b device ABI
                 device = abi.device_kernels(target, sources, lowered,
                                             {s: g for s, (_, g) in scheduled.items()})
-            binaries = nvcc.compile_all(sources["cuda"], archs, tmp) if archs else {}
             _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
                             time.perf_counter() - start, tg, archs, device, binaries)  # 7 write
             if os.path.exists(dest):

@@ -4,15 +4,34 @@ Keeping every TVM name here means the next TVM rename touches one file.
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
+from typing import Any, Callable
 
 from ..errors import BuildError
 
 
 def _tvm():
     import tvm  # noqa: PLC0415 — deliberately lazy: importing TVM takes seconds
+    _register_c_fabs()
     return tvm
+
+
+@functools.lru_cache(maxsize=1)
+def _register_c_fabs() -> None:
+    """TVM 0.27's C code generator has no rule for ``tirx.fabs`` (``abs`` in a spec:
+    "Unresolved call ... tirx.fabs"); lower it to libm's fabsf/fabs on the C target."""
+    from tvm.tirx import call_pure_extern
+    from tvm.tirx.op import register_intrin_lowering
+
+    def fabs(op):
+        dtype = str(op.ty.dtype)
+        if dtype in ("float32", "float64"):
+            return call_pure_extern(op.ty, "fabsf" if dtype == "float32" else "fabs", *op.args)
+        return op
+
+    register_intrin_lowering("tirx.fabs", target="c", f=fabs, level=99)
 
 
 def tvm_version() -> str:
@@ -56,10 +75,14 @@ def parse_tvmscript(text: str, symbol: str):
 C_OPTIONS = ["-O3", "-fno-math-errno", "-Dhalf=_Float16"]
 
 
-def build_library(funcs: dict, target, path: str) -> dict[str, str]:
-    """Compile PrimFuncs into one shared library at ``path``; return the sources by
-    kind: "ll"/"asm" (llvm), "c" (C), or the device source under the device module's
-    kind ("cuda", "cl", "metal", "wgsl", ...).
+def build_library(funcs: dict, target, path: str,
+                  then: Callable[[dict[str, str]], Any] | None = None
+                  ) -> tuple[dict[str, str], Any]:
+    """Compile PrimFuncs into one shared library at ``path``. Returns the sources by
+    kind — "ll"/"asm" (llvm), "c" (C), or the device source under the device module's
+    kind ("cuda", "opencl", "metal", "webgpu") — and what ``then(sources)`` returned:
+    it is called as soon as the sources exist, before the library is exported, so a
+    caller can start work on them (nvcc) that overlaps the export.
 
     Device code is generated, not compiled, here: TVM embeds the source in the library
     (its CUDA fallback module, forced so builds do not depend on a GPU being present);
@@ -76,6 +99,8 @@ def build_library(funcs: dict, target, path: str) -> dict[str, str]:
     try:
         with tvm.transform.PassContext(opt_level=3, config=config):
             ex = tvm.compile(tvm.IRModule(funcs), target=target)
+        sources = _sources(ex, kind)
+        pending = then(sources) if then is not None else None
         ex.export_library(path, options=options)
     except Exception as e:
         raise BuildError(f"TVM failed to build {sorted(funcs)} for {kind}: "
@@ -85,6 +110,10 @@ def build_library(funcs: dict, target, path: str) -> dict[str, str]:
             os.environ.pop("TVM_COMPILE_FORCE_FALLBACK", None)
         else:
             os.environ["TVM_COMPILE_FORCE_FALLBACK"] = old
+    return sources, pending
+
+
+def _sources(ex, kind: str) -> dict[str, str]:
     sources = {}
     if kind in ("llvm", "c"):
         for sk in (("ll", "asm") if kind == "llvm" else ("c",)):

@@ -1,0 +1,68 @@
+"""Helpers shared by the kernel-vs-reference tests of every target (llvm, c, opencl,
+cuda): tolerances, and the "busy" hyperparameter setting found from the constraints."""
+import numpy as np
+
+from optgen.runtime import hyper as hyper_rules
+
+# float32: ~80 ulps. Kernel and interpreter round differently where LLVM fuses multiply-adds,
+# in T.pow against np.power, and in the order of float64 reduction sums; rules that
+# subtract nearly equal values (FTRL's accum**p differences) amplify that to ~2.5e-6.
+# An element that is the small difference of large terms (FTRL's linear = sum of
+# g - sigma * w with |w| ~ 100) carries the round-off of those terms, so atol also
+# scales with the array's largest value (SCALE_ATOL * max|expected|).
+TOL = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-12, atol=1e-13),
+       "float16": dict(rtol=2.5e-3, atol=1e-6)}
+SCALE_ATOL = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-3}
+
+
+def assert_close(actual, expected, dtype, msg):
+    expected = np.asarray(expected)
+    if expected.dtype == np.float16:
+        # compressed states: kernel and interpreter may round one float16 ulp apart
+        # (2**-10 relative) where their float32 values differ in the last bits
+        dtype = "float16"
+    scale = float(np.max(np.abs(expected[np.isfinite(expected)]), initial=0.0))
+    atol = max(TOL[dtype]["atol"], SCALE_ATOL[dtype] * scale)
+    np.testing.assert_allclose(actual, expected, rtol=TOL[dtype]["rtol"], atol=atol,
+                               err_msg=msg)
+
+
+CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0]
+
+
+def busy_hypers(art, flags):
+    """Every numeric hyperparameter moved off its default to a valid value (so momentum,
+    weight decay and clipping are exercised), found generically from the constraints."""
+    values = {n: h.default for n, h in art.hypers.items()}
+    values.update(flags)
+    for name, info in art.hypers.items():
+        if info.is_flag:
+            continue
+        for c in CANDIDATES:
+            if c == info.default:
+                continue
+            try:
+                values = hyper_rules.resolve(art.name, art.hypers, [], values, {name: c})
+                break
+            except (TypeError, ValueError):
+                continue
+    if not valid(art, values):  # a requirement rejects the mix: undo one change
+        for name, info in art.hypers.items():
+            trial = {**values, name: info.default}
+            if not info.is_flag and valid(art, trial):
+                return trial
+    return values
+
+
+def default_hypers(art, flags):
+    return {n: h.default for n, h in art.hypers.items() if not h.is_flag} | flags
+
+
+def valid(art, hyper):
+    """Whether the hyperparameters pass every constraint and requirement of the spec."""
+    try:
+        hyper_rules.resolve(art.name, art.hypers, art.requirements,
+                            {n: h.default for n, h in art.hypers.items()}, hyper)
+        return True
+    except ValueError:
+        return False
