@@ -1,6 +1,7 @@
 """The compiler pipeline, one visible stage per line of ``build``:
 
-    load -> verify -> IR (specialize) -> lower -> schedule -> build (TVM) -> write artifact
+    load -> verify -> IR (specialize) -> lower -> schedule (CPU or GPU family)
+         -> build (TVM) [-> device ABI (GPU targets) -> nvcc (cuda)] -> write artifact
 
 ``OPTGEN_DEBUG=1`` prints what each stage produced to stderr.
 """
@@ -119,12 +120,13 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(dest))
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
+                def start_nvcc(src: dict[str, str]):                 # 6c, during the export
+                    return native.submit(nvcc.compile_all, src["cuda"], archs, tmp) \
+                        if archs else None
                 sources, nvcc_done = tvm_backend.build_library(       # 6 build
                     funcs, tvm_backend.target_for(target, archs[0] if archs else None),
-                    os.path.join(tmp, "kernels.so"),
-                    then=lambda src: archs and native.submit(       # 6c nvcc, during export
-                        nvcc.compile_all, src["cuda"], archs, tmp))
-                binaries = nvcc_done.result() if nvcc_done else {}
+                    os.path.join(tmp, "kernels.so"), then=start_nvcc)
+                binaries = nvcc_done.result() if nvcc_done is not None else {}
             device = None
             if tg.family == "gpu":                                   # 6b device ABI
                 device = abi.device_kernels(target, sources, lowered,
