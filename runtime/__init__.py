@@ -32,10 +32,10 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base))
     try:
         art = Artifact.load(dest)
-        if art.key == key:
-            return art
     except ArtifactError:
-        pass
+        art = None  # missing, incomplete or another format: build it below
+    if art is not None and art.key == key:
+        return art
     if not build:
         raise ArtifactError(f"{os.path.basename(path)} is not built for {target}; run "
                             f"`optgen build {path} --target {target}` or pass build=True")

@@ -17,6 +17,7 @@ memoized here). Nothing here is timed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -215,11 +216,9 @@ def cuda_tool(name: str) -> str | None:
     nv = targets.nvcc()
     if nv:
         dirs.append(os.path.dirname(os.path.realpath(nv)))
-        try:   # nvcc may be a wrapper script that execs the toolkit's nvcc
-            with open(nv, encoding="utf-8", errors="replace") as f:
+        with contextlib.suppress(OSError):  # nvcc may be a wrapper script that execs
+            with open(nv, encoding="utf-8", errors="replace") as f:   # the toolkit's nvcc
                 dirs += [os.path.dirname(p) for p in re.findall(r"(/\S+)/nvcc\b", f.read(4096))]
-        except OSError:
-            pass
     for d in dirs:
         p = os.path.join(d, name)
         if os.path.isfile(p) and os.access(p, os.X_OK):

@@ -114,14 +114,7 @@ def build_library(funcs: dict, target, path: str,
 
 
 def _sources(ex, kind: str) -> dict[str, str]:
-    sources = {}
     if kind in ("llvm", "c"):
-        for sk in (("ll", "asm") if kind == "llvm" else ("c",)):
-            try:
-                sources[sk] = ex.mod.inspect_source(sk)
-            except Exception:  # a source kind the target does not have
-                pass
-        return sources
-    for m in ex.mod.imports:
-        sources[m.kind] = m.inspect_source("")
-    return sources
+        return {sk: ex.mod.inspect_source(sk) for sk in
+                (("ll", "asm") if kind == "llvm" else ("c",))}
+    return {m.kind: m.inspect_source("") for m in ex.mod.imports}
