@@ -13,9 +13,9 @@ kernels, and step it from a trainer::
 __version__ = "0.1.0"
 
 from .errors import BuildError, SpecError  # noqa: E402
-from optgen.runtime import (Artifact, ArtifactError, Optimizer, RowSparse, create,  # noqa: E402
-                            get_artifact, get_num_threads, load, register, schedules,
-                            set_num_threads)
+from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402
+                            Optimizer, RowSparse, aligned_full, create, get_artifact,
+                            get_num_threads, load, register, schedules, set_num_threads)
 
 
 def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None,
@@ -27,6 +27,7 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
     return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch)
 
 
-__all__ = ["Artifact", "ArtifactError", "BuildError", "Optimizer", "RowSparse", "SpecError",
-           "build", "create", "get_artifact", "get_num_threads", "load", "register",
-           "schedules", "set_num_threads", "__version__"]
+__all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",
+           "RowSparse", "SpecError", "aligned_full", "build", "create", "get_artifact",
+           "get_num_threads", "load", "register", "schedules", "set_num_threads",
+           "__version__"]

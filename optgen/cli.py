@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 
 from .errors import BuildError, SpecError
 
@@ -98,8 +99,15 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _notice(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (a broken cached artifact being rebuilt) as one line, no source location."""
+    text = str(message)
+    print(text if text.startswith("optgen: ") else f"optgen: warning: {text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # exits 2 on a usage error
+    warnings.showwarning = _notice
     try:
         return {"build": _cmd_build, "list": _cmd_list,
                 "targets": _cmd_targets}[args.command](args)

@@ -120,11 +120,13 @@ class Flags:
         values = object.__getattribute__(self, "_values")
         if name not in values:
             raise SpecError(f"undefined name: flags.{name} is not a declared flag "
-                            f"(declared: {', '.join(values) or 'none'})", caller_loc())
+                            f"(declared: {', '.join(values) or 'none'})", caller_loc(),
+                            hint=f"declare it with spec.flag({name!r}, False) before the update")
         return values[name]
 
     def __setattr__(self, name, value):
-        raise SpecError(f"cannot assign to flag {name!r}: flags are fixed per kernel", caller_loc())
+        raise SpecError(f"cannot assign to flag {name!r}: flags are fixed per kernel", caller_loc(),
+                        hint="keep the value in a local variable")
 
 
 @dataclass
@@ -149,7 +151,8 @@ class Spec:
     def __post_init__(self):
         self.loc = self.loc or caller_loc()
         if not self.name.isidentifier():
-            raise SpecError(f"spec name {self.name!r} must be a Python identifier", self.loc)
+            raise SpecError(f"spec name {self.name!r} must be a Python identifier", self.loc,
+                            hint="use letters, digits and underscores, starting with a letter")
         self.t = Expr("t", name="t", kind="scalar", loc=self.loc)
 
     @classmethod
@@ -174,16 +177,19 @@ class Spec:
     # -- declarations ------------------------------------------------------------------
     def _new_name(self, name: str, what: str, loc: Loc | None) -> None:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise SpecError(f"{what} name {name!r} must be a Python identifier", loc)
+            raise SpecError(f"{what} name {name!r} must be a Python identifier", loc,
+                            hint="use letters, digits and underscores, starting with a letter")
         if name.startswith("_"):
             raise SpecError(f"{what} name {name!r} must not start with '_' (reserved for optgen)",
-                            loc)
+                            loc, hint="rename it without the leading underscore")
         if name in RESERVED:
-            raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc)
+            raise SpecError(f"{what} name {name!r} is reserved ({', '.join(sorted(RESERVED))})", loc,
+                            hint="rename it")
         if name in self.hypers or name in self.states or name in self.shape_flags \
                 or name in self.name_flags \
                 or name in self.inputs:
-            raise SpecError(f"{what} {name!r} is declared twice", loc)
+            raise SpecError(f"{what} {name!r} is declared twice", loc,
+                            hint="give every hyperparameter, flag, state and input its own name")
 
     def hyper(self, name: str, default: Any, constraint: str | None = None, doc: str = "", *,
               type: str | None = None, optional: bool = False,
@@ -192,18 +198,19 @@ class Spec:
         loc = caller_loc()
         self._new_name(name, "hyperparameter", loc)
         if isinstance(default, bool) or type == "bool":
-            raise SpecError(f"hyperparameter {name!r} is a bool: declare it with spec.flag()", loc)
+            raise SpecError(f"hyperparameter {name!r} is a bool", loc,
+                            hint=f"declare it with spec.flag({name!r}, {default!r})")
         if type is None:
             type = "int" if isinstance(default, int) else "float"
         if type not in ("float", "int"):
             raise SpecError(f"hyperparameter {name!r}: type must be 'float' or 'int', got {type!r}",
-                            loc)
+                            loc, hint="pass type='float' or type='int'")
         if default is None and not optional:
             raise SpecError(f"hyperparameter {name!r} has default None but is not optional=True",
-                            loc)
+                            loc, hint="pass optional=True and none_value=..., or a number")
         if optional and none_value is None:
-            raise SpecError(f"optional hyperparameter {name!r} needs none_value= (what the kernel "
-                            "sees when it is None)", loc)
+            raise SpecError(f"optional hyperparameter {name!r} needs none_value=", loc,
+                            hint="pass none_value=<the number the kernel uses when it is None>")
         info = HyperInfo(name, default, type, constraint, doc, optional, none_value)
         node = Expr("hyper", name=name, kind="scalar", loc=loc)
         self.hypers[name] = Hyper(info, node, loc)
@@ -214,7 +221,8 @@ class Spec:
         loc = caller_loc()
         self._new_name(name, "flag", loc)
         if not isinstance(default, bool):
-            raise SpecError(f"flag {name!r} needs a bool default, got {default!r}", loc)
+            raise SpecError(f"flag {name!r} needs a bool default, got {default!r}", loc,
+                            hint=f"spec.flag({name!r}, False)")
         self.hypers[name] = Hyper(HyperInfo(name, default, "bool", None, doc), None, loc)
         return name
 
@@ -224,7 +232,8 @@ class Spec:
         loc = caller_loc()
         self._new_name(name, "input", loc)
         if name in self.inputs:
-            raise SpecError(f"input {name!r} is declared twice", loc)
+            raise SpecError(f"input {name!r} is declared twice", loc,
+                            hint="give every input its own name")
         self.inputs[name] = doc
         return Expr("grad", name=name, kind="tensor", loc=loc)
 
@@ -238,10 +247,12 @@ class Spec:
         try:
             unknown = scalar_expr.names(rule) - {"ndim", "numel"}
         except scalar_expr.ExprError as e:
-            raise SpecError(f"shape flag {name!r}: bad rule: {e}", loc) from None
+            raise SpecError(f"shape flag {name!r}: bad rule: {e}", loc,
+                            hint="a rule is an expression over ndim and numel, "
+                            "e.g. 'ndim >= 2'") from None
         if unknown:
             raise SpecError(f"shape flag {name!r}: the rule may use ndim and numel, "
-                            f"not {sorted(unknown)[0]!r}", loc)
+                            f"not {sorted(unknown)[0]!r}", loc, hint="e.g. 'ndim >= 2 and numel > 1'")
         self.shape_flags[name] = (rule, doc)
         return name
 
@@ -253,7 +264,8 @@ class Spec:
         loc = caller_loc()
         self._new_name(name, "flag", loc)
         if isinstance(exclude, str) or not all(isinstance(x, str) for x in exclude):
-            raise SpecError(f"name flag {name!r}: exclude must be a tuple of strings", loc)
+            raise SpecError(f"name flag {name!r}: exclude must be a tuple of strings", loc,
+                            hint="e.g. exclude=('bias', 'norm')")
         self.name_flags[name] = (tuple(exclude), doc)
         return name
 
@@ -269,16 +281,19 @@ class Spec:
         self._new_name(name, "state", loc)
         if shape not in STATE_SHAPES:
             raise SpecError(f"state {name!r}: shape must be one of {', '.join(STATE_SHAPES)}, "
-                            f"got {shape!r}", loc)
+                            f"got {shape!r}", loc,
+                            hint="shape='param' for a state like the parameter")
         if isinstance(init, Expr):
             bad = [n for n in _leaves(init) if n.op not in ("hyper", "const")]
             if bad:
                 raise SpecError(f"state {name!r}: init may use hyperparameters and numbers, "
-                                f"not {bad[0].describe()}", loc)
+                                f"not {bad[0].describe()}", loc,
+                                hint="e.g. init=0.0 or init=<a hyperparameter>")
             init = _init_text(init)
         elif isinstance(init, bool) or not isinstance(init, (int, float)):
             raise SpecError(f"state {name!r}: init must be a number or a hyperparameter "
-                            f"expression, got {init!r}", loc)
+                            f"expression, got {init!r}", loc,
+                            hint="e.g. init=0.0 or init=<a hyperparameter>")
         else:
             init = float(init)
         for key, rule in (("when", when), ("half_when", half_when)):
@@ -287,13 +302,17 @@ class Spec:
             try:
                 unknown = scalar_expr.names(rule) - set(self.all_flag_names())
             except scalar_expr.ExprError as e:
-                raise SpecError(f"state {name!r}: bad {key}= rule: {e}", loc) from None
+                raise SpecError(f"state {name!r}: bad {key}= rule: {e}", loc,
+                                hint=f"{key}= is an expression over flags, "
+                                "e.g. 'amsgrad'") from None
             if unknown:
                 raise SpecError(f"state {name!r}: {key}= names {sorted(unknown)[0]!r}, which "
-                                "is not a flag declared before it", loc)
+                                "is not a flag declared before it", loc,
+                                hint="declare the flag with spec.flag() above the state")
         if half_when is not None and shape == "scalar":
             raise SpecError(f"state {name!r}: scalar states stay float64 on the host "
-                            "(half_when applies to tensor states)", loc)
+                            "(half_when applies to tensor states)", loc,
+                            hint="drop half_when=")
         axes = STATE_SHAPES[shape]
         node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc)
         self.states[name] = State(name, init, doc, shape, node, loc, when, half_when)
@@ -311,7 +330,8 @@ class Spec:
     def update(self, fn: Callable) -> Callable:
         """Decorator: ``fn(w, grad, flags)`` returns ``{state_or_name: new_value, w: new_w}``."""
         if self.rule is not None:
-            raise SpecError("the spec has two update functions", caller_loc())
+            raise SpecError("the spec has two update functions", caller_loc(),
+                            hint="decorate exactly one function with @spec.update")
         self.rule = fn
         code = fn.__code__
         self.rule_loc = Loc(code.co_filename, code.co_firstlineno)
@@ -333,7 +353,8 @@ class Spec:
         result = self.rule(w, g, Flags(flags, self.rule_loc))
         if not isinstance(result, dict):
             raise SpecError("the update function must return a dict {state: new value, w: new w}, "
-                            f"got {type(result).__name__}", self.rule_loc)
+                            f"got {type(result).__name__}", self.rule_loc,
+                            hint="return {m: m_new, w: w - lr * m_new}")
         updates: dict[str, Expr] = {}
         for key, value in result.items():
             name = self._target_name(key, w, g, value)
@@ -345,25 +366,29 @@ class Spec:
         if key is w or key == "w":
             return "w"
         if key is g or key == "grad":
-            raise SpecError("the update assigns to the gradient; the gradient is read-only "
-                            "(compute a new local value instead)", loc)
+            raise SpecError("the update assigns to the gradient; the gradient is read-only", loc,
+                            hint="compute a new local value instead")
         if isinstance(key, Expr):
             if key.op == "hyper":
                 raise SpecError(f"the update assigns to hyperparameter {key.name!r}; "
-                                "hyperparameters are read-only (use a state)", loc)
+                                "hyperparameters are read-only", loc,
+                                hint="keep a value that changes in a state (spec.state)")
             if key.op == "state" and key.name in self.states and self.states[key.name].node is key:
                 return key.name
             raise SpecError(f"the update assigns to {key.describe()}, which is not a state "
-                            "declared by this spec", loc)
+                            "declared by this spec", loc,
+                            hint="update keys are w and the states spec.state() returned")
         if isinstance(key, str):
             if key in self.states:
                 return key
             if key in self.hypers:
                 raise SpecError(f"the update assigns to hyperparameter {key!r}; "
-                                "hyperparameters are read-only (use a state)", loc)
-            raise SpecError(f"state {key!r} is updated but not declared (add spec.state({key!r}, ...))",
-                            loc)
-        raise SpecError(f"update keys must be states or w, got {key!r}", loc)
+                                "hyperparameters are read-only", loc,
+                                hint="keep a value that changes in a state (spec.state)")
+            raise SpecError(f"state {key!r} is updated but not declared", loc,
+                            hint=f"declare it: spec.state({key!r}, 0.0)")
+        raise SpecError(f"update keys must be states or w, got {key!r}", loc,
+                        hint="update keys are w and the states spec.state() returned")
 
     def all_flag_names(self) -> list[str]:
         return [*self.flags, *self.shape_flags, *self.name_flags]
@@ -392,4 +417,5 @@ def constraint_names(text: str, loc: Loc | None) -> set[str]:
     try:
         return scalar_expr.names(text)
     except scalar_expr.ExprError as e:
-        raise SpecError(f"bad constraint: {e}", loc) from None
+        raise SpecError(f"bad constraint: {e}", loc, hint="a constraint is a comparison over "
+                        "hyperparameters, e.g. '0 <= beta < 1'") from None

@@ -112,9 +112,8 @@ class Expr:
     __hash__ = object.__hash__
 
     def __bool__(self):
-        raise SpecError(f"the value of {self.describe()} is only known when the kernel runs; "
-                        "use where(cond, a, b) instead of Python 'if'/'and'/'or'",
-                        self.loc)
+        raise SpecError(f"the value of {self.describe()} is only known when the kernel runs", self.loc,
+                        hint="use where(cond, a, b) instead of Python 'if'/'and'/'or'")
 
     def describe(self) -> str:
         if self.op in ("param", "grad", "state", "hyper", "t"):
@@ -136,7 +135,8 @@ def const(value: Any, loc: Loc | None = None) -> Expr:
         v = float(value)
     except (TypeError, ValueError):
         raise SpecError(f"{value!r} ({type(value).__name__}) cannot be used in an update rule",
-                        loc or caller_loc()) from None
+                        loc or caller_loc(), hint="use numbers, hyperparameters, states, w "
+                        "and grad") from None
     return Expr("const", value=v, dtype="float", kind="scalar", loc=loc)
 
 
@@ -149,23 +149,25 @@ def apply(op: str, *operands: Any) -> Expr:
         for a in args:
             if a.dtype != "float":
                 raise SpecError(f"dtype conflict: {op} needs float operands, got bool "
-                                f"{a.describe()}; use where(cond, a, b) to turn a condition "
-                                "into a number", loc)
+                                f"{a.describe()}", loc,
+                                hint="where(cond, 1.0, 0.0) turns a condition into a number")
         dtype = "bool" if op in COMPARE else "float"
     elif op in LOGIC:
         for a in args:
             if a.dtype != "bool":
                 raise SpecError(f"dtype conflict: '{op}' needs bool operands (comparisons), "
-                                f"got float {a.describe()}", loc)
+                                f"got float {a.describe()}", loc,
+                                hint="compare first, e.g. (g > 0) & (m > 0)")
         dtype = "bool"
     elif op == "where":
         c, a, b = args
         if c.dtype != "bool":
             raise SpecError(f"dtype conflict: the condition of where() must be a comparison, "
-                            f"got float {c.describe()}", loc)
+                            f"got float {c.describe()}", loc,
+                            hint="e.g. where(grad > 0, a, b)")
         if a.dtype != b.dtype:
             raise SpecError(f"dtype conflict: where() branches differ ({a.dtype} vs {b.dtype})",
-                            loc)
+                            loc, hint="give both branches numbers")
         dtype = a.dtype
     else:
         raise AssertionError(op)
@@ -179,14 +181,17 @@ def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
     x = const(x, loc)
     if x.kind != "tensor":
         raise SpecError(f"{kind}() needs a tensor value, got {x.describe()}: a scalar has "
-                        "nothing to reduce", loc)
+                        "nothing to reduce", loc,
+                        hint="reduce a tensor expression (grad, w or a state)")
     if x.dtype != "float":
-        raise SpecError(f"dtype conflict: {kind}() needs a float operand, got a bool", loc)
+        raise SpecError(f"dtype conflict: {kind}() needs a float operand, got a bool", loc,
+                        hint="where(cond, 1.0, 0.0) turns a condition into a number")
     axes = x.axes if axes is None else axes
     if not isinstance(axes, str) or not axes or any(a not in x.axes for a in axes) \
             or len(set(axes)) != len(axes):
         raise SpecError(f"{kind}() over axes {axes!r}: the operand varies along "
-                        f"{x.axes!r} (axes are b, r, c of the view [B, R, C])", loc)
+                        f"{x.axes!r}", loc, hint="name axes the operand has (b, r, c of the "
+                        "view [B, R, C]), or none for all of them")
     axes = union_axes(axes)
     keep = "".join(a for a in x.axes if a not in axes)
     return Expr("reduce", (x,), value=kind, name=axes, dtype="float", kind="tensor",

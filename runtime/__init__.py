@@ -9,42 +9,52 @@ import os
 from typing import Any
 
 from . import cache, catalog, schedules
-from .artifact import Artifact, ArtifactError
+from .artifact import Artifact, ArtifactError, ArtifactWarning
 from .catalog import register
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse
 from .threads import get_num_threads, set_num_threads
 
-__all__ = ["Artifact", "ArtifactError", "Optimizer", "RowSparse", "aligned_full", "create",
-           "default_decay_filter", "get_artifact", "get_num_threads", "load", "register",
-           "schedules", "set_num_threads"]
+__all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSparse",
+           "aligned_full", "create", "default_decay_filter", "get_artifact", "get_num_threads",
+           "load", "register", "schedules", "set_num_threads"]
 
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,
                  base: str | None = None) -> Artifact:
     """The cached artifact of a spec (catalog name or file), building it if needed.
-    ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``)."""
+    ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``).
+
+    The artifact is verified on load (Artifact.load). A cached one that fails (corrupted,
+    truncated, another optgen/TVM version) is rebuilt with an ArtifactWarning saying why;
+    with ``build=False`` it is an ArtifactError saying why."""
     path = catalog.resolve(spec)
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
     with open(path, encoding="utf-8") as f:
         key = cache.artifact_key(f.read(), cache.target_key(target), base)
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base))
+    fix = f"run `optgen build {path} --target {target}` or pass build=True"
     try:
         art = Artifact.load(dest)
-    except ArtifactError:
-        art = None  # missing, incomplete or another format: build it below
+    except ArtifactError as e:
+        if not build and os.path.lexists(dest):
+            raise ArtifactError(f"{e.problem}; {fix}", e.problem) from None
+        art = None  # missing or broken: the build below reports a broken one and replaces it
     if art is not None and art.key == key:
         return art
     if not build:
-        raise ArtifactError(f"{os.path.basename(path)} is not built for {target}; run "
-                            f"`optgen build {path} --target {target}` or pass build=True")
+        raise ArtifactError(f"{os.path.basename(path)} is not built for {target}; {fix}"
+                            if art is None else f"{dest}: its manifest's key {art.key[:16]}... "
+                            f"is not the spec's key {key[:16]}...; {fix}")
     from optgen.compiler.pipeline import build as build_spec  # the compiler, only when needed
     return Artifact.load(build_spec(path, target, base=base).path)
 
 
 def load(path: str | os.PathLike) -> Artifact:
-    """A prebuilt artifact directory (e.g. from ``optgen build --out DIR``)."""
+    """A prebuilt artifact directory (e.g. from ``optgen build --out DIR``), verified
+    like a cached one; a broken one is an ArtifactError with the rebuild command (it is
+    never rebuilt here: only its manifest and library are read, no spec code runs)."""
     return Artifact.load(path)
 
 

@@ -13,7 +13,7 @@ import os
 import re
 import platform
 
-FORMAT = 4
+FORMAT = 5   # 5: manifest "files" (size and sha256 of what the runtime reads), "base"
 DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
 
 
@@ -64,8 +64,30 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
 def tvm_version() -> str:
+    """The installed apache-tvm's version, read from its metadata (never ``import tvm``);
+    PackageNotFoundError when it is not installed."""
     return importlib.metadata.version("apache-tvm")
+
+
+_DIGESTS: dict[tuple, str] = {}   # (path, dev, inode, size, mtime, ctime) -> sha256
+
+
+def file_record(path: str) -> dict:
+    """``{"size", "sha256"}`` of a file. A file is hashed once per process while its
+    inode, size, mtime and ctime stay the same, so verifying an artifact again (every
+    ``get_artifact``) costs a ``stat``. OSError if it cannot be read."""
+    st = os.stat(path)
+    memo = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _DIGESTS.get(memo)
+    if digest is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = _DIGESTS[memo] = h.hexdigest()
+    return {"size": st.st_size, "sha256": digest}
 
 
 _BASE_SPEC = re.compile(r"""base_spec\(\s*["'](\w+)["']""")

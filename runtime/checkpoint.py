@@ -3,7 +3,8 @@
 The file is one ``.npz`` (numpy's zip of ``.npy`` arrays) holding every state array
 plus ``meta.json``: the rest of the state_dict as JSON. Nothing is pickled, so loading
 a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Writes are
-atomic: a temporary file in the same folder, then ``os.replace``.
+atomic: a temporary file in the same folder, fsynced, then ``os.replace`` (a crash
+mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import math
 import numbers
 import os
+import tempfile
 import zipfile
 from typing import Any, Mapping
 
@@ -141,16 +143,31 @@ def save(path: str | os.PathLike, sd: Mapping[str, Any]) -> None:
                 rec[name] = float(v)
         meta["state"].append(rec)
     blob = json.dumps(meta).encode()
-    tmp = f"{path}.tmp-{os.getpid()}"
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".tmp-")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays, **{META: np.frombuffer(blob, np.uint8)})
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)          # readers see the old file or the new one, never half
+        _fsync_dir(folder)             # and the rename itself survives a power cut
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:        # a platform without directory handles: the rename still holds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:        # a file system that cannot sync directories
+        return
+    finally:
+        os.close(fd)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:

@@ -66,6 +66,8 @@ class Requirement:
 def coerce(owner: str, info: HyperInfo, value: Any) -> Any:
     """Check the type of one value and normalize it (float / int / bool / None)."""
     where = f"{owner}: hyperparameter {info.name}"
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()   # a 0-d numpy array or torch tensor holds one number
     if value is None:
         if info.optional:
             return None
@@ -82,7 +84,10 @@ def coerce(owner: str, info: HyperInfo, value: Any) -> Any:
         raise TypeError(f"{where} must be an int, got {type(value).__name__} {value!r}")
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{where} must be a float, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:   # an int beyond the float range (10**400)
+        raise ValueError(f"{where} must be finite, got an int of {value.bit_length()} bits") from None
     if not math.isfinite(value):
         raise ValueError(f"{where} must be finite, got {value!r}")
     return value

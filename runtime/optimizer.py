@@ -174,6 +174,10 @@ class Optimizer:
                 raise TypeError(f"{self.name}: parameter {i} is on {dev}, but this optimizer's "
                                 f"kernels are built for {self.artifact.target} ({device}); "
                                 f"build for a matching target or move the parameter")
+            if lib == "numpy" and not p.dtype.isnative:
+                raise TypeError(f"{self.name}: parameter {i} has dtype {p.dtype.str} in "
+                                "non-native byte order; the kernels read native byte order "
+                                "(convert with .astype(p.dtype.newbyteorder('=')))")
             dt = tensors.dtype_name(p, lib)
             if dt in tensors.LOW_PRECISION and dt in mixed:
                 if not self.multi_precision:
@@ -190,6 +194,11 @@ class Optimizer:
             if not tensors.is_writeable(p, lib):
                 raise ValueError(f"{self.name}: parameter {i} is read-only; "
                                  "parameters are updated in place")
+            if lib == "numpy" and not p.flags.aligned:
+                raise ValueError(f"{self.name}: parameter {i} is not aligned to its "
+                                 f"{p.itemsize}-byte elements (data at address "
+                                 f"{p.ctypes.data:#x}); copy it into an aligned array "
+                                 "(optgen.aligned_full) and keep that array")
             r = tensors.address_range(p, lib)
             for j, q in enumerate(ranges):
                 if tensors.overlaps(r, q):
@@ -290,7 +299,8 @@ class Optimizer:
         lr = current_lr
         if "lr" in changes:
             value = changes["lr"]
-            if value is None or isinstance(value, (numbers.Real, str)):
+            if value is None or isinstance(value, (numbers.Real, str)) or \
+                    getattr(value, "ndim", None) == 0:   # a number, or a 0-d array of one
                 lr = None
             else:
                 lr = schedules.as_schedule(value, owner=self.name)
@@ -476,6 +486,9 @@ class Optimizer:
             if g.shape != p.shape:
                 raise ValueError(f"{self.name}: {label} {i} has shape {tuple(g.shape)}, "
                                  f"parameter {i} has shape {tuple(p.shape)}")
+            if lib == "numpy" and not g.dtype.isnative:
+                raise TypeError(f"{self.name}: {label} {i} has dtype {g.dtype.str} in "
+                                "non-native byte order; the kernels read native byte order")
             if g.dtype != p.dtype:
                 raise TypeError(f"{self.name}: {label} {i} has dtype "
                                 f"{tensors.dtype_name(g, lib)}, parameter {i} has dtype "
@@ -483,6 +496,15 @@ class Optimizer:
             if lib == "numpy":
                 if not g.flags.c_contiguous:
                     raise ValueError(f"{self.name}: {label} {i} is not C-contiguous")
+                if not g.flags.aligned:
+                    raise ValueError(f"{self.name}: {label} {i} is not aligned to its "
+                                     f"{g.itemsize}-byte elements (data at address "
+                                     f"{g.ctypes.data:#x}); pass an aligned copy (np.array(g))")
+                if not g.flags.writeable:
+                    raise ValueError(f"{self.name}: {label} {i} is read-only; the kernels "
+                                     "take arrays through DLPack, which cannot pass read-only "
+                                     "numpy arrays: pass a writeable copy (np.array(g)); the "
+                                     "optimizer never writes to it")
                 shared = np.may_share_memory(g, p) or any(
                     np.may_share_memory(g, s) for s in self._guarded(i))
             else:

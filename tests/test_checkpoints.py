@@ -2,6 +2,10 @@
 is npz + json (no pickle), and a checkpoint of another layout is a clear error."""
 import json
 import os
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -87,7 +91,7 @@ def test_file_is_npz_and_json_without_pickle(tmp_path, rng):
     assert [g["params"] for g in meta["groups"]] == [[0, 1], [2]]
     assert meta["groups"][1]["hyper"]["lr"] == 0.003
     assert all(a.dtype != object for a in arrays.values())
-    assert not os.path.exists(str(path) + f".tmp-{os.getpid()}")
+    assert os.listdir(tmp_path) == ["x.npz"]   # no temporary file left behind
 
 
 def _mismatches(rng):
@@ -180,3 +184,101 @@ def test_schedule_groups_keep_their_schedule(rng):
     d.step([np.ones(3)])
     c.load_state_dict(d.state_dict())   # a recorded constant is restored
     assert c.param_groups[0]["lr"] == 0.2 and c.t == 1
+
+
+def _stepped(rng):
+    opt = optgen.create("adam", _groups(_params(rng)))
+    opt.step(_grads(rng, 1)[0])
+    return opt
+
+
+def test_a_failure_mid_save_keeps_the_previous_checkpoint(tmp_path, rng, monkeypatch):
+    opt = _stepped(rng)
+    path = tmp_path / "run.ckpt"
+    opt.save(path)
+    good = path.read_bytes()
+    opt.step(_grads(rng, 1)[0])
+
+    def dies_halfway(f, **arrays):      # writes part of a zip, then the disk "fills up"
+        f.write(b"PK\x03\x04" + b"\0" * 100)
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez", dies_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        opt.save(path)
+    assert path.read_bytes() == good and os.listdir(tmp_path) == ["run.ckpt"]
+
+
+def test_a_killed_save_keeps_the_previous_checkpoint(tmp_path):
+    """SIGKILL while a large checkpoint is being written: the file at the path is still
+    the previous, complete checkpoint (at most a stray temporary file remains)."""
+    script = textwrap.dedent(f"""
+        import os, sys, numpy as np, optgen
+        w = [np.zeros(4_000_000, np.float32) for _ in range(4)]
+        opt = optgen.create("adam", w)
+        opt.step([np.ones_like(x) for x in w])
+        opt.save({str(tmp_path / "run.ckpt")!r})
+        print("saved", flush=True)
+        opt.step([np.ones_like(x) for x in w])
+        while True:                                    # save until killed
+            opt.save({str(tmp_path / "run.ckpt")!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        for _ in range(200):                           # kill it while a temp file exists
+            if any(".tmp-" in n for n in os.listdir(tmp_path)):
+                break
+            time.sleep(0.01)
+        proc.kill()
+    finally:
+        proc.wait(timeout=60)
+    w = [np.zeros(4_000_000, np.float32) for _ in range(4)]
+    opt = optgen.create("adam", w)
+    opt.load(tmp_path / "run.ckpt")                    # complete: loads and validates
+    assert opt.t in (1, 2)
+
+
+def test_truncated_anywhere_is_a_clear_error(tmp_path, rng):
+    opt = _stepped(rng)
+    opt.save(tmp_path / "ok.ckpt")
+    data = (tmp_path / "ok.ckpt").read_bytes()
+    other = _stepped(rng)
+    before = [p.tobytes() for p in other.params]
+    for cut in sorted({1, 30, 100, *range(0, len(data), max(1, len(data) // 12))} - {0}):
+        (tmp_path / "cut.ckpt").write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=r"not an optgen checkpoint|missing|unreadable"):
+            other.load(tmp_path / "cut.ckpt")
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF      # inside an array's bytes: the zip CRC catches it
+    (tmp_path / "flip.ckpt").write_bytes(bytes(flipped))
+    with pytest.raises(ValueError):
+        other.load(tmp_path / "flip.ckpt")
+    assert [p.tobytes() for p in other.params] == before and other.t == 1
+
+
+def test_loading_never_unpickles(tmp_path, rng):
+    """A checkpoint carrying a pickled object array (which would run code when
+    unpickled) is refused; the code never runs."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+    opt = _stepped(rng)
+    opt.save(tmp_path / "ok.ckpt")
+    with np.load(tmp_path / "ok.ckpt", allow_pickle=False) as z:
+        files = {k: z[k] for k in z.files}
+    files["state.0.m"] = np.array([Evil()], dtype=object)
+    with open(tmp_path / "evil.ckpt", "wb") as f:
+        np.savez(f, **files)
+    with pytest.raises(ValueError, match=r"not an optgen checkpoint"):
+        opt.load(tmp_path / "evil.ckpt")
+    assert not marker.exists()
+    meta = json.loads(files["meta.json"].tobytes())
+    meta["t"] = "1; import os"          # wrong types in the JSON are validated too
+    files["state.0.m"] = np.zeros(1)
+    files["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    with open(tmp_path / "badmeta.ckpt", "wb") as f:
+        np.savez(f, **files)
+    with pytest.raises((TypeError, ValueError), match=r"adam: "):
+        opt.load(tmp_path / "badmeta.ckpt")

@@ -23,7 +23,11 @@ def spec_line_error(exc: BaseException, path: str) -> SpecError:
             line = lineno
     kind = {"NameError": "undefined name", "AttributeError": "undefined attribute"}.get(
         type(exc).__name__, type(exc).__name__)
-    return SpecError(f"{kind}: {exc}", file=path, line=line)
+    hint = {"NameError": "define it above this line, or declare it with spec.hyper(), "
+                         "spec.state() or spec.flag()",
+            "AttributeError": "check the spelling (optgen.dsl lists what a spec can use)"}.get(
+        type(exc).__name__, "the spec's Python code raised this at that line")
+    return SpecError(f"{kind}: {exc}", file=path, line=line, hint=hint)
 
 
 def load_spec(path: str, base: str | None = None) -> Spec:
@@ -34,29 +38,33 @@ def load_spec(path: str, base: str | None = None) -> Spec:
         with open(path, encoding="utf-8") as f:
             source = f.read()
     except OSError as e:
-        raise SpecError(f"cannot read spec: {e.strerror}", file=path) from None
+        raise SpecError(f"cannot read spec: {e.strerror}", file=path,
+                        hint="pass a spec file or a catalog name (optgen list)") from None
     try:
         code = compile(source, path, "exec")
     except SyntaxError as e:
-        raise SpecError(f"syntax error: {e.msg}", file=path, line=e.lineno) from None
+        raise SpecError(f"syntax error: {e.msg}", file=path, line=e.lineno,
+                        hint="a spec is a Python file; fix the syntax there") from None
     module = types.ModuleType("optgen_spec_" + os.path.splitext(os.path.basename(path))[0])
     module.__file__ = path
     try:
         exec(code, module.__dict__)
-    except Exception as e:  # spec code is user code: every failure is a spec error
+    except (Exception, SystemExit) as e:  # spec code is user code: every failure is a spec error
         raise spec_line_error(e, path) from None
     specs = [v for v in module.__dict__.values() if isinstance(v, Spec)]
     if isinstance(module.__dict__.get("spec"), Spec):   # the file's own, beside its bases
         specs = [module.__dict__["spec"]]
     if len(specs) != 1:
         raise SpecError(f"a spec file must create exactly one Spec (or name it 'spec'), "
-                        f"found {len(specs)}", file=path)
+                        f"found {len(specs)}", file=path,
+                        hint="spec = Spec('name', __doc__)")
     spec = specs[0]
     if base is not None:
         wrap = module.__dict__.get("wrap")
         if not callable(wrap):
             raise SpecError(f"{os.path.basename(path)} is not a wrapper (it defines no "
-                            "wrap(base)), so base= does not apply", file=path)
+                            "wrap(base)), so base= does not apply", file=path,
+                            hint="drop --base/base=, which applies to wrapper specs such as lars")
         from ..dsl import base_spec
         try:
             spec = wrap(base_spec(base))

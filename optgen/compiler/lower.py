@@ -183,10 +183,20 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
             # are used, but are not passed in as API arguments"); 1/sqrt is what the
             # reference interpreter computes anyway.
             return f"({const(1.0)} / T.sqrt({a[0]}))"
+        # NaN propagates as in the reference interpreter (numpy): sign(NaN), min and max
+        # with a NaN operand are NaN (T.max alone returns the other operand). The NaN
+        # case is the one where every ordered comparison is false; TVM's simplifier folds
+        # x != x to false, so the tests compare against zero or the other operand.
         if e.op == "sign":
             x = a[0]
             return (f"T.Select({x} > {const(0)}, {const(1)}, "
-                    f"T.Select({x} < {const(0)}, {const(-1)}, {const(0)}))")
+                    f"T.Select({x} < {const(0)}, {const(-1)}, "
+                    f"T.Select({x} == {const(0)}, {const(0)}, {x})))")
+        if e.op in ("min", "max"):
+            x, y = a
+            first = f"{x} > {y}" if e.op == "max" else f"{x} < {y}"
+            second = f"{x} <= {y}" if e.op == "max" else f"{x} >= {y}"
+            return f"T.Select({first}, {x}, T.Select({second}, {y}, {x} + {y}))"
         return f"{_CALL[e.op]}({', '.join(a)})"
 
     def emit(roots: list[Expr]) -> None:

@@ -7,9 +7,13 @@
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
 from optgen.runtime import cache
-from optgen.runtime.artifact import Artifact, ArtifactError
+from optgen.runtime.artifact import Artifact, ArtifactError, runtime_files, warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
 from .lower import DTYPE_TAG, LoweredKernel, lower
@@ -102,10 +106,10 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         dest = os.path.join(cache.cache_dir(),
                             cache.artifact_dirname(spec_path, target, key, base))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with open(dest + ".lock", "w") as lock:          # one builder per artifact at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(dest + ".lock"):                    # one builder per artifact at a time
         if not force and _is_current(dest, key):
             return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
+        _remove_leftovers(dest)
         spec = load_spec(spec_path, base)                            # 1 load
         traces = verify(spec)                                        # 2 verify
         kirs = kernel_irs(spec, traces, tg)                          # 3 IR
@@ -117,7 +121,8 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         scripts = {sym: text for sym, (text, _) in scheduled.items()}
         _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
-        tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(dest))
+        tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.",
+                               dir=os.path.dirname(dest))
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
                 def start_nvcc(src: dict[str, str]):                 # 6c, during the export
@@ -132,10 +137,9 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                 device = abi.device_kernels(target, sources, lowered,
                                             {s: g for s, (_, g) in scheduled.items()})
             _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
-                            time.perf_counter() - start, tg, archs, device, binaries)  # 7 write
-            if os.path.exists(dest):
-                shutil.rmtree(dest)
-            os.rename(tmp, dest)                                     # atomic publish
+                            time.perf_counter() - start, tg, archs, device, binaries,
+                            base)                                    # 7 write
+            _publish(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     global BUILD_COUNT
@@ -144,10 +148,116 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
 
 
 def _is_current(dest: str, key: str) -> bool:
-    try:
-        return Artifact.load(dest).key == key
-    except ArtifactError:
+    """Whether ``dest`` holds the verified artifact of ``key``. One that exists but fails
+    verification (corrupted, truncated, another optgen/TVM version) is reported with an
+    ArtifactWarning and rebuilt, as is a cached one whose key is wrong; one of another
+    key under --out (an edited spec) is rebuilt silently."""
+    if not os.path.lexists(dest):
         return False
+    try:
+        found = Artifact.load(dest).key
+    except ArtifactError as e:
+        warn_rebuild(dest, e.problem)
+        return False
+    if found != key and os.path.dirname(dest) == cache.cache_dir():  # named by its key
+        warn_rebuild(dest, f"its manifest's key {found[:16]}... is not {key[:16]}...")
+    return found == key
+
+
+# -- publishing -----------------------------------------------------------------------
+# A build writes into a temporary folder beside dest (".build-<dest name>.<8 random>") and
+# renames it into place, under an exclusive lock on "<dest>.lock": readers, which take no
+# lock, see either no dest, the old one or the complete new one, never a partial folder
+# (and a manifest.json only beside the files it records). Replacing a dest swaps the two
+# folders in one rename (renameat2 RENAME_EXCHANGE, Linux) or, where that is missing,
+# renames the old one aside first (dest is then briefly absent, never partial).
+LEFTOVER_AGE_S = 3600  # another artifact's temporary folder older than this is abandoned
+_LEFTOVER = re.compile(r"\.(?:build|old)-(?:.+\.)?[a-z0-9_]{8}")
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive flock on ``path``, removed again on release so lock files do not
+    pile up. A waiter that wakes on a lock file that was removed (or replaced) meanwhile
+    retries on the current one, so two holders never coexist."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            current = os.stat(path) if os.path.exists(path) else None
+        except BaseException:
+            os.close(fd)
+            raise
+        if current is not None and (held.st_dev, held.st_ino) == (current.st_dev,
+                                                                  current.st_ino):
+            break
+        os.close(fd)      # the holder before us removed this lock file: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)   # still holding the lock: waiters notice and retry
+        os.close(fd)
+
+
+def _rmtree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _remove_leftovers(dest: str) -> None:
+    """Temporary folders a killed build left: dest's own (safe, we hold its lock), and in
+    the cache folder any other artifact's older than LEFTOVER_AGE_S (no live build is
+    that old). A leftover is harmless meanwhile: readers never look at dot-folders."""
+    parent, name = os.path.split(dest)
+    own = re.compile(rf"\.(?:build|old)-{re.escape(name)}\.[a-z0-9_]{{8}}")
+    sweep = parent == cache.cache_dir()
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for e in entries:
+            if own.fullmatch(e.name):
+                _rmtree(e.path)
+            elif sweep and _LEFTOVER.fullmatch(e.name):
+                with contextlib.suppress(OSError):
+                    if now - e.stat(follow_symlinks=False).st_mtime > LEFTOVER_AGE_S:
+                        _rmtree(e.path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False if unsupported."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) \
+        if sys.platform.startswith("linux") else None
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _publish(tmp: str, dest: str) -> None:
+    """Move the complete folder ``tmp`` to ``dest`` (caller holds dest's lock), readable
+    as the umask allows (mkdtemp made it 0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    if not os.path.lexists(dest):
+        os.rename(tmp, dest)
+    elif _exchange(tmp, dest):
+        _rmtree(tmp)                         # now the old artifact
+    else:
+        aside = tempfile.mkdtemp(prefix=f".old-{os.path.basename(dest)}.",
+                                 dir=os.path.dirname(dest))
+        os.rename(dest, os.path.join(aside, "old"))
+        os.rename(tmp, dest)
+        _rmtree(aside)
 
 
 def _name_of(dest: str) -> str:
@@ -170,7 +280,7 @@ def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
 def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
                     sources: dict[str, str], key: str, target: str, seconds: float,
                     tg: targets.Target, archs: tuple[str, ...], device: dict | None,
-                    binaries: dict[str, str]) -> None:
+                    binaries: dict[str, str], base: str | None = None) -> None:
     import optgen
     kernels = []
     for kir, dt, pdt in variants(kirs, tg.dtypes):
@@ -185,9 +295,9 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
     hypers = [h.info for h in spec.hypers.values()]
     manifest = {
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
-        "spec_file": os.path.basename(spec.file), "key": key, "target": target,
+        "spec_file": os.path.basename(spec.file), "base": base, "key": key, "target": target,
         "target_detail": _target_detail(tg, archs),
-        "optgen_version": optgen.__version__, "tvm_version": tvm_backend.tvm_version(),
+        "optgen_version": optgen.__version__, "tvm_version": cache.tvm_version(),
         "hyperparameters": [h.to_json() for h in hypers],
         "requirements": [r.to_json() for r, _ in spec.requirements],
         "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc,
@@ -226,11 +336,15 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "spec.py": spec.source,
         manifest["wrapper"]: render_wrapper(spec, hypers),
         **{f"kernels.{SOURCE_SUFFIX.get(k, k)}": text for k, text in sources.items()},
-        "manifest.json": json.dumps(manifest, indent=1),  # last: its presence marks completeness
     }
     for name, text in files.items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(text)
+    # what the runtime reads, with size and sha256: Artifact.load verifies them
+    manifest["files"] = {n: cache.file_record(os.path.join(folder, n))
+                         for n in runtime_files(manifest)}
+    with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(manifest, indent=1))  # last: its presence marks completeness
 
 
 SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix

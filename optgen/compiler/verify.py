@@ -33,12 +33,41 @@ def verify(spec: Spec) -> list[Trace]:
     """Return the traced update of every flag combination, or raise SpecError."""
     _check_hypers(spec)
     if spec.rule is None:
-        raise SpecError("the spec declares no update function (decorate one with @spec.update)",
-                        spec.loc)
+        raise SpecError("the spec declares no update function", spec.loc,
+                        hint="decorate the rule with @spec.update")
     nflags = len(spec.all_flag_names())
     if nflags > MAX_FLAGS:
-        raise SpecError(f"at most {MAX_FLAGS} flags per spec, found {nflags}", spec.loc)
-    return [_check_trace(spec, _trace(spec, flags)) for flags in flag_combinations(spec)]
+        raise SpecError(f"at most {MAX_FLAGS} flags per spec, found {nflags}", spec.loc,
+                        hint="turn a flag into a float hyperparameter (0.0 or 1.0)")
+    traces = [_check_trace(spec, _trace(spec, flags)) for flags in flag_combinations(spec)]
+    _check_lazy(spec, traces)
+    return traces
+
+
+def _check_lazy(spec: Spec, traces: list[Trace]) -> None:
+    """``lazy_update_default`` promises row-sparse kernels, which update the rows a
+    gradient names and nothing else: a reduction (a norm, a mean) or a row/column state
+    makes a row's new value depend on other rows, so no such kernel exists."""
+    if not spec.lazy_update_default:
+        return
+    hint = ("drop lazy_update_default (row-sparse gradients then update every row), or "
+            "keep the rule row-wise elementwise")
+    for st in spec.states.values():
+        if st.shape in ("row", "col"):
+            raise SpecError(f"lazy_update_default is set, but state {st.name!r} has "
+                            f"shape={st.shape!r}; a lazy (row-sparse) kernel cannot keep "
+                            "it", st.loc, hint=hint)
+    for tr in traces:
+        for node in walk(list(tr.updates.values())):
+            if node.op == "reduce":
+                raise SpecError(f"lazy_update_default is set, but the update reduces "
+                                f"({node.value} over axes {node.name!r}); a lazy (row-sparse) "
+                                "kernel sees only some rows and cannot compute it",
+                                node.loc or tr.loc, hint=hint)
+        if spec.inputs:
+            raise SpecError("lazy_update_default is set, but the update reads extra inputs "
+                            f"({', '.join(spec.inputs)}), which have no row-sparse form",
+                            spec.loc, hint=hint)
 
 
 def _check_hypers(spec: Spec) -> None:
@@ -49,23 +78,28 @@ def _check_hypers(spec: Spec) -> None:
         try:
             hyper_rules.coerce(spec.name, info, info.default)
         except (TypeError, ValueError) as e:
-            raise SpecError(f"bad default: {e}", h.loc) from None
+            raise SpecError(f"bad default: {e}", h.loc,
+                            hint="give a default of the declared type") from None
         if info.constraint is None:
             continue
         unknown = constraint_names(info.constraint, h.loc) - known
         if unknown:
             raise SpecError(f"undefined name {sorted(unknown)[0]!r} in the constraint "
-                            f"{info.constraint!r} of {info.name!r}", h.loc)
+                            f"{info.constraint!r} of {info.name!r}", h.loc,
+                            hint="constraints name this spec's hyperparameters only")
         if info.default is not None and not scalar_expr.evaluate(info.constraint, defaults):
             raise SpecError(f"the default {info.name}={info.default!r} breaks its own constraint "
-                            f"{info.constraint!r}", h.loc)
+                            f"{info.constraint!r}", h.loc,
+                            hint="change the default or the constraint")
     for req, loc in spec.requirements:
         unknown = constraint_names(req.expr, loc) - known
         if unknown:
             raise SpecError(f"undefined name {sorted(unknown)[0]!r} in the requirement "
-                            f"{req.expr!r}", loc)
+                            f"{req.expr!r}", loc,
+                            hint="requirements name this spec's hyperparameters only")
         if not scalar_expr.evaluate(req.expr, defaults):
-            raise SpecError(f"the defaults break the requirement {req.expr!r}", loc)
+            raise SpecError(f"the defaults break the requirement {req.expr!r}", loc,
+                            hint="change the defaults or the requirement")
 
 
 def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
@@ -78,33 +112,41 @@ def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
 def _check_trace(spec: Spec, tr: Trace) -> Trace:
     which = f" (flags {tr.flags})" if tr.flags else ""
     if "w" not in tr.updates:
-        raise SpecError(f"the update returns no new value for the parameter w{which}", tr.loc)
+        raise SpecError(f"the update returns no new value for the parameter w{which}", tr.loc,
+                        hint="return {..., w: new_w}")
     active = {s.name for s in spec.active_states(tr.flags)}
     for name, st in spec.states.items():
         if name in active and name not in tr.updates:
-            raise SpecError(f"state {name!r} is declared but never updated{which}", st.loc)
+            raise SpecError(f"state {name!r} is declared but never updated{which}", st.loc,
+                            hint=f"return {{{name}: <new value>}} from the update, or drop "
+                            "the state")
         if name not in active and name in tr.updates:
             raise SpecError(f"state {name!r} is updated{which} but does not exist there "
-                            f"(when={st.when!r})", tr.updates[name].loc or st.loc)
+                            f"(when={st.when!r})", tr.updates[name].loc or st.loc,
+                            hint="update it only under its when= flags")
     for name, value in tr.updates.items():
         loc = value.loc or tr.loc
         if value.dtype != "float":
-            raise SpecError(f"dtype conflict: the new value of {name!r} is a bool (a comparison);"
-                            " wrap it in where(cond, 1.0, 0.0)", loc)
+            raise SpecError(f"dtype conflict: the new value of {name!r} is a bool (a comparison)",
+                            loc, hint="wrap it in where(cond, 1.0, 0.0)")
         st = spec.states.get(name)
         if st is not None and st.shape == "scalar" and value.kind == "tensor":
             raise SpecError(f"scalar state {name!r} is computed from tensor values; scalar "
                             "states are updated on the host from hyperparameters, t and "
-                            "scalar states only", loc)
+                            "scalar states only", loc,
+                            hint="make it a tensor state (shape='param') or reduce the "
+                            "tensor first (mean, sum)")
         target_axes = st.node.axes if st is not None else "brc"
         if any(a not in target_axes for a in value.axes):
-            raise SpecError(f"the new value of {name!r} varies along axes {value.axes!r} but "
-                            f"{name!r} holds {target_axes!r} (reduce it first, e.g. "
-                            "row_mean/col_mean/mean)", loc)
+            raise SpecError(f"shape conflict: the new value of {name!r} varies along axes "
+                            f"{value.axes!r} but {name!r} holds {target_axes!r}", loc,
+                            hint="reduce it first, e.g. row_mean/col_mean/mean")
         for node in walk([value]):
             if node.op == "state" and node.name not in active:
                 raise SpecError(f"state {node.name!r} is read{which} but does not exist there "
-                                f"(when={spec.states[node.name].when!r})", node.loc or loc)
+                                f"(when={spec.states[node.name].when!r})", node.loc or loc,
+                                hint="read it only under its when= flags")
             if node.op == "const" and node.dtype == "float" and not math.isfinite(node.value):
-                raise SpecError(f"constant {node.value!r} is not finite", node.loc or loc)
+                raise SpecError(f"constant {node.value!r} is not finite", node.loc or loc,
+                                hint="use a large finite number, e.g. 1e30")
     return tr

@@ -1,0 +1,380 @@
+"""Artifacts fail loudly and heal: a corrupted, truncated, mismatched or foreign artifact
+is detected at load (ArtifactError naming the file, the problem and the rebuild command),
+a cached one is reported (ArtifactWarning) and rebuilt, concurrent builders publish one
+complete artifact, and loading a built artifact runs no spec code."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import optgen
+from optgen.compiler import pipeline
+from optgen.runtime import Artifact, ArtifactError, ArtifactWarning, cache
+
+# a one-line rule: the smallest build (about 1.3 s on two cores once TVM is imported)
+TINY = '''"""Plain gradient descent: w = w - lr * grad."""
+from optgen.dsl import Spec
+
+spec = Spec("tiny", __doc__)
+lr = spec.hyper("lr", 0.01, "lr >= 0", "learning rate")
+
+
+@spec.update
+def tiny(w, grad, flags):
+    return {w: w - lr * grad}
+'''
+
+
+def _replace(path, data: bytes):
+    """Rewrite a file through a new inode: a library some process has mapped is never
+    modified in place (that could crash it)."""
+    tmp = str(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _edit_manifest(change):
+    def edit(folder):
+        mpath = os.path.join(folder, "manifest.json")
+        with open(mpath, encoding="utf-8") as f:
+            m = json.load(f)
+        change(m)
+        _replace(mpath, json.dumps(m).encode())
+    return edit
+
+
+def _edit_library(change):
+    def edit(folder):
+        path = os.path.join(folder, "kernels.so")
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        _replace(path, bytes(change(data)))
+    return edit
+
+
+def _flip(data):
+    data[len(data) // 2] ^= 0x40
+    return data
+
+
+def _remove(name):
+    return lambda folder: os.remove(os.path.join(folder, name))
+
+
+def _del_kernel_symbol(m):
+    del m["kernels"][0]["symbol"]
+
+
+# case -> (how to break the artifact, what the ArtifactError says)
+BROKEN = {
+    "truncated-library": (_edit_library(lambda d: d[:len(d) // 2]),
+                          r"kernels\.so: \d+ bytes, the manifest records \d+ \(truncated"),
+    "flipped-byte": (_edit_library(_flip),
+                     r"kernels\.so: sha256 [0-9a-f]{16}\.\.\., the manifest records "
+                     r"[0-9a-f]{16}\.\.\. \(corrupted"),
+    "manifest-hash": (_edit_manifest(lambda m: m["files"]["kernels.so"].update(sha256="0" * 64)),
+                      r"kernels\.so: sha256 .*, the manifest records 0000000000000000"),
+    "optgen-version": (_edit_manifest(lambda m: m.update(optgen_version="0.0.1")),
+                       r"manifest\.json: built by optgen 0\.0\.1, this is optgen "
+                       + re.escape(optgen.__version__)),
+    "tvm-version": (_edit_manifest(lambda m: m.update(tvm_version="0.9.0")),
+                    r"manifest\.json: built with TVM 0\.9\.0, this is TVM 0\.27"),
+    "old-format": (_edit_manifest(lambda m: m.update(format=4)),
+                   rf"manifest\.json: manifest format 4, this optgen reads format {cache.FORMAT}"),
+    "missing-library": (_remove("kernels.so"), r"kernels\.so: missing"),
+    "missing-spec-copy": (_remove("spec.py"), r"spec\.py: missing"),
+    "missing-manifest": (_remove("manifest.json"), r"manifest\.json: missing \(not a complete"),
+    "invalid-json": (lambda f: _replace(os.path.join(f, "manifest.json"), b'{"format": 5,'),
+                     r"manifest\.json: unreadable manifest \("),
+    "manifest-not-object": (lambda f: _replace(os.path.join(f, "manifest.json"), b"[]"),
+                            r"manifest\.json: the manifest is a JSON list, not an object"),
+    "missing-key": (_edit_manifest(lambda m: m.pop("kernels")),
+                    r"manifest\.json: the manifest lacks 'kernels'"),
+    "missing-files": (_edit_manifest(lambda m: m.pop("files")),
+                      r"manifest\.json: the manifest lacks 'files'"),
+    "missing-nested-key": (_edit_manifest(_del_kernel_symbol),
+                           r"manifest\.json: malformed manifest \(KeyError: 'symbol'\)"),
+    "library-outside": (_edit_manifest(lambda m: m.update(library="../kernels.so")),
+                        r"manifest\.json: the manifest records no size and sha256 for "
+                        r"'\.\./kernels\.so'"),
+}
+# the cases the rebuild test runs (each rebuilds, ~1.3 s): one per kind of damage
+REBUILT = ["truncated-library", "flipped-byte", "manifest-hash", "optgen-version",
+           "tvm-version", "missing-library", "missing-manifest", "invalid-json", "missing-key"]
+
+
+@pytest.fixture(scope="module")
+def tiny_spec(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec") / "tiny.py"
+    path.write_text(TINY)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tiny_spec, tmp_path_factory):
+    """tiny built once: an ``--out`` artifact, and a cache holding it (copied per test)."""
+    out = tmp_path_factory.mktemp("out")
+    cache_root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPTGEN_CACHE_DIR", str(cache_root))
+        cached = pipeline.build(tiny_spec).path
+    shutil.copytree(cached, out / os.path.basename(cached)[:-17])  # tiny-llvm, as --out names it
+    return {"out": str(out / "tiny-llvm"), "cache": str(cache_root),
+            "cached": os.path.basename(cached)}
+
+
+@pytest.fixture
+def fresh_cache(prebuilt, tmp_path, monkeypatch):
+    """A private cache holding a verified copy of the tiny artifact; returns its path."""
+    root = tmp_path / "cache"
+    shutil.copytree(prebuilt["cache"], root)
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", str(root))
+    return str(root / prebuilt["cached"])
+
+
+def _step_checks(art):
+    w = np.ones(5, np.float32)
+    optgen.create(art, [w], lr=0.5).step([np.ones(5, np.float32)])
+    np.testing.assert_array_equal(w, np.full(5, 0.5, np.float32))
+
+
+def _no_leftovers(folder):
+    left = [n for n in os.listdir(folder) if n.startswith((".build-", ".old-"))
+            or n.endswith(".lock")]
+    assert left == []
+
+
+def test_manifest_records_what_the_runtime_reads(prebuilt):
+    with open(os.path.join(prebuilt["out"], "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    assert sorted(m["files"]) == ["kernels.so", "spec.py"]
+    lib = os.path.join(prebuilt["out"], "kernels.so")
+    assert m["files"]["kernels.so"] == cache.file_record(lib)
+    assert m["files"]["kernels.so"]["size"] == os.path.getsize(lib)
+    assert m["format"] == cache.FORMAT and m["tvm_version"] == cache.tvm_version()
+    assert m["optgen_version"] == optgen.__version__ and m["base"] is None
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_prebuilt_artifact_is_a_clear_error(case, prebuilt, tmp_path):
+    folder = tmp_path / "tiny-llvm"
+    shutil.copytree(prebuilt["out"], folder)
+    assert optgen.load(folder).name == "tiny"
+    breaks, pattern = BROKEN[case]
+    breaks(str(folder))
+    with pytest.raises(ArtifactError, match=pattern) as err:
+        optgen.load(folder)
+    fix = f"optgen build tiny.py --target llvm --out {tmp_path}"
+    assert fix in str(err.value)           # the command that rebuilds it: no rebuild here
+    assert ("holds no copy of the spec" if case == "missing-spec-copy"
+            else f"{folder}/spec.py is a copy of tiny.py") in str(err.value)
+    assert not any(n.startswith(".build-") for n in os.listdir(tmp_path))
+
+
+def test_rebuild_hints(tmp_path, monkeypatch):
+    from optgen.runtime.artifact import rebuild_hint
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", str(tmp_path / "cache"))
+    assert rebuild_hint("/x/sgd-llvm").endswith("`optgen build sgd --target llvm --out /x`")
+    assert "`optgen build lars --target c --base adam --out /x`" in rebuild_hint("/x/lars+adam-c")
+    cached = str(tmp_path / "cache" / "adam-llvm-0123456789abcdef")
+    assert "`optgen build adam --target llvm` (optgen.get_artifact" in rebuild_hint(cached)
+    with pytest.raises(ArtifactError, match=r"/nowhere/sgd-llvm: no such artifact directory"):
+        optgen.load("/nowhere/sgd-llvm")
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_cached_artifact_without_build_is_an_error(case, tiny_spec, fresh_cache):
+    BROKEN[case][0](fresh_cache)
+    with pytest.raises(ArtifactError, match=BROKEN[case][1]) as err:
+        optgen.get_artifact(tiny_spec, build=False)
+    assert "or pass build=True" in str(err.value)
+
+
+@pytest.mark.parametrize("case", REBUILT)
+def test_broken_cached_artifact_is_reported_and_rebuilt(case, tiny_spec, fresh_cache):
+    breaks, pattern = BROKEN[case]
+    breaks(fresh_cache)
+    builds = pipeline.BUILD_COUNT
+    with pytest.warns(ArtifactWarning, match="rebuilding the broken artifact .*" + pattern) as rec:
+        art = optgen.get_artifact(tiny_spec)
+    assert len(rec) == 1 and rec[0].filename == __file__   # reported once, at the caller
+    assert "optgen build" not in str(rec[0].message)        # it is being rebuilt
+    assert pipeline.BUILD_COUNT == builds + 1 and art.path == fresh_cache
+    Artifact.load(fresh_cache)             # verifies
+    _step_checks(art)
+    _no_leftovers(os.path.dirname(fresh_cache))
+
+
+def test_wrong_key_in_the_cache_is_rebuilt(tiny_spec, fresh_cache):
+    _edit_manifest(lambda m: m.update(key="f" * 64))(fresh_cache)
+    with pytest.raises(ArtifactError, match=r"its manifest's key ffffffffffffffff\.\.\. is "
+                                            r"not the spec's key"):
+        optgen.get_artifact(tiny_spec, build=False)
+    with pytest.warns(ArtifactWarning, match=r"key ffffffffffffffff\.\.\. is not"):
+        art = optgen.get_artifact(tiny_spec)
+    assert art.key != "f" * 64
+
+
+def test_leftovers_of_killed_builds_are_removed(tiny_spec, fresh_cache):
+    """A killed build leaves its temporary folder and its lock file: the next build of
+    that artifact removes both, and any other artifact's temporary folder over an hour
+    old; a recent one (maybe a live build) stays."""
+    root, name = os.path.split(fresh_cache)
+    own = os.path.join(root, f".build-{name}.ab_cd123")
+    old = os.path.join(root, ".build-other-llvm-0123456789abcdef.zzzzzzzz")
+    recent = os.path.join(root, ".build-other-llvm-0123456789abcdef.yyyyyyyy")
+    for d in (own, old, recent):
+        os.makedirs(os.path.join(d, "x"))
+    hours_ago = time.time() - 2 * pipeline.LEFTOVER_AGE_S
+    os.utime(old, (hours_ago, hours_ago))
+    open(fresh_cache + ".lock", "w").close()
+    assert optgen.build(tiny_spec).cache_hit            # a cache hit: nothing swept
+    assert os.path.isdir(own) and not os.path.exists(fresh_cache + ".lock")
+    open(fresh_cache + ".lock", "w").close()
+    r = optgen.build(tiny_spec, force=True)
+    assert not r.cache_hit and not os.path.exists(own) and not os.path.exists(old)
+    assert os.path.isdir(recent)
+    shutil.rmtree(recent)
+    _no_leftovers(root)
+    _step_checks(Artifact.load(r.path))
+
+
+def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):
+    """While a builder rebuilds and replaces the artifact (--force), loads without the
+    lock always verify: the folder is swapped whole, never half written. (The builder is
+    a thread to save starting TVM again: readers see the same file system either way.)"""
+    failed = []
+
+    def rebuild_twice():
+        try:
+            for _ in range(2):
+                optgen.build(tiny_spec, force=True)
+        except BaseException as e:  # noqa: BLE001 — reported by the test below
+            failed.append(e)
+    builder = threading.Thread(target=rebuild_twice)
+    builder.start()
+    loads, errors, folders = 0, [], set()
+    while builder.is_alive():
+        try:
+            folders.add(os.stat(fresh_cache).st_ino)
+            Artifact.load(fresh_cache)
+            loads += 1
+        except (ArtifactError, FileNotFoundError) as e:
+            errors.append(str(e))
+        time.sleep(0.0005)                   # leave the builder a core
+    assert failed == []
+    assert errors == [] and loads > 0       # renameat2 RENAME_EXCHANGE: never even absent
+    assert len(folders | {os.stat(fresh_cache).st_ino}) == 3   # the two swaps happened
+    _no_leftovers(os.path.dirname(fresh_cache))
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_publish_replaces_a_folder_whole(exchange, tmp_path, monkeypatch):
+    """Publishing over an existing artifact: swapped in one rename (Linux), else the old
+    one renamed aside first; either way no temporary folder stays behind."""
+    if not exchange:
+        monkeypatch.setattr(pipeline, "_exchange", lambda a, b: False)
+    dest, tmp = tmp_path / "tiny-llvm", tmp_path / ".build-tiny-llvm.abcdefgh"
+    for folder, text in ((dest, "old"), (tmp, "new")):
+        folder.mkdir()
+        (folder / "manifest.json").write_text(text)
+    pipeline._publish(str(tmp), str(dest))
+    assert (dest / "manifest.json").read_text() == "new"
+    assert os.listdir(tmp_path) == ["tiny-llvm"]
+
+
+CONCURRENT = textwrap.dedent("""
+    import json, os, sys, time
+    import optgen
+    from optgen.compiler import pipeline     # (imports no TVM: the builder does, later)
+    spec, go = sys.argv[1], sys.argv[2]
+    open(go + "." + sys.argv[3], "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    art = optgen.get_artifact(spec)
+    print(json.dumps({"path": art.path, "builds": pipeline.BUILD_COUNT}))
+""")
+
+
+def test_four_processes_build_the_same_spec_at_once(tiny_spec, tmp_path):
+    root = tmp_path / "cache"
+    env = {**os.environ, "OPTGEN_CACHE_DIR": str(root)}
+    go = str(tmp_path / "go")
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, tiny_spec, go, str(i)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    deadline = time.time() + 120
+    while not all(os.path.exists(f"{go}.{i}") for i in range(4)):
+        assert time.time() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    open(go, "w").close()                    # all four start together
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({r["path"] for r in results}) == 1
+    assert sum(r["builds"] for r in results) == 1          # one compiled, three waited
+    art = Artifact.load(results[0]["path"])
+    _step_checks(art)
+    assert os.path.dirname(art.path) == str(root)
+    _no_leftovers(root)
+    assert os.listdir(root) == [os.path.basename(art.path)]
+
+
+MARKED = TINY.replace('from optgen.dsl import Spec\n', 'import os\n\nfrom optgen.dsl import Spec\n'
+                      'with open(os.environ["OPTGEN_TEST_MARKER"], "a") as f:\n'
+                      '    f.write("the spec ran\\n")\n')
+
+LOAD_AND_STEP = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import optgen
+    art = optgen.load(sys.argv[1])
+    w = np.ones(5, np.float32)
+    optgen.create(art, [w], lr=0.5).step([np.ones(5, np.float32)])
+    assert w[0] == 0.5, w
+    print(sorted(m for m in sys.modules if m.startswith(("optgen.compiler", "optgen.dsl",
+                                                         "optgen_spec", "tvm."))
+                 or m == "tvm"))
+""")
+
+
+def test_loading_a_built_artifact_runs_no_spec_code(tmp_path, monkeypatch):
+    spec = tmp_path / "marked.py"
+    spec.write_text(MARKED)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("OPTGEN_TEST_MARKER", str(marker))
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", str(tmp_path / "cache"))
+    r = optgen.build(str(spec), out=str(tmp_path / "out"))
+    assert marker.read_text() == "the spec ran\n"           # building runs the spec
+    marker.unlink()
+    spec.unlink()                                            # not needed to load
+    p = subprocess.run([sys.executable, "-c", LOAD_AND_STEP, r.path], capture_output=True,
+                       text=True, timeout=120, env={**os.environ}, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"          # no compiler, no DSL, no spec module, no tvm
+    assert not marker.exists()               # the artifact's spec.py was hashed, not run
+
+
+def test_cli_reports_a_rebuild_in_one_line(tiny_spec, fresh_cache, capsys):
+    """`optgen build` over a broken cached artifact: a one-line notice, exit 0, and the
+    published folder is readable as the umask allows (not mkdtemp's 0700)."""
+    from optgen import cli
+    _edit_library(_flip)(fresh_cache)
+    assert cli.main(["build", tiny_spec]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("built: tiny for llvm")
+    assert re.fullmatch(r"optgen: rebuilding the broken artifact .*kernels\.so.*\n", err)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(fresh_cache).st_mode & 0o777 == 0o777 & ~umask
