@@ -88,7 +88,7 @@ def _compiled(text: str):
     comparisons, boolean logic, conditionals and calls of FUNCTIONS, so ``eval`` of it
     with empty builtins can do nothing else. float64 constants keep ``1 / 0`` IEEE.
     """
-    tree = parse(text)
+    parse(text)           # the checks: raises on anything _check does not admit
     consts: dict[str, Any] = {}
 
     class Consts(ast.NodeTransformer):

@@ -4,7 +4,7 @@
     mean_square = decay * mean_square + (1 - decay) * g * g
     centered:
         mean_grad = decay * mean_grad + (1 - decay) * g
-        denom     = sqrt(mean_square - mean_grad * mean_grad + epsilon)
+        denom     = sqrt(max(mean_square - mean_grad * mean_grad, 0) + epsilon)
     else:
         denom     = sqrt(mean_square + epsilon)
     moment      = momentum * moment + lr * g / denom
@@ -12,7 +12,11 @@
 
 epsilon is inside the square root and the learning rate inside the moment, as in
 MindSpore's ApplyRMSProp / ApplyCenteredRMSProp. mean_grad is only used (and only
-changes) when centered.
+changes) when centered. The variance estimate mean_square - mean_grad**2 is never
+negative in exact arithmetic (Cauchy-Schwarz, zero-initialized averages); rounding — a
+fused multiply-add in the kernel — can make it a few ulps negative when the gradient
+barely varies (decay=0: exactly 0), which would make the square root NaN. The max(., 0)
+clamps that rounding and changes nothing else (MindSpore's formula has no clamp).
 Weight decay is L2 on the gradient (coupled), as in MindSpore's RMSProp.
 
 Reference: T. Tieleman, G. Hinton, "Lecture 6.5 - RMSProp", COURSERA 2012; A. Graves,
@@ -20,7 +24,7 @@ Reference: T. Tieleman, G. Hinton, "Lecture 6.5 - RMSProp", COURSERA 2012; A. Gr
 RMSProp (seed 001).
 """
 from optgen.blocks import gradient_preprocessing
-from optgen.dsl import Spec, sqrt
+from optgen.dsl import Spec, maximum, sqrt
 
 spec = Spec("rmsprop", __doc__, reference="MindSpore RMSProp; Graves 2013")
 lr = spec.hyper("lr", 0.1, "lr >= 0", "learning rate")
@@ -40,7 +44,7 @@ def rmsprop(w, grad, flags):
     ms = decay * mean_square + (1 - decay) * g * g
     if flags.centered:
         mg = decay * mean_grad + (1 - decay) * g
-        denom = sqrt(ms - mg * mg + epsilon)
+        denom = sqrt(maximum(ms - mg * mg, 0.0) + epsilon)
     else:
         mg = mean_grad
         denom = sqrt(ms + epsilon)

@@ -139,6 +139,14 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
 
+    bits, magnitude, inf = {"float32": ("int32", 0x7FFFFFFF, 0x7F800000),
+                            "float64": ("int64", 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000)}[ty]
+
+    def isnan(x: str) -> str:
+        """NaN: the bits without the sign exceed those of inf."""
+        return (f'(T.bitwise_and(T.reinterpret("{bits}", {x}), T.{bits}({magnitude})) '
+                f'> T.{bits}({inf}))')
+
     def slot_of(name: str) -> str:
         if view == "lazy":  # gradient rows are packed; parameter rows are looked up
             return f"{buffer_var(name)}[{'ri, j' if name == 'grad' else 'pi'}]"
@@ -185,18 +193,19 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
             return f"({const(1.0)} / T.sqrt({a[0]}))"
         # NaN propagates as in the reference interpreter (numpy): sign(NaN), min and max
         # with a NaN operand are NaN (T.max alone returns the other operand). The NaN
-        # case is the one where every ordered comparison is false; TVM's simplifier folds
-        # x != x to false, so the tests compare against zero or the other operand.
+        # test reads the bits: TVM's simplifier folds x != x to false and, in a Select's
+        # else branch, rewrites x >= y to true after !(x < y), which is wrong for NaN.
         if e.op == "sign":
             x = a[0]
             return (f"T.Select({x} > {const(0)}, {const(1)}, "
                     f"T.Select({x} < {const(0)}, {const(-1)}, "
-                    f"T.Select({x} == {const(0)}, {const(0)}, {x})))")
-        if e.op in ("min", "max"):
-            x, y = a
-            first = f"{x} > {y}" if e.op == "max" else f"{x} < {y}"
-            second = f"{x} <= {y}" if e.op == "max" else f"{x} >= {y}"
-            return f"T.Select({first}, {x}, T.Select({second}, {y}, {x} + {y}))"
+                    f"T.Select({isnan(x)}, {x}, {const(0)})))")
+        if e.op in ("min", "max"):   # (constants are finite: the verifier checks)
+            out = f"{_CALL[e.op]}({a[0]}, {a[1]})"
+            for arg, x in reversed(list(zip(e.args, a))):
+                if arg.op != "const":
+                    out = f"T.Select({isnan(x)}, {x}, {out})"
+            return out
         return f"{_CALL[e.op]}({', '.join(a)})"
 
     def emit(roots: list[Expr]) -> None:
