@@ -21,6 +21,10 @@ EPILOG = """examples:
   optgen build adam --target cuda --arch sm_90a
   optgen targets                             what this machine can build, compile, run
   optgen list                                the catalog with hyperparameters
+  optgen show adam --stage tvmscript         a pipeline stage (spec, ir, tvmscript, source)
+  optgen check specs/adam.py                 compiled kernels vs the reference interpreter
+  optgen cache                               where the artifact cache is and what it holds
+  optgen cache clean                         remove every cached artifact
 """
 
 
@@ -45,7 +49,88 @@ def _parser() -> argparse.ArgumentParser:
                    description="Every target, with whether this machine can build it (TVM "
                    "generates the code), compile it (a native toolchain makes a binary) and "
                    "run it (optgen's runtime executes the kernels).")
+    sh = sub.add_parser("show", help="print a pipeline stage of a spec (builds it if needed)",
+                        description="Print one stage of a spec's pipeline, read from its "
+                        "artifact: spec (the source), ir (the specialized IR of every kernel, "
+                        "JSON), tvmscript (the scheduled kernels), source (the generated "
+                        "kernel source for the target: LLVM IR, C, CUDA, OpenCL, Metal, WGSL).")
+    sh.add_argument("spec", help="spec file or catalog name")
+    sh.add_argument("--stage", default="tvmscript", help="spec, ir, tvmscript (default) or source")
+    sh.add_argument("--target", default="llvm", help="target of the artifact (default llvm)")
+    sh.add_argument("--kernel", help="one kernel's IR or TVMScript, e.g. adam_f32")
+    sh.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
+    ch = sub.add_parser("check", help="run a spec's compiled kernels against its reference "
+                        "interpreter", description="Build the spec for this CPU, then step "
+                        "its compiled kernels and the reference interpreter side by side on "
+                        "random data (5 steps; shapes (37, 23), (1009,), (16,), (1,)) for "
+                        "every dtype and flag combination, with default and with 'busy' "
+                        "hyperparameters (each moved off its default), and print the largest "
+                        "error. Exit 1 if an error exceeds the tolerance (float32 1e-5, "
+                        "float64 1e-12, relative to max(1, the tensor's largest value)).")
+    ch.add_argument("specs", nargs="+", help="spec file or catalog name")
+    ch.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
+    ch.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ca = sub.add_parser("cache", help="the artifact cache: where, what, how big; clean it",
+                        description="Without an action, print the cache folder and each "
+                        "artifact in it with its size. `optgen cache clean` removes them all. "
+                        "The folder is $OPTGEN_CACHE_DIR, else $XDG_CACHE_HOME/optgen, else "
+                        "~/.cache/optgen.")
+    ca.add_argument("action", nargs="?", choices=["list", "clean"], default="list")
     return p
+
+
+def _artifact(spec: str, target: str = "llvm", base: str | None = None):
+    import optgen
+    from optgen.runtime import catalog
+    if base is not None:
+        catalog.resolve(base)
+    return optgen.Artifact.load(optgen.build(spec, target, base=base).path)
+
+
+def _cmd_show(args) -> int:
+    from optgen import commands
+    if args.stage not in commands.STAGES:
+        raise ValueError(f"unknown stage {args.stage!r}; stages: {', '.join(commands.STAGES)}")
+    text = commands.stage_text(_artifact(args.spec, args.target, args.base), args.stage,
+                               args.kernel)
+    print(text.rstrip("\n"))
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from optgen import commands
+    failed = 0
+    for spec in args.specs:
+        art = _artifact(spec, base=args.base)
+        for r in commands.check(art, seed=args.seed):
+            flags = " ".join(f"{k}={v}" for k, v in r.flags.items()) or "(no flags)"
+            if r.skipped:
+                print(f"{art.name} {r.dtype} {r.setting} {flags}: skipped ({r.skipped})")
+                continue
+            verdict = "ok" if r.ok else f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e})"
+            print(f"{art.name} {r.dtype} {r.setting} {flags}: max error {r.max_rel:.2e} "
+                  f"(absolute {r.max_abs:.2e}) over {commands.STEPS} steps: {verdict}")
+            failed += not r.ok
+    if failed:
+        print(f"optgen: check failed: {failed} kernel(s) differ from the reference "
+              "interpreter (an optgen bug: please report it)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_cache(args) -> int:
+    from optgen import commands
+    from optgen.runtime import cache
+    if args.action == "clean":
+        count, freed = commands.clean_cache()
+        print(f"removed {count} artifact(s), {commands.human(freed)}, from {cache.cache_dir()}")
+        return 0
+    entries = commands.cache_entries()
+    total = sum(e.bytes for e in entries)
+    print(f"cache: {cache.cache_dir()}: {len(entries)} artifact(s), {commands.human(total)}")
+    for e in entries:
+        print(f"  {e.name}  {e.spec} for {e.target}, {commands.human(e.bytes)}")
+    return 0
 
 
 def _cmd_build(args) -> int:
@@ -109,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # exits 2 on a usage error
     warnings.showwarning = _notice
     try:
-        return {"build": _cmd_build, "list": _cmd_list,
-                "targets": _cmd_targets}[args.command](args)
+        return {"build": _cmd_build, "list": _cmd_list, "targets": _cmd_targets,
+                "show": _cmd_show, "check": _cmd_check, "cache": _cmd_cache}[args.command](args)
     except SpecError as e:
         print(f"optgen: spec error: {e}", file=sys.stderr)
         return 2

@@ -123,3 +123,42 @@ def resolve(owner: str, infos: Mapping[str, HyperInfo], reqs, current: Mapping[s
         check_constraint(owner, infos[k], new[k], new)
     check_requirements(owner, reqs, new)
     return new
+
+
+# -- a setting that exercises a spec: optgen check and the kernel-vs-reference tests ------
+EXERCISE_CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0]
+
+
+def valid(art, hyper: Mapping[str, Any]) -> bool:
+    """Whether ``hyper`` passes every constraint and requirement of ``art``'s spec."""
+    try:
+        resolve(art.name, art.hypers, art.requirements,
+                {n: h.default for n, h in art.hypers.items()}, hyper)
+        return True
+    except ValueError:
+        return False
+
+
+def busy_hypers(art, flags: Mapping[str, bool]) -> dict[str, Any]:
+    """Every numeric hyperparameter moved off its default to a valid value (so momentum,
+    weight decay and clipping are exercised), found generically from the constraints;
+    ``flags`` as given."""
+    values = {n: h.default for n, h in art.hypers.items()}
+    values.update(flags)
+    for name, info in art.hypers.items():
+        if info.is_flag:
+            continue
+        for c in EXERCISE_CANDIDATES:
+            if c == info.default:
+                continue
+            try:
+                values = resolve(art.name, art.hypers, [], values, {name: c})
+                break
+            except (TypeError, ValueError):
+                continue
+    if not valid(art, values):  # a requirement rejects the mix: undo one change
+        for name, info in art.hypers.items():
+            trial = {**values, name: info.default}
+            if not info.is_flag and valid(art, trial):
+                return trial
+    return values

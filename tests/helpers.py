@@ -2,7 +2,7 @@
 cuda): tolerances, and the "busy" hyperparameter setting found from the constraints."""
 import numpy as np
 
-from optgen.runtime import hyper as hyper_rules
+from optgen.runtime.hyper import busy_hypers, valid  # noqa: F401  (shared with optgen check)
 
 # float32: ~80 ulps. Kernel and interpreter round differently where LLVM fuses multiply-adds,
 # in T.pow against np.power, and in the order of float64 reduction sums; rules that
@@ -27,42 +27,5 @@ def assert_close(actual, expected, dtype, msg):
                                err_msg=msg)
 
 
-CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0]
-
-
-def busy_hypers(art, flags):
-    """Every numeric hyperparameter moved off its default to a valid value (so momentum,
-    weight decay and clipping are exercised), found generically from the constraints."""
-    values = {n: h.default for n, h in art.hypers.items()}
-    values.update(flags)
-    for name, info in art.hypers.items():
-        if info.is_flag:
-            continue
-        for c in CANDIDATES:
-            if c == info.default:
-                continue
-            try:
-                values = hyper_rules.resolve(art.name, art.hypers, [], values, {name: c})
-                break
-            except (TypeError, ValueError):
-                continue
-    if not valid(art, values):  # a requirement rejects the mix: undo one change
-        for name, info in art.hypers.items():
-            trial = {**values, name: info.default}
-            if not info.is_flag and valid(art, trial):
-                return trial
-    return values
-
-
 def default_hypers(art, flags):
     return {n: h.default for n, h in art.hypers.items() if not h.is_flag} | flags
-
-
-def valid(art, hyper):
-    """Whether the hyperparameters pass every constraint and requirement of the spec."""
-    try:
-        hyper_rules.resolve(art.name, art.hypers, art.requirements,
-                            {n: h.default for n, h in art.hypers.items()}, hyper)
-        return True
-    except ValueError:
-        return False

@@ -1,0 +1,185 @@
+"""What the ``optgen show``, ``check`` and ``cache`` commands compute, apart from the CLI
+(optgen/cli.py prints it).
+
+- ``stage_text``: a spec's pipeline stages as text (spec source, IR, TVMScript, kernel
+  source) read back from its artifact;
+- ``check``: every (dtype, flags) kernel of a spec stepped side by side with the
+  reference interpreter on random data; the largest error against the tolerance;
+- ``cache_entries`` / ``clean_cache``: what the artifact cache holds.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from optgen.runtime import Artifact, cache
+from optgen.runtime import hyper as hyper_rules
+
+STAGES = ("spec", "ir", "tvmscript", "source")
+SOURCE_FILES = {"llvm": "kernels.ll", "c": "kernels.c", "cuda": "kernels.cu",
+                "rocm": "kernels.ll", "opencl": "kernels.cl", "metal": "kernels.metal",
+                "webgpu": "kernels.wgsl"}
+
+
+def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
+    """One stage of ``art``'s pipeline as text; ``kernel`` keeps one kernel's part of
+    the IR and TVMScript (a symbol such as ``adam_f32_use_nesterov``)."""
+    if stage == "spec":
+        return _read(art, "spec.py")
+    if stage == "ir":
+        kernels = [k for k in art.manifest["kernels"] if kernel in (None, k["symbol"])]
+        if not kernels:
+            raise ValueError(_unknown_kernel(art, kernel))
+        return "\n".join(json.dumps({"symbol": k["symbol"], "launches": k["launches"],
+                                     "host_scalars": k["host_scalars"],
+                                     "scalar_state_updates": k["scalar_state_updates"],
+                                     "ir": k["ir"]}, indent=1) for k in kernels)
+    if stage == "tvmscript":
+        text = _read(art, "kernels.tvmscript.py")
+        if kernel is None:
+            return text
+        own = re.compile(rf"def {re.escape(kernel)}(_p\d+|_lazy)?\(")   # its passes too
+        funcs = [f for f in text.split("\n\n\n") if own.search(f)]
+        if not funcs:
+            raise ValueError(_unknown_kernel(art, kernel))
+        return "\n\n\n".join(funcs)
+    if stage == "source":
+        return _read(art, SOURCE_FILES[art.target])
+    raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
+def _read(art: Artifact, name: str) -> str:
+    with open(os.path.join(art.path, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def _unknown_kernel(art: Artifact, kernel: str | None) -> str:
+    return (f"{art.name} has no kernel {kernel!r}; kernels: "
+            + ", ".join(k.symbol for k in art.kernels))
+
+
+# -- check ------------------------------------------------------------------------------
+SHAPES = [(37, 23), (1009,), (16,), (1,)]   # rows/columns, a prime, a vector width, one
+STEPS = 5
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}   # relative to the tensor's scale (tests/helpers.py)
+
+
+@dataclass
+class CheckResult:
+    dtype: str
+    setting: str                  # "default" or "busy" hyperparameters
+    flags: dict[str, bool]
+    max_abs: float
+    max_rel: float
+    skipped: str | None = None    # why this combination was not run (a requirement)
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is not None or self.max_rel <= TOLERANCE[self.dtype]
+
+
+def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
+    """Step the compiled kernels and the reference interpreter side by side, STEPS steps
+    on SHAPES, for every dtype and every combination of the spec's flags, with the
+    default hyperparameters and with every one moved off its default ("busy": momentum,
+    weight decay, clipping on); the largest error relative to max(1, the tensor's
+    largest |reference value|), as the tests measure it."""
+    import optgen
+    user_flags = sorted(art.flags)
+    results = []
+    for dtype, bits, setting in itertools.product(
+            art.dtypes, itertools.product([False, True], repeat=len(user_flags)),
+            ("default", "busy")):
+        flags = dict(zip(user_flags, bits))
+        hyper = hyper_rules.busy_hypers(art, flags) if setting == "busy" else flags
+        rng = np.random.default_rng(seed)
+        params = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+        try:
+            twins = [optgen.create(art, [p.copy() for p in params], backend=b, **hyper)
+                     for b in ("compiled", "reference")]
+        except ValueError as e:      # a requirement rules this combination out
+            results.append(CheckResult(dtype, setting, flags, 0.0, 0.0, skipped=str(e)))
+            continue
+        for _ in range(STEPS):
+            grads = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+            extra = {n: [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+                     for n in art.inputs}
+            for opt in twins:
+                opt.step([g.copy() for g in grads],
+                         **{n: [a.copy() for a in v] for n, v in extra.items()})
+        max_abs = max_rel = 0.0
+        for got, want in zip(*(o.params for o in twins)):
+            err = np.abs(got.astype(np.float64) - want)
+            if err.size:
+                max_abs = max(max_abs, float(err.max()))
+                scale = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0.0)))
+                max_rel = max(max_rel, float(err.max()) / scale)
+        results.append(CheckResult(dtype, setting, flags, max_abs, max_rel))
+    return results
+
+
+# -- cache -------------------------------------------------------------------------------
+@dataclass
+class CacheEntry:
+    name: str          # the folder name
+    spec: str          # the optimizer's name, or "?" for a folder without a readable manifest
+    target: str
+    bytes: int
+
+
+def _size(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            fp = os.path.join(dirpath, f)
+            if not os.path.islink(fp):
+                total += os.path.getsize(fp)
+    return total
+
+
+def cache_entries() -> list[CacheEntry]:
+    root = cache.cache_dir()
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name.startswith(".") or not os.path.isdir(path):
+            continue
+        try:
+            with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+                m = json.load(f)
+            spec, target = str(m.get("name", "?")), str(m.get("target", "?"))
+        except (OSError, ValueError):
+            spec, target = "?", "?"
+        out.append(CacheEntry(name, spec, target, _size(path)))
+    return out
+
+
+def clean_cache() -> tuple[int, int]:
+    """Remove every artifact (and leftover) in the cache; (folders removed, bytes freed)."""
+    root = cache.cache_dir()
+    if not os.path.isdir(root):
+        return 0, 0
+    count = freed = 0
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            freed += _size(path)
+            shutil.rmtree(path, ignore_errors=True)
+            count += 1       # (lock files stay: a live build holds and removes its own)
+    return count, freed
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -1,0 +1,119 @@
+"""`optgen show`, `optgen check` and `optgen cache`, run as a user runs them (subprocesses
+with their own cache), error paths included."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from optgen import cli, commands
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cli-cache"))
+
+
+def run(*args, cache_dir):
+    env = {**os.environ, "OPTGEN_CACHE_DIR": cache_dir}
+    return subprocess.run([sys.executable, "-m", "optgen.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def one_error_line(r, pattern):
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert pattern in lines[0], lines[0]
+
+
+def test_help_lists_the_commands(cache_dir):
+    r = run("--help", cache_dir=cache_dir)
+    assert r.returncode == 0
+    for command in ("build", "list", "targets", "show", "check", "cache"):
+        assert command in r.stdout
+    assert "optgen check specs/adam.py" in r.stdout
+
+
+def test_check_passes_and_prints_every_combination(cache_dir):
+    r = run("check", "sgd", cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    # 2 dtypes x 2 nesterov values x default/busy; nesterov needs a momentum: the default
+    # setting (momentum 0) skips it, the busy one (momentum 0.5) runs it
+    assert len(lines) == 8
+    ran = [ln for ln in lines if ln.endswith(": ok")]
+    assert len(ran) == 6 and all("max error" in ln for ln in ran)
+    assert "sgd float32 busy nesterov=True: max error" in r.stdout
+    assert "sgd float64 default nesterov=True: skipped (sgd: invalid hyperparameters" in r.stdout
+
+
+def test_check_reports_a_mismatch_with_exit_1(monkeypatch, capsys):
+    """A kernel that disagrees with the reference is an optgen bug: exit 1, said so."""
+    def disagreeing(art, seed=0):
+        return [commands.CheckResult("float32", "default", {}, 0.5, 0.5)]
+    monkeypatch.setattr(commands, "check", disagreeing)
+    assert cli.main(["check", "sgd"]) == 1
+    out, err = capsys.readouterr()
+    assert "max error 5.00e-01" in out and "FAILED (tolerance 1e-05)" in out
+    assert err.startswith("optgen: check failed: 1 kernel(s) differ from the reference")
+
+
+@pytest.mark.parametrize("args,code,pattern", [
+    (("check", "no_such_optimizer"), 2, "unknown optimizer 'no_such_optimizer'"),
+    (("check", "lars", "--base", "nope"), 2, "unknown optimizer 'nope'"),
+    (("show", "sgd", "--stage", "assembly"), 2, "unknown stage 'assembly'; stages: spec, ir"),
+    (("show", "sgd", "--kernel", "sgd_f128"), 2, "sgd has no kernel 'sgd_f128'; kernels: sgd_f32"),
+    (("show", "sgd", "--target", "quantum"), 2, "unknown target 'quantum'"),
+    (("cache", "wipe"), 2, "invalid choice: 'wipe'"),
+])
+def test_error_paths_are_one_line(args, code, pattern, cache_dir):
+    r = run(*args, cache_dir=cache_dir)
+    assert r.returncode == code
+    assert pattern in r.stderr and "Traceback" not in r.stderr
+
+
+def test_show_spec_error_exits_2(tmp_path, cache_dir):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from optgen.dsl import Spec\nspec = Spec('bad')\nx = undefined\n")
+    r = run("show", str(bad), cache_dir=cache_dir)
+    assert r.returncode == 2
+    one_error_line(r, f"optgen: spec error: {bad}:3: undefined name")
+
+
+def test_show_every_stage(cache_dir):
+    spec = run("show", "sgd", "--stage", "spec", cache_dir=cache_dir)
+    assert spec.returncode == 0 and spec.stdout.startswith('"""SGD')
+    with open(os.path.join(ROOT, "specs", "sgd.py"), encoding="utf-8") as f:
+        assert spec.stdout.strip() == f.read().strip()
+    ir = run("show", "sgd", "--stage", "ir", "--kernel", "sgd_f32", cache_dir=cache_dir)
+    assert ir.returncode == 0
+    node = json.loads(ir.stdout)
+    assert node["symbol"] == "sgd_f32" and node["ir"]["nodes"]
+    script = run("show", "sgd", "--kernel", "sgd_f64_nesterov", cache_dir=cache_dir)
+    assert script.returncode == 0 and "def sgd_f64_nesterov(" in script.stdout
+    assert "def sgd_f32(" not in script.stdout and "T.parallel" in script.stdout
+    source = run("show", "sgd", "--stage", "source", cache_dir=cache_dir)
+    assert source.returncode == 0 and source.stdout.startswith("; ModuleID")
+    c = run("show", "sgd", "--stage", "source", "--target", "c", cache_dir=cache_dir)
+    assert c.returncode == 0 and "sgd_f32" in c.stdout and "#include" in c.stdout
+
+
+def test_cache_lists_and_cleans(tmp_path):
+    cache = str(tmp_path / "cache")
+    empty = run("cache", cache_dir=cache)
+    assert empty.returncode == 0
+    assert empty.stdout.strip() == f"cache: {cache}: 0 artifact(s), 0 B"
+    assert run("build", "sgd", cache_dir=cache).returncode == 0
+    listed = run("cache", "list", cache_dir=cache)
+    assert listed.returncode == 0
+    head, entry = listed.stdout.strip().splitlines()
+    assert head.startswith(f"cache: {cache}: 1 artifact(s), ") and head.endswith("MiB")
+    assert entry.strip().startswith("sgd-llvm-") and "sgd for llvm" in entry
+    cleaned = run("cache", "clean", cache_dir=cache)
+    assert cleaned.returncode == 0
+    assert cleaned.stdout.startswith("removed 1 artifact(s), ") and cache in cleaned.stdout
+    assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []
+    assert run("cache", cache_dir=cache).stdout.startswith(f"cache: {cache}: 0 artifact(s)")
