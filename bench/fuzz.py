@@ -36,6 +36,7 @@ call index to replay, and the rest of its chunk goes on in a new child.
 """
 from __future__ import annotations
 
+import abc
 import argparse
 import decimal
 import fractions
@@ -80,12 +81,13 @@ def assert_close(actual, expected, dtype: str, msg: str) -> None:
 
 
 # -- the draw interface ----------------------------------------------------------------
-class Draw:
+class Draw(abc.ABC):
     """Random choices. Subclasses give ``integer(lo, hi)`` (inclusive); shrinking
     (hypothesis) goes towards ``lo``, so the first option of every choice is the plain one."""
 
+    @abc.abstractmethod
     def integer(self, lo: int, hi: int) -> int:
-        raise NotImplementedError
+        """A random integer in [lo, hi]."""
 
     def choice(self, options, weights=None):
         options = list(options)
