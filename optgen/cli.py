@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -16,6 +17,7 @@ from .errors import BuildError, SpecError
 EPILOG = """examples:
   optgen build specs/adam.py                 build for this CPU into the cache
   optgen build adam sgd --out build/         build two catalog specs into build/
+  optgen build adam --target llvm,c,opencl   one spec for three targets, with a summary
   optgen build lars --base adam              LARS around Adam
   optgen build specs/lamb.py --target cuda   CUDA source, PTX and cubin (sm_80, sm_90)
   optgen build adam --target cuda --arch sm_90a
@@ -37,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Build one or more specs (a file or a catalog name) into "
                        "an artifact directory: library, manifest.json, sources, wrapper.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
-    b.add_argument("--target", default="llvm", help="target to build for: llvm (default, "
-                   "this machine's CPU), c, cuda, rocm, opencl, metal, webgpu")
+    b.add_argument("--target", default="llvm", help="target(s) to build for, comma-separated: "
+                   "llvm (default, this machine's CPU), c, cuda, rocm, opencl, metal, webgpu")
     b.add_argument("--arch", help="cuda only: comma-separated GPU architectures nvcc compiles "
                    "PTX and cubin for (default sm_80,sm_90)")
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
@@ -134,19 +136,34 @@ def _cmd_cache(args) -> int:
 
 
 def _cmd_build(args) -> int:
+    from optgen.compiler import targets
     from optgen.compiler.pipeline import build
     from optgen.runtime import catalog
-    for spec in args.specs:
-        path = catalog.resolve(spec)
-        if args.base is not None:
-            catalog.resolve(args.base)
-        r = build(path, args.target, out=args.out, force=args.force, base=args.base,
-                  arch=args.arch)
-        what = "cache hit" if r.cache_hit else "built"
-        print(f"{what}: {r.name} for {args.target} in {r.seconds:.3f} s -> {r.path}")
-        if args.target != "llvm":
-            print("  files: " + " ".join(sorted(f for f in os.listdir(r.path)
-                                                 if not f.startswith("."))))
+    names = [t.strip() for t in args.target.split(",") if t.strip()]
+    if not names:
+        raise ValueError("--target names no target (e.g. --target llvm,c)")
+    for name in names:
+        targets.get(name)                 # every name checked before anything is built
+    if args.arch is not None and "cuda" not in names:
+        raise ValueError("--arch applies to the cuda target only")
+    paths = [catalog.resolve(spec) for spec in args.specs]
+    if args.base is not None:
+        catalog.resolve(args.base)
+    start, built = time.perf_counter(), 0
+    for path in paths:
+        for target in names:
+            r = build(path, target, out=args.out, force=args.force, base=args.base,
+                      arch=args.arch if target == "cuda" else None)
+            built += not r.cache_hit
+            what = "cache hit" if r.cache_hit else "built"
+            print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)
+            if target != "llvm":
+                print("  files: " + " ".join(sorted(f for f in os.listdir(r.path)
+                                                     if not f.startswith("."))))
+    total = len(paths) * len(names)
+    if total > 1:
+        print(f"summary: {total} artifacts ({len(paths)} spec(s) x {len(names)} target(s)): "
+              f"{built} built, {total - built} cache hit(s), {time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -163,8 +180,9 @@ def _cmd_targets(args) -> int:
 
 
 def _cmd_list(args) -> int:
+    from optgen import commands
     from optgen.compiler.loader import load_spec
-    from optgen.runtime import catalog
+    from optgen.runtime import cache, catalog
     for name, path in catalog.list_specs().items():
         spec = load_spec(path)
         first = (spec.doc.strip().splitlines() or [""])[0]
@@ -181,6 +199,12 @@ def _cmd_list(args) -> int:
         for s in spec.states.values():
             when = f", when {s.when}" if s.when else ""
             print(f"    state {s.name} (init {s.init!r}, {s.shape}{when}) {s.doc}")
+    built: dict[str, list[str]] = {}
+    for e in commands.cache_entries():
+        built.setdefault(e.spec, []).append(e.target)
+    print(f"\nbuilt in the cache ({cache.cache_dir()}): "
+          + ("; ".join(f"{n} for {', '.join(sorted(set(t)))}" for n, t in sorted(built.items()))
+             or "nothing yet"))
     return 0
 
 

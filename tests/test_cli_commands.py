@@ -117,3 +117,33 @@ def test_cache_lists_and_cleans(tmp_path):
     assert cleaned.stdout.startswith("removed 1 artifact(s), ") and cache in cleaned.stdout
     assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []
     assert run("cache", cache_dir=cache).stdout.startswith(f"cache: {cache}: 0 artifact(s)")
+
+
+def test_build_several_targets_with_a_summary(tmp_path):
+    cache = str(tmp_path / "cache")
+    r = run("build", "sgd", "--target", "llvm,c", cache_dir=cache)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("built: sgd for llvm in ")
+    assert lines[1].startswith("built: sgd for c in ") and lines[2].startswith("  files: ")
+    assert lines[3].startswith("summary: 2 artifacts (1 spec(s) x 2 target(s)): 2 built, "
+                               "0 cache hit(s), ")
+    again = run("build", "sgd", "--target", "c,llvm", cache_dir=cache)
+    assert again.returncode == 0 and "0 built, 2 cache hit(s)" in again.stdout
+    listed = run("list", cache_dir=cache)
+    assert listed.returncode == 0
+    assert listed.stdout.strip().splitlines()[-1] == f"built in the cache ({cache}): sgd for c, llvm"
+    assert "adam: " in listed.stdout and "beta1 (float, default 0.9; 0 <= beta1 < 1)" in listed.stdout
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("build", "sgd", "--target", "llvm,quantum"), "unknown target 'quantum'; targets: llvm"),
+    (("build", "sgd", "--target", ","), "--target names no target"),
+    (("build", "sgd", "--target", "llvm,c", "--arch", "sm_90"), "--arch applies to the cuda target only"),
+])
+def test_build_target_errors_before_building_anything(args, pattern, tmp_path):
+    cache = str(tmp_path / "cache")
+    r = run(*args, cache_dir=cache)
+    assert r.returncode == 2 and r.stdout == ""
+    one_error_line(r, pattern)
+    assert not os.path.exists(cache) or os.listdir(cache) == []
