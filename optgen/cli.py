@@ -200,7 +200,7 @@ def _cmd_list(args) -> int:
             when = f", when {s.when}" if s.when else ""
             print(f"    state {s.name} (init {s.init!r}, {s.shape}{when}) {s.doc}")
     built: dict[str, list[str]] = {}
-    for e in commands.cache_entries():
+    for e in commands.cache_entries(sizes=False):
         built.setdefault(e.spec, []).append(e.target)
     print(f"\nbuilt in the cache ({cache.cache_dir()}): "
           + ("; ".join(f"{n} for {', '.join(sorted(set(t)))}" for n, t in sorted(built.items()))

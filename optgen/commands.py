@@ -143,7 +143,9 @@ def _size(path: str) -> int:
     return total
 
 
-def cache_entries() -> list[CacheEntry]:
+def cache_entries(sizes: bool = True) -> list[CacheEntry]:
+    """The artifact folders in the cache; ``sizes=False`` skips walking their files
+    (``bytes`` is then 0)."""
     root = cache.cache_dir()
     if not os.path.isdir(root):
         return []
@@ -158,7 +160,7 @@ def cache_entries() -> list[CacheEntry]:
             spec, target = str(m.get("name", "?")), str(m.get("target", "?"))
         except (OSError, ValueError):
             spec, target = "?", "?"
-        out.append(CacheEntry(name, spec, target, _size(path)))
+        out.append(CacheEntry(name, spec, target, _size(path) if sizes else 0))
     return out
 
 

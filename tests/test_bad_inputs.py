@@ -34,11 +34,13 @@ def _warm(name, params, lib="numpy", **hyper):
     return opt
 
 
+def _bytes(x):
+    return (x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)).tobytes()
+
+
 def _snapshot(opt):
-    as_bytes = lambda x: (x.detach().numpy() if isinstance(x, torch.Tensor)  # noqa: E731
-                          else np.asarray(x)).tobytes()
-    return (opt.t, opt.hyper, [as_bytes(p) for p in opt.params],
-            [{k: as_bytes(v) for k, v in st.items()} for st in opt.state])
+    return (opt.t, opt.hyper, [_bytes(p) for p in opt.params],
+            [{k: _bytes(v) for k, v in st.items()} for st in opt.state])
 
 
 def _misaligned(n, dtype=np.float32):
