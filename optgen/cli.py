@@ -6,6 +6,7 @@ error (one line; set OPTGEN_DEBUG=1 for the traceback).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -14,28 +15,51 @@ import warnings
 
 from .errors import BuildError, SpecError
 
-EPILOG = """examples:
-  optgen build specs/adam.py                 build for this CPU into the cache
-  optgen build adam sgd --out build/         build two catalog specs into build/
-  optgen build adam --target llvm,c,opencl   one spec for three targets, with a summary
-  optgen build lars --base adam              LARS around Adam
-  optgen build specs/lamb.py --target cuda   CUDA source, PTX and cubin (sm_80, sm_90)
-  optgen build adam --target cuda --arch sm_90a
-  optgen targets                             what this machine can build, compile, run
-  optgen list                                the catalog with hyperparameters
-  optgen show adam --stage tvmscript         a pipeline stage (spec, ir, tvmscript, source)
-  optgen check specs/adam.py                 compiled kernels vs the reference interpreter
-  optgen cache                               where the artifact cache is and what it holds
-  optgen cache clean                         remove every cached artifact
-"""
+EXAMPLES = [   # (command line, what it does): `optgen --help` shows all, `optgen CMD --help` its own
+    ("optgen build specs/adam.py", "build for this CPU into the cache"),
+    ("optgen build adam sgd --out build/", "build two catalog specs into build/"),
+    ("optgen build adam --target llvm,c,opencl", "one spec for three targets, with a summary"),
+    ("optgen build lars --base adam", "LARS around Adam"),
+    ("optgen build specs/lamb.py --target cuda", "CUDA source, PTX and cubin (sm_80, sm_90)"),
+    ("optgen build adam --target cuda --arch sm_90a", "cubin for one architecture"),
+    ("optgen build adam --force", "rebuild although the cache is current"),
+    ("optgen targets", "what this machine can build, compile, run"),
+    ("optgen list", "the catalog with hyperparameters, and the cache"),
+    ("optgen show adam --stage tvmscript", "a pipeline stage (spec, ir, tvmscript, source)"),
+    ("optgen show adam --stage source --target cuda", "the generated CUDA source"),
+    ("optgen show adam --stage ir --kernel adam_f32", "one kernel's IR"),
+    ("optgen check specs/adam.py", "compiled kernels vs the reference interpreter"),
+    ("optgen check adam lamb --seed 3", "two specs, other random data"),
+    ("optgen bench adam", "step time and bandwidth vs this CPU's copy/triad/axpy"),
+    ("optgen bench lamb --n 1000003 --tensors 10 --set weight_decay=0.01",
+     "ten tensors, a hyperparameter set"),
+    ("optgen cache", "where the artifact cache is and what it holds"),
+    ("optgen cache clean", "remove every cached artifact"),
+]
+
+
+WIDE = 44   # a longer command line gets its explanation on the next line
+
+
+def _examples(command: str | None = None) -> str:
+    rows = [(c, what) for c, what in EXAMPLES
+            if command is None or c.split()[1] == command]
+    width = max([len(c) for c, _ in rows if len(c) <= WIDE] or [0]) + 2
+    return "examples:\n" + "\n".join(f"  {c:<{width}}{what}" if len(c) <= WIDE else
+                                      f"  {c}\n  {'':<{width}}{what}" for c, what in rows)
+
+
+def _command(sub, name: str, **kw) -> argparse.ArgumentParser:
+    return sub.add_parser(name, epilog=_examples(name),
+                          formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="optgen", description="Compile optimizer specs into fused "
-                                "kernels.", epilog=EPILOG,
+                                "kernels.", epilog=_examples(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build specs into artifacts",
+    b = _command(sub, "build", help="build specs into artifacts",
                        description="Build one or more specs (a file or a catalog name) into "
                        "an artifact directory: library, manifest.json, sources, wrapper.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
@@ -46,12 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
-    sub.add_parser("list", help="list the catalog's specs with their hyperparameters")
-    sub.add_parser("targets", help="list the targets and what this machine can do with each",
+    _command(sub, "list", help="list the catalog's specs with their hyperparameters")
+    _command(sub, "targets", help="list the targets and what this machine can do with each",
                    description="Every target, with whether this machine can build it (TVM "
                    "generates the code), compile it (a native toolchain makes a binary) and "
                    "run it (optgen's runtime executes the kernels).")
-    sh = sub.add_parser("show", help="print a pipeline stage of a spec (builds it if needed)",
+    sh = _command(sub, "show", help="print a pipeline stage of a spec (builds it if needed)",
                         description="Print one stage of a spec's pipeline, read from its "
                         "artifact: spec (the source), ir (the specialized IR of every kernel, "
                         "JSON), tvmscript (the scheduled kernels), source (the generated "
@@ -61,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("--target", default="llvm", help="target of the artifact (default llvm)")
     sh.add_argument("--kernel", help="one kernel's IR or TVMScript, e.g. adam_f32")
     sh.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
-    ch = sub.add_parser("check", help="run a spec's compiled kernels against its reference "
+    ch = _command(sub, "check", help="run a spec's compiled kernels against its reference "
                         "interpreter", description="Build the spec for this CPU, then step "
                         "its compiled kernels and the reference interpreter side by side on "
                         "random data (5 steps; shapes (37, 23), (1009,), (16,), (1,)) for "
@@ -72,7 +96,31 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("specs", nargs="+", help="spec file or catalog name")
     ch.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
     ch.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ca = sub.add_parser("cache", help="the artifact cache: where, what, how big; clean it",
+    be = _command(sub, "bench", help="time a spec's step against this CPU's memory bandwidth",
+                        description="Build the spec for this CPU, then time its whole Python "
+                        "step (opt.step on numpy arrays) next to three memory-bandwidth "
+                        "anchors built for this CPU: copy a = b, triad a = b + s*c and the "
+                        "in-place axpy a = a + s*b. Repetitions are interleaved; medians "
+                        "are printed. A step must move the bytes of reading every parameter, "
+                        "gradient, input and state and writing back the parameters and "
+                        "states; 'of limit' is that over the step's median time, divided by "
+                        "the best anchor's best bandwidth. An elementwise step is "
+                        "memory-bound: 1.00 is the ceiling. Timings are noisy: compare "
+                        "ratios, run twice. bench/ holds the side-by-side benchmarks "
+                        "against torch and numpy.")
+    be.add_argument("spec", help="spec file or catalog name")
+    be.add_argument("--n", type=int, default=10_000_000,
+                    help="number of parameters (default 10000000)")
+    be.add_argument("--tensors", type=int, default=1,
+                    help="split the parameters into this many tensors (default 1)")
+    be.add_argument("--dtype", default="float32", help="float32 (default) or float64")
+    be.add_argument("--reps", type=int, default=20, help="timed repetitions (default 20)")
+    be.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a hyperparameter or flag, e.g. --set weight_decay=0.01 "
+                    "--set use_nesterov=true (repeatable)")
+    be.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
+    be.add_argument("--json", metavar="PATH", help="also write every sample as JSON")
+    ca = _command(sub, "cache", help="the artifact cache: where, what, how big; clean it",
                         description="Without an action, print the cache folder and each "
                         "artifact in it with its size. `optgen cache clean` removes them all. "
                         "The folder is $OPTGEN_CACHE_DIR, else $XDG_CACHE_HOME/optgen, else "
@@ -117,6 +165,57 @@ def _cmd_check(args) -> int:
         print(f"optgen: check failed: {failed} kernel(s) differ from the reference "
               "interpreter (an optgen bug: please report it)", file=sys.stderr)
         return 1
+    return 0
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """``name=value`` of --set: a number, true/false/none, a tuple, else the text."""
+    import ast
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--set {text!r}: expected NAME=VALUE, e.g. --set lr=0.01")
+    word = value.strip().lower()
+    if word in ("true", "false", "none"):
+        return name.strip(), {"true": True, "false": False, "none": None}[word]
+    try:
+        return name.strip(), ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        return name.strip(), value.strip()
+
+
+def _cmd_bench(args) -> int:
+    from optgen import commands
+    import numpy as np
+    import optgen
+    hyper = dict(_setting(s) for s in args.set)
+    art = _artifact(args.spec, base=args.base)
+    try:                      # the settings' names and values, checked before any timing
+        optgen.create(art, [np.zeros(1, args.dtype if args.dtype in art.dtypes
+                                     else art.dtypes[0])], **hyper)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--set: {e}") from None
+    r = commands.bench(art, n=args.n, dtype=args.dtype, tensors=args.tensors,
+                       reps=args.reps, **hyper)
+    n = sum(r.sizes)
+    print(f"{art.name} {r.dtype}: {n:,} parameters in {len(r.sizes)} tensor(s), "
+          f"{r.threads} thread(s), {args.reps} interleaved reps (median, best)")
+    limit = r.limit
+    rows = [(f"{art.name} step", r.step, f"{r.step.bytes / n:.0f} B/parameter")] + \
+        [(a.name, a, f"{a.bytes / n:.0f} B/element") for a in r.anchors.values()]
+    for label, t, per in rows:
+        print(f"  {label:<22} {t.median * 1e3:9.3f} ms {t.best * 1e3:9.3f} ms "
+              f"{t.gbps(t.median):7.1f} GB/s  {t.bytes / t.median / limit:5.2f} of limit  ({per})")
+    print(f"limit: {limit / 1e9:.1f} GB/s (the best anchor's best rep); the {art.name} step "
+          f"would take {r.step.bytes / limit * 1e3:.3f} ms at the limit and reaches "
+          f"{r.fraction:.2f} of it")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"spec": art.name, "dtype": r.dtype, "sizes": r.sizes,
+                       "threads": r.threads, "hyper": {k: repr(v) for k, v in hyper.items()},
+                       "limit_bytes_per_s": limit, "fraction_of_limit": r.fraction,
+                       "timings": {t.name: {"bytes": t.bytes, "seconds": t.times}
+                                   for t in [r.step, *r.anchors.values()]}}, f, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -219,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _notice
     try:
         return {"build": _cmd_build, "list": _cmd_list, "targets": _cmd_targets,
-                "show": _cmd_show, "check": _cmd_check, "cache": _cmd_cache}[args.command](args)
+                "show": _cmd_show, "check": _cmd_check, "bench": _cmd_bench,
+                "cache": _cmd_cache}[args.command](args)
     except SpecError as e:
         print(f"optgen: spec error: {e}", file=sys.stderr)
         return 2

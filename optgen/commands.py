@@ -5,6 +5,8 @@
   source) read back from its artifact;
 - ``check``: every (dtype, flags) kernel of a spec stepped side by side with the
   reference interpreter on random data; the largest error against the tolerance;
+- ``bench``: one spec's step time and achieved bandwidth next to the memory-bandwidth
+  anchors (copy, triad, axpy) on this CPU;
 - ``cache_entries`` / ``clean_cache``: what the artifact cache holds.
 """
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -122,6 +126,113 @@ def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
                 max_rel = max(max_rel, float(err.max()) / scale)
         results.append(CheckResult(dtype, setting, flags, max_abs, max_rel))
     return results
+
+
+# -- bench ------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    name: str
+    bytes: int                     # bytes one call must move (STREAM's count for anchors)
+    times: list[float] = field(default_factory=list)   # seconds per call, one per rep
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    def gbps(self, seconds: float) -> float:
+        return self.bytes / seconds / 1e9
+
+
+@dataclass
+class BenchResult:
+    spec: str
+    dtype: str
+    sizes: list[int]               # parameter tensor sizes (elements)
+    threads: int
+    step: Timing                   # the whole Python step, opt.step(grads)
+    anchors: dict[str, Timing]     # copy, triad, axpy on the same element count
+
+    @property
+    def limit(self) -> float:
+        """The bandwidth limit (bytes/s): the best of the anchors' best rates."""
+        return max(a.bytes / a.best for a in self.anchors.values())
+
+    @property
+    def fraction(self) -> float:
+        """The step's achieved bandwidth (at its median) over the limit."""
+        return self.step.bytes / self.step.median / self.limit
+
+
+def _split(n: int, tensors: int) -> list[int]:
+    q, r = divmod(n, tensors)
+    return [q + (i < r) for i in range(tensors)]
+
+
+def _moved(opt, grads: list, inputs: dict[str, list]) -> int:
+    """Bytes a step must move: read every parameter, gradient, input and state array,
+    write back every parameter and state array (scalar states are not counted)."""
+    arrays = 2 * sum(p.nbytes for p in opt.params) + sum(g.nbytes for g in grads)
+    arrays += sum(a.nbytes for v in inputs.values() for a in v)
+    for st in opt.state:
+        arrays += 2 * sum(a.nbytes for a in st.values() if isinstance(a, np.ndarray)
+                          and a.ndim > 0)
+    return arrays
+
+
+def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: int = 1,
+          reps: int = 20, seed: int = 0, **hyper) -> BenchResult:
+    """Time ``reps`` steps of ``art`` on ``n`` parameters (split into ``tensors`` numpy
+    arrays of plain numpy alignment) and the bandwidth anchors on ``n`` elements,
+    interleaved: rep r times every contender once, starting at contender r mod k, after
+    one warm-up call each. ``hyper`` goes to the optimizer."""
+    import optgen
+    from optgen.compiler import anchors
+    from optgen.runtime import artifact as artifact_mod
+    from optgen.runtime.threads import get_num_threads
+    if dtype not in art.dtypes or dtype not in anchors.DTYPES:
+        raise ValueError(f"bench: dtype {dtype!r} is not one of "
+                         f"{', '.join(d for d in art.dtypes if d in anchors.DTYPES)}")
+    if n < 1 or tensors < 1 or tensors > n or reps < 1:
+        raise ValueError(f"bench: need n >= tensors >= 1 and reps >= 1 (n={n}, "
+                         f"tensors={tensors}, reps={reps})")
+    rng = np.random.default_rng(seed)
+    sizes = _split(n, tensors)
+    params = [rng.standard_normal(s, dtype=np.float64).astype(dtype) for s in sizes]
+    # |g| in [0.1, 1): no zero denominators or sign(0) ties to make a spec's step atypical
+    grads = [(np.sign(rng.standard_normal(s)) * rng.uniform(0.1, 1, s)).astype(dtype)
+             for s in sizes]
+    inputs = {name: [0.5 * g for g in grads] for name in art.inputs}
+    opt = optgen.create(art, params, **hyper)
+    opt.step(grads, **inputs)                 # warm-up: states allocated, handles cached
+    step = Timing(f"{art.name} step", _moved(opt, grads, inputs))
+
+    artifact_mod._load_tvm_runtime()
+    import tvm_ffi
+    module = tvm_ffi.load_module(anchors.library())
+    suffix = anchors.DTYPES[dtype]
+    a, b, c = (np.full(n, v, dtype=dtype) for v in (1.0, 2.0, 0.5))
+    s = np.array([1e-3], dtype=dtype)
+    arrays = {"a": a, "b": b, "c": c}
+    calls = {"step": lambda: opt.step(grads, **inputs)}
+    timings = {"step": step}
+    for name, (buffers, _, _) in anchors.KERNELS.items():
+        fn, args = module[f"{name}_{suffix}"], [arrays[x] for x in buffers] + [s]
+        calls[name] = (lambda fn=fn, args=args: fn(*args))
+        timings[name] = Timing(name, anchors.stream_bytes(name, dtype) * n)
+    for call in calls.values():
+        call()
+    order = list(calls)
+    for r in range(reps):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            start = time.perf_counter()
+            calls[name]()
+            timings[name].times.append(time.perf_counter() - start)
+    return BenchResult(art.name, dtype, sizes, get_num_threads(), step,
+                       {k: v for k, v in timings.items() if k != "step"})
 
 
 # -- cache -------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""`optgen show`, `optgen check` and `optgen cache`, run as a user runs them (subprocesses
-with their own cache), error paths included."""
+"""`optgen show`, `check`, `bench`, `cache`, `list`, `build` and the help, run as a user
+runs them (subprocesses with their own cache), error paths included."""
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from optgen import cli, commands
@@ -32,9 +33,19 @@ def one_error_line(r, pattern):
 def test_help_lists_the_commands(cache_dir):
     r = run("--help", cache_dir=cache_dir)
     assert r.returncode == 0
-    for command in ("build", "list", "targets", "show", "check", "cache"):
+    for command in ("build", "list", "targets", "show", "check", "bench", "cache"):
         assert command in r.stdout
     assert "optgen check specs/adam.py" in r.stdout
+
+
+@pytest.mark.parametrize("command", list(cli._parser()._subparsers._group_actions[0].choices))
+def test_every_command_has_help_with_its_own_examples(command, cache_dir):
+    r = run(command, "--help", cache_dir=cache_dir)
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.startswith(f"usage: optgen {command}")
+    examples = r.stdout.split("examples:\n", 1)[1].splitlines()
+    commands_shown = [ln.split()[1] for ln in examples if ln.startswith("  optgen ")]
+    assert commands_shown and set(commands_shown) == {command}
 
 
 def test_check_passes_and_prints_every_combination(cache_dir):
@@ -147,3 +158,63 @@ def test_build_target_errors_before_building_anything(args, pattern, tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     one_error_line(r, pattern)
     assert not os.path.exists(cache) or os.listdir(cache) == []
+
+
+# -- bench ------------------------------------------------------------------------------
+def test_bench_prints_the_step_and_the_anchors(tmp_path, cache_dir):
+    out = tmp_path / "bench.json"
+    r = run("bench", "sgd", "--n", "100003", "--tensors", "3", "--reps", "4",
+            "--set", "momentum=0.9", "--json", str(out), cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("sgd float32: 100,003 parameters in 3 tensor(s), ")
+    rows = {ln.split()[0]: ln for ln in lines[1:5]}
+    assert set(rows) == {"sgd", "copy", "triad", "axpy"}
+    # momentum: read w, g, buf; write w, buf: 20 bytes per float32 parameter
+    assert "(20 B/parameter)" in rows["sgd"] and "(12 B/element)" in rows["triad"]
+    assert lines[5].startswith("limit: ") and lines[-1] == f"wrote {out}"
+    data = json.loads(out.read_text())
+    assert data["sizes"] == [33335, 33334, 33334] and data["hyper"] == {"momentum": "0.9"}
+    assert data["timings"]["sgd step"]["bytes"] == 20 * 100003
+    assert data["timings"]["copy"]["bytes"] == 8 * 100003
+    assert all(len(t["seconds"]) == 4 and min(t["seconds"]) > 0
+               for t in data["timings"].values())
+    assert 0 < data["fraction_of_limit"]
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("bench", "sgd", "--set", "momentum"), "--set 'momentum': expected NAME=VALUE"),
+    (("bench", "sgd", "--set", "nope=1"), "--set: sgd: unknown hyperparameter 'nope'"),
+    (("bench", "sgd", "--set", "momentum=-1"), "--set: sgd: invalid momentum=-1"),
+    (("bench", "sgd", "--dtype", "float16"), "bench: dtype 'float16' is not one of float32, float64"),
+    (("bench", "sgd", "--n", "0"), "bench: need n >= tensors >= 1"),
+    (("bench", "sgd", "--n", "5", "--tensors", "6"), "bench: need n >= tensors >= 1"),
+    (("bench", "no_such_optimizer"), "unknown optimizer 'no_such_optimizer'"),
+])
+def test_bench_errors_are_one_line_exit_2(args, pattern, cache_dir):
+    r = run(*args, cache_dir=cache_dir)
+    assert r.returncode == 2 and r.stdout == ""
+    one_error_line(r, pattern)
+
+
+def test_bandwidth_anchors_compute_what_they_are_named_for():
+    """The anchors are what `optgen bench` measures the step by: a kernel that skipped
+    its work would make every step look slow. Lengths with and without a vector tail."""
+    import tvm_ffi
+    from optgen.compiler import anchors
+    from optgen.runtime import artifact
+    artifact._load_tvm_runtime()
+    module = tvm_ffi.load_module(anchors.library())
+    rng = np.random.default_rng(0)
+    for dtype, suffix in anchors.DTYPES.items():
+        for n in (1, 37, 4096, 100003):   # bench needs n >= 1
+            b, c = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+            s = np.array([0.25], dtype=dtype)
+            a = np.full(n, 7.0, dtype=dtype)
+            module[f"copy_{suffix}"](a, b, s)
+            np.testing.assert_array_equal(a, b)
+            module[f"triad_{suffix}"](a, b, c, s)
+            np.testing.assert_allclose(a, b + s[0] * c, rtol=1e-6)
+            before = a.copy()
+            module[f"axpy_{suffix}"](a, c, s)
+            np.testing.assert_allclose(a, before + s[0] * c, rtol=1e-6)
