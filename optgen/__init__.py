@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402
-                            Optimizer, RowSparse, aligned_full, create, get_artifact,
+                            Optimizer, RowSparse, aligned_full, create, flatten, get_artifact,
                             get_num_threads, load, register, schedules, set_num_threads)
 
 
@@ -28,6 +28,6 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
 
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",
-           "RowSparse", "SpecError", "aligned_full", "build", "create", "get_artifact",
+           "RowSparse", "SpecError", "aligned_full", "build", "create", "flatten", "get_artifact",
            "get_num_threads", "load", "register", "schedules", "set_num_threads",
            "__version__"]

@@ -11,12 +11,13 @@ from typing import Any
 from . import cache, catalog, schedules
 from .artifact import Artifact, ArtifactError, ArtifactWarning
 from .catalog import register
+from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse
 from .threads import get_num_threads, set_num_threads
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSparse",
-           "aligned_full", "create", "default_decay_filter", "get_artifact", "get_num_threads",
+           "aligned_full", "create", "default_decay_filter", "flatten", "get_artifact", "get_num_threads",
            "load", "register", "schedules", "set_num_threads"]
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import checkpoint, groups as grouping
+from . import checkpoint, flat, groups as grouping
 from . import hyper as hyper_rules
 from . import reference, scalar_expr, schedules, tensors, views
 from .artifact import Artifact, KernelInfo, bfloat16_tensor
@@ -82,6 +83,13 @@ class Optimizer:
                              f"got {nonfinite!r}")
         self.nonfinite = nonfinite
         self.loss_scale = self._positive("loss_scale", loss_scale)
+        if "rescale_grad" not in artifact.hypers:
+            for what, off in (("loss_scale", self.loss_scale == 1.0),
+                              ("clip_global_norm", self.clip_global_norm is None)):
+                if not off:
+                    raise ValueError(f"{self.name}: {what} needs a spec with rescale_grad "
+                                     "(the runtime scales gradients through it; use "
+                                     "gradient_preprocessing or rescale_and_clip in the spec)")
         if isinstance(begin_num_update, bool) or not isinstance(begin_num_update, numbers.Integral) \
                 or begin_num_update < 0:
             raise ValueError(f"{self.name}: begin_num_update must be an int >= 0, "
@@ -139,6 +147,14 @@ class Optimizer:
                             for p, lib in zip(self.params, self._lib)]
         self._dims = [views.dims(tuple(p.shape)) for p in self.params]
         self._work: list[dict[str, dict[str, Any]]] = [{} for _ in self.params]
+        # flat groups (runtime/flat.py): parameters back to back get back-to-back states
+        self._chain_of: dict[int, tuple[int, int]] = {}
+        for a, b in flat.chains(self.params, self._lib,
+                                [not m for m in self._is_mixed]):
+            self._chain_of.update((i, (a, b)) for i in range(a, b))
+        self._runs: dict[int, tuple[int, Callable, list]] | None = None
+        self._runs_for: list | None = None
+        self._grad_spans: dict[int, tuple[tuple, Any]] = {}
         for i in range(len(self.params)):
             self._ensure_state(i)
 
@@ -271,24 +287,45 @@ class Optimizer:
         h = self._groups[self._group_of[i]].hyper
         return {**{n: h[n] for n in self.artifact.flags}, **self._flags_fixed[i]}
 
+    def _state_init(self, i: int, s) -> tuple[float, str] | None:
+        """Parameter ``i``'s new state ``s``: (init value, dtype); None if it has it or
+        its flags leave it out."""
+        flags = self._flags(i)
+        if s.name in self.state[i] or not s.exists(flags):
+            return None
+        if isinstance(s.init, str):
+            gi = self._group_of[i]
+            init = scalar_expr.evaluate(s.init, self._group_env(gi, self._lr_value(gi, self.t),
+                                                                1.0))
+        else:
+            init = s.init
+        half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
+        return init, "float16" if half else self._compute_dtype(i)
+
     def _ensure_state(self, i: int) -> None:
         """Allocate the states parameter ``i`` has under its current flags (a state that
-        appears when a flag is switched on starts at its init value)."""
-        p, lib, st, flags = self.params[i], self._lib[i], self.state[i], self._flags(i)
-        env = None
+        appears when a flag is switched on starts at its init value). An elementwise
+        state new to every parameter of i's chain, with one init and dtype, is one
+        buffer for the chain (runtime/flat.py)."""
+        p, lib, st = self.params[i], self._lib[i], self.state[i]
         for s in self.artifact.states:
-            if s.name in st or not s.exists(flags):
+            new = self._state_init(i, s)
+            if new is None:
                 continue
-            if isinstance(s.init, str):
-                env = env or self._group_env(self._group_of[i], self._lr_value(
-                    self._group_of[i], self.t), 1.0)
-                init = scalar_expr.evaluate(s.init, env)
-            else:
-                init = s.init
-            half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
-            st[s.name] = (np.float64(init) if s.shape == "scalar" else
-                          tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
-                                            init, "float16" if half else self._compute_dtype(i)))
+            init, dtype = new
+            if s.shape == "scalar":
+                st[s.name] = np.float64(init)
+                continue
+            a, b = self._chain_of.get(i, (i, i + 1))
+            if s.shape == "param" and b - a > 1 and \
+                    all(self._state_init(j, s) == new for j in range(a, b)):
+                for j, v in zip(range(a, b), flat.split_full(
+                        self.params[a:b], lib, [tuple(q.shape) for q in self.params[a:b]],
+                        init, dtype)):
+                    self.state[j][s.name] = v
+                continue
+            st[s.name] = tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
+                                           init, dtype)
 
     # -- hyperparameters ---------------------------------------------------------------
     def _resolve(self, current: Mapping[str, Any], current_lr, changes: Mapping[str, Any]
@@ -366,7 +403,8 @@ class Optimizer:
                                                              changes)
         for gi, (h, lr) in new.items():
             self._groups[gi].hyper, self._groups[gi].lr = h, lr
-        self._prepared = [None] * len(self.params)  # flags may have changed
+        if any(n in self.artifact.flags for n in changes):
+            self._prepared = [None] * len(self.params)  # kernels and state storage follow flags
 
     def _mults(self, what: str, mults: Mapping) -> dict[int, float]:
         if not isinstance(mults, Mapping):
@@ -397,11 +435,13 @@ class Optimizer:
         """MXNet's per-parameter lr multipliers, by name or index: lr_i = lr * mult."""
         for i, v in self._mults("lr_mult", mults).items():
             self._lr_mult[i] = v
+        self._runs = None
 
     def set_wd_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter weight-decay multipliers, by name or index."""
         for i, v in self._mults("wd_mult", mults).items():
             self._wd_mult[i] = v
+        self._runs = None
 
     # -- kernels -------------------------------------------------------------------------
     def _param_kernel(self, i: int) -> KernelInfo:
@@ -438,6 +478,86 @@ class Optimizer:
                     for b in ln["buffers"]]
             plan.append((self.artifact.function(ln["symbol"]), args))
         return plan
+
+    # -- flat runs (runtime/flat.py) ----------------------------------------------------
+    def _fusable(self, i: int) -> bool:
+        """Whether parameter ``i``'s kernel is one elementwise launch over the flat view,
+        so it may share a call with its neighbours (scalar states, such as SGD's
+        buffer_started, are checked equal per step)."""
+        k = self._prepared[i]
+        return (len(k.launches) == 1 and k.launches[0]["view"] == "flat" and not k.workspaces
+                and not self.artifact.inputs
+                and all(k.buffer_axes[b] == views.AXES for b in k.launches[0]["buffers"]))
+
+    def _find_runs(self) -> dict[int, tuple[int, Callable, list]]:
+        """start -> (end, kernel, arguments): stretches of a chain that one call can
+        update: one group, one kernel, equal multipliers, every persistent array back
+        to back (the gradient's span, ``GRAD``, is filled in per step)."""
+        runs = {}
+        for a, b in sorted(set(self._chain_of.values())):
+            i = a
+            while i < b:
+                j = i + 1
+                if self._fusable(i):
+                    same = (self._group_of[i], self._prepared[i].symbol, self._lr_mult[i],
+                            self._wd_mult[i])
+                    while j < b and self._fusable(j) and same == (
+                            self._group_of[j], self._prepared[j].symbol, self._lr_mult[j],
+                            self._wd_mult[j]):
+                        j += 1
+                if j - i > 1:
+                    plan = self._run_plan(i, j)
+                    if plan is not None:
+                        runs[i] = (j, *plan)
+                i = j
+        return runs
+
+    def _run_plan(self, i: int, j: int) -> tuple[Callable, list] | None:
+        k, lib = self._prepared[i], self._lib[i]
+        parts = [self._arrays(x, k, None, {}) for x in range(i, j)]
+        args = []
+        for name in k.launches[0]["buffers"]:
+            if name == "grad":
+                args.append(GRAD)
+                continue
+            arrays = [p[name] for p in parts]
+            if not flat.adjacent(arrays, lib):
+                return None
+            args.append(flat.span(arrays, lib))
+        return self.artifact.function(k.launches[0]["symbol"]), args
+
+    def _same_scalar_states(self, i: int, j: int) -> bool:
+        names = self._prepared[i].scalar_state_updates
+        return not names or all(self.state[x][n] == self.state[i][n]
+                                for x in range(i + 1, j) for n in names)
+
+    def _grad_span(self, i: int, j: int, grads: list, args: list) -> Any:
+        """The span of gradients ``i:j`` if they lie back to back (apart from the run's
+        parameters and states) and every one takes this step; else None. The verdict is
+        kept per gradient object, rechecked by address for torch tensors."""
+        gs = grads[i:j]
+        lib = self._lib[i]
+        hit = self._grad_spans.get(i)
+        if hit is not None and all(r() is g for r, g in zip(hit[0], gs)) and \
+                (lib == "numpy" or hit[2] == [tensors.address_range(g, lib)[0] for g in gs]):
+            return hit[1]
+        self._grad_spans.pop(i, None)
+        if any(g is None or isinstance(g, RowSparse) for g in gs) or \
+                any(self._steps[x] != self._steps[i] for x in range(i, j)) or \
+                not flat.adjacent(gs, lib):
+            return None
+        span = flat.span(gs, lib)
+        full = [g for g in gs if _numel(g)]
+        where = (tensors.address_range(full[0], lib)[0], tensors.address_range(full[-1], lib)[1])
+        if any(a is not GRAD and tensors.overlaps(where, tensors.address_range(a, lib))
+               for a in args):
+            return None
+        try:
+            refs = tuple(weakref.ref(g) for g in gs)
+        except TypeError:           # an array type without weak references: no caching
+            return span
+        self._grad_spans[i] = (refs, span, [tensors.address_range(g, lib)[0] for g in gs])
+        return span
 
     def _kernel(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
         key = (dtype, tuple(sorted(flags.items())))
@@ -630,9 +750,18 @@ class Optimizer:
         self.t += 1
         envs = {gi: self._group_env(gi, lrs[gi], scale) for gi in used}
         shared: dict[tuple, tuple] = {}  # host scalars that read no scalar state: once a step
+        runs = self._current_runs()
+        end = 0
         for i, g in enumerate(grads):
-            if g is None:
+            if g is None or i < end:
                 continue
+            run = runs.get(i)
+            if run is not None and self._same_scalar_states(i, run[0]):
+                gspan = self._grad_span(i, run[0], grads, run[2])
+                if gspan is not None:           # one call for parameters i .. end - 1
+                    end = run[0]
+                    for x in range(i + 1, end):
+                        self._steps[x] += 1
             k = self._param_kernel(i)
             gi, st = self._group_of[i], self.state[i]
             self._steps[i] += 1
@@ -658,12 +787,29 @@ class Optimizer:
                     scalars = self._pack(k, local)
                 for n, e in k.scalar_state_updates.items():
                     st[n] = np.float64(scalar_expr.evaluate(e, local))
-            if isinstance(g, RowSparse):
+                for x in range(i + 1, end):     # the run's parameters had the same values
+                    self.state[x].update((n, st[n]) for n in k.scalar_state_updates)
+            if i < end:
+                run[1](*[gspan if a is GRAD else a for a in run[2]], scalars)
+            elif isinstance(g, RowSparse):
                 if len(g.indices) and self.params[i].size:
                     self._run_lazy(i, k, g, scalars)
             elif self._numel[i]:
                 self._run(i, k, g, scalars, extra[i])
         return True
+
+    def _current_runs(self) -> dict[int, tuple[int, Callable, list]]:
+        """The flat runs under the current kernels (found again after a flag, state or
+        multiplier change); none for the reference backend, which is the oracle."""
+        if self.backend != "compiled" or not self._chain_of:
+            return {}
+        if self._runs is None or self._runs_for is not self._prepared or \
+                any(k is None for k in self._prepared):
+            for i in range(len(self.params)):
+                self._param_kernel(i)
+            self._runs, self._runs_for = self._find_runs(), self._prepared
+            self._grad_spans.clear()
+        return self._runs
 
     @staticmethod
     def _pack(k: KernelInfo, values: Mapping[str, Any]) -> np.ndarray:
@@ -786,6 +932,9 @@ class Optimizer:
         hp = ", ".join(f"{k}={v!r}" for k, v in self._defaults.items())
         return (f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} "
                 f"group(s), t={self.t}): {hp}>")
+
+
+GRAD = object()   # a run's argument slot for the gradient span
 
 
 def _same(x: Any) -> Any:

@@ -464,3 +464,24 @@ def test_threads_default_to_all_cores_and_can_be_set():
     assert n == cores and second == "1"
     with pytest.raises(ValueError, match=r"set_num_threads: n must be an int >= 1, got 0"):
         optgen.set_num_threads(0)
+
+
+def test_loss_scale_and_global_clip_need_rescale_grad(tmp_path):
+    """The runtime scales gradients through rescale_grad; a spec without it cannot take
+    loss_scale or clip_global_norm, which would otherwise be silently ignored."""
+    path = tmp_path / "plain_sgd.py"
+    path.write_text("from optgen.dsl import Spec\n"
+                    "spec = Spec('plain_sgd')\n"
+                    "lr = spec.hyper('lr', 0.1, 'lr >= 0')\n"
+                    "@spec.update\n"
+                    "def plain_sgd(w, grad, flags):\n"
+                    "    return {w: w - lr * grad}\n")
+    w = np.ones(3)
+    for option in ({"loss_scale": 1024.0}, {"clip_global_norm": 1e-3}):
+        with pytest.raises(ValueError, match=rf"plain_sgd: {next(iter(option))} needs a spec "
+                                             "with rescale_grad"):
+            optgen.create(str(path), [w], **option)
+    opt = optgen.create(str(path), [w], nonfinite="skip")
+    assert opt.step([np.full(3, np.nan)]) is False
+    assert opt.step([np.ones(3)]) is True
+    np.testing.assert_allclose(w, 0.9)

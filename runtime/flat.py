@@ -1,0 +1,134 @@
+"""Flat parameter groups: many tensors in one contiguous buffer, one kernel call.
+
+An elementwise rule does not care where one tensor ends and the next begins. When the
+parameters of a group lie back to back in one buffer (``optgen.flatten`` puts them
+there), and so do their gradients and states, the optimizer updates a whole run of them
+with one kernel call over the span instead of one call per tensor. Nothing about the
+arithmetic changes: the span is the same elements in the same order.
+
+The optimizer finds runs by looking at memory, not by trusting a mode:
+
+- *chains* (at construction): consecutive parameters of one library, device and dtype
+  whose data lie back to back. Each elementwise state of a chain is allocated as one
+  buffer with a view per parameter, so states are back to back wherever parameters are.
+- *runs* (when kernels are prepared): stretches of a chain whose parameters use the
+  same single-launch elementwise kernel with the same scalars (group, multipliers),
+  and whose every persistent array (parameter, states) is back to back.
+- at each step, a run is fused when its gradients are back to back too (checked by
+  address, cached per gradient object) and every parameter in it takes this step;
+  otherwise its parameters are stepped one by one, exactly as before.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import tensors
+
+
+def flatten(arrays: Sequence[Any], dtype: Any = None) -> list[Any]:
+    """Copies of ``arrays`` as views into one new contiguous buffer (64-byte aligned
+    for numpy; torch tensors keep their device), in order. Use the returned views in
+    place of the originals: parameters built this way (and gradients written into a
+    second ``flatten``) let a group's update run as one kernel call."""
+    arrays = list(arrays)
+    if not arrays:
+        return []
+    lib = tensors.library(arrays[0])
+    if lib is None or any(tensors.library(a) != lib for a in arrays):
+        raise TypeError("flatten: expected a list of arrays of one library (numpy, torch "
+                        "or cupy), got " + ", ".join(sorted({type(a).__name__ for a in arrays})))
+    sizes = [int(np.prod(tuple(a.shape), dtype=np.int64)) for a in arrays]
+    if lib == "numpy":
+        dt = np.result_type(*arrays) if dtype is None else np.dtype(dtype)
+        buf = tensors.aligned_full((sum(sizes),), 0, dt)
+    elif lib == "torch":
+        import torch
+        dt = arrays[0].dtype if dtype is None else dtype
+        if any(a.dtype != dt for a in arrays) or any(a.device != arrays[0].device
+                                                     for a in arrays):
+            raise TypeError("flatten: torch tensors must share one dtype and device")
+        buf = torch.empty(sum(sizes), dtype=dt, device=arrays[0].device)
+    else:
+        import cupy
+        dt = arrays[0].dtype if dtype is None else cupy.dtype(dtype)
+        with arrays[0].device:
+            buf = cupy.empty(sum(sizes), dtype=dt)
+    views, start = [], 0
+    for a, n in zip(arrays, sizes):
+        v = buf[start:start + n].reshape(tuple(a.shape))
+        if lib == "torch":
+            v.copy_(a.detach())
+        else:
+            v[...] = a
+        views.append(v)
+        start += n
+    return views
+
+
+def _numel(a: Any) -> int:
+    return int(np.prod(tuple(a.shape), dtype=np.int64))
+
+
+def adjacent(arrays: Sequence[Any], lib: str) -> bool:
+    """Whether the C-contiguous ``arrays`` lie back to back in memory, in order, within
+    one allocation (torch: one storage). Empty arrays hold no memory and are skipped."""
+    arrays = [a for a in arrays if _numel(a)]
+    if not arrays:
+        return False
+    if lib == "torch":
+        storage = arrays[0].untyped_storage().data_ptr()
+        if any(a.untyped_storage().data_ptr() != storage for a in arrays[1:]):
+            return False
+    ranges = [tensors.address_range(a, lib) for a in arrays]
+    return all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
+
+
+def span(arrays: Sequence[Any], lib: str) -> Any:
+    """One flat view covering the adjacent ``arrays`` (checked by ``adjacent``)."""
+    n = sum(_numel(a) for a in arrays)
+    first = next(a for a in arrays if _numel(a))
+    if lib == "numpy":
+        return np.lib.stride_tricks.as_strided(first, shape=(n,), strides=(first.itemsize,))
+    if lib == "torch":
+        return first.detach().as_strided((n,), (1,), first.storage_offset())
+    import cupy
+    return cupy.lib.stride_tricks.as_strided(first, shape=(n,), strides=(first.itemsize,))
+
+
+def split_full(like: Sequence[Any], lib: str, shapes: Sequence[tuple], value: float,
+               dtype: str) -> list[Any]:
+    """One buffer of ``value`` holding arrays of ``shapes`` back to back; the views."""
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    buf = tensors.full_like(like[0], lib, (sum(sizes),), value, dtype)
+    out, start = [], 0
+    for s, n in zip(shapes, sizes):
+        out.append(buf[start:start + n].reshape(s))
+        start += n
+    return out
+
+
+def chains(params: Sequence[Any], libs: Sequence[str], eligible: Sequence[bool]
+           ) -> list[tuple[int, int]]:
+    """Maximal [start, end) stretches (two or more) of consecutive eligible parameters
+    of one library and dtype that lie back to back in memory (empty ones in between
+    belong to the stretch: they hold no memory)."""
+    out, i, n = [], 0, len(params)
+    while i < n:
+        j = i + 1
+        if eligible[i] and _numel(params[i]):
+            last = i                                 # the last non-empty one so far
+            while j < n and eligible[j] and libs[j] == libs[i] and \
+                    params[j].dtype == params[i].dtype and \
+                    (not _numel(params[j]) or adjacent([params[last], params[j]], libs[i])):
+                if _numel(params[j]):
+                    last = j
+                j += 1
+            if j - i > 1:
+                out.append((i, j))
+        i = j
+    return out
+
+
+__all__ = ["flatten"]
