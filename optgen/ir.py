@@ -19,6 +19,7 @@ as separate passes before the update (see optgen.compiler.specialize).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -109,10 +110,27 @@ class Expr:
     def __invert__(self): return apply("not", self)
 
     # == and != stay identity-based so nodes can live in dicts; use eq()/ne() in specs.
+    # Against a number, identity would make `grad == 0` the constant False: an error.
+    def __eq__(self, o):
+        self._not_a_number("==", o)
+        return self is o
+
+    def __ne__(self, o):
+        self._not_a_number("!=", o)
+        return self is not o
+
     __hash__ = object.__hash__
 
+    def _not_a_number(self, op: str, o: Any) -> None:
+        if isinstance(o, numbers.Real) and not isinstance(o, bool):
+            raise SpecError(f"'{op}' on {self.describe()} and {o!r} compares IR objects, "
+                            "not values", caller_loc(),
+                            hint=f"use {'eq' if op == '==' else 'ne'}(a, b)")
+
     def __bool__(self):
-        raise SpecError(f"the value of {self.describe()} is only known when the kernel runs", self.loc,
+        # located at the spec line that asks (an `if`), not where the value was made
+        raise SpecError(f"the value of {self.describe()} is only known when the kernel runs",
+                        caller_loc() or self.loc,
                         hint="use where(cond, a, b) instead of Python 'if'/'and'/'or'")
 
     def describe(self) -> str:

@@ -134,17 +134,21 @@ def _check_trace(spec: Spec, tr: Trace) -> Trace:
             raise SpecError(f"scalar state {name!r} is computed from tensor values; scalar "
                             "states are updated on the host from hyperparameters, t and "
                             "scalar states only", loc,
-                            hint="make it a tensor state (shape='param') or reduce the "
-                            "tensor first (mean, sum)")
+                            hint="make it a tensor state (shape='param'); a reduction "
+                            "(mean, sum) is computed in the kernel too")
         target_axes = st.node.axes if st is not None else "brc"
         if any(a not in target_axes for a in value.axes):
             raise SpecError(f"shape conflict: the new value of {name!r} varies along axes "
                             f"{value.axes!r} but {name!r} holds {target_axes!r}", loc,
                             hint="reduce it first, e.g. row_mean/col_mean/mean")
-        for node in walk([value]):
+        nodes = list(walk([value]))
+        # a leaf's loc is where it was declared; a read is located by the node using it
+        user_loc = {id(a): n.loc for n in nodes for a in n.args}
+        for node in nodes:
             if node.op == "state" and node.name not in active:
                 raise SpecError(f"state {node.name!r} is read{which} but does not exist there "
-                                f"(when={spec.states[node.name].when!r})", node.loc or loc,
+                                f"(when={spec.states[node.name].when!r})",
+                                user_loc.get(id(node)) or tr.loc,
                                 hint="read it only under its when= flags")
             if node.op == "const" and node.dtype == "float" and not math.isfinite(node.value):
                 raise SpecError(f"constant {node.value!r} is not finite", node.loc or loc,
