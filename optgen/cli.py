@@ -33,6 +33,7 @@ EXAMPLES = [   # (command line, what it does): `optgen --help` shows all, `optge
     ("optgen bench adam", "step time and bandwidth vs this CPU's copy/triad/axpy"),
     ("optgen bench lamb --n 1000003 --tensors 10 --set weight_decay=0.01",
      "ten tensors, a hyperparameter set"),
+    ("optgen bench adam --n 100000 --tensors 100 --flat", "100 tensors, one kernel call"),
     ("optgen cache", "where the artifact cache is and what it holds"),
     ("optgen cache clean", "remove every cached artifact"),
 ]
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a hyperparameter or flag, e.g. --set weight_decay=0.01 "
                     "--set use_nesterov=true (repeatable)")
+    be.add_argument("--flat", action="store_true",
+                    help="parameters and gradients each in one buffer (optgen.flatten): "
+                    "an elementwise rule then steps all tensors with one kernel call")
     be.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
     be.add_argument("--json", metavar="PATH", help="also write every sample as JSON")
     ca = _command(sub, "cache", help="the artifact cache: where, what, how big; clean it",
@@ -195,9 +199,10 @@ def _cmd_bench(args) -> int:
     except (TypeError, ValueError) as e:
         raise ValueError(f"--set: {e}") from None
     r = commands.bench(art, n=args.n, dtype=args.dtype, tensors=args.tensors,
-                       reps=args.reps, **hyper)
+                       reps=args.reps, flat=args.flat, **hyper)
     n = sum(r.sizes)
-    print(f"{art.name} {r.dtype}: {n:,} parameters in {len(r.sizes)} tensor(s), "
+    print(f"{art.name} {r.dtype}: {n:,} parameters in {len(r.sizes)} "
+          f"{'flat ' if args.flat else ''}tensor(s), "
           f"{r.threads} thread(s), {args.reps} interleaved reps (median, best)")
     limit = r.limit
     rows = [(f"{art.name} step", r.step, f"{r.step.bytes / n:.0f} B/parameter")] + \

@@ -184,11 +184,13 @@ def _moved(opt, grads: list, inputs: dict[str, list]) -> int:
 
 
 def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: int = 1,
-          reps: int = 20, seed: int = 0, **hyper) -> BenchResult:
+          reps: int = 20, seed: int = 0, flat: bool = False, **hyper) -> BenchResult:
     """Time ``reps`` steps of ``art`` on ``n`` parameters (split into ``tensors`` numpy
     arrays of plain numpy alignment) and the bandwidth anchors on ``n`` elements,
     interleaved: rep r times every contender once, starting at contender r mod k, after
-    one warm-up call each. ``hyper`` goes to the optimizer."""
+    one warm-up call each. ``flat``: parameters and gradients each in one buffer
+    (``optgen.flatten``), so an elementwise rule steps them with one call. ``hyper``
+    goes to the optimizer."""
     import optgen
     from optgen.compiler import anchors
     from optgen.runtime import artifact as artifact_mod
@@ -205,6 +207,8 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
     # |g| in [0.1, 1): no zero denominators or sign(0) ties to make a spec's step atypical
     grads = [(np.sign(rng.standard_normal(s)) * rng.uniform(0.1, 1, s)).astype(dtype)
              for s in sizes]
+    if flat:
+        params, grads = optgen.flatten(params), optgen.flatten(grads)
     inputs = {name: [0.5 * g for g in grads] for name in art.inputs}
     opt = optgen.create(art, params, **hyper)
     opt.step(grads, **inputs)                 # warm-up: states allocated, handles cached
