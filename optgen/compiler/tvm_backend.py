@@ -89,6 +89,7 @@ def build_library(funcs: dict, target, path: str,
     native compilation (nvcc) is a separate stage."""
     tvm = _tvm()
     kind = target.kind.name
+    _require_linker(tvm)
     options = C_OPTIONS if kind == "c" else None
     old = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
     os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
@@ -111,6 +112,15 @@ def build_library(funcs: dict, target, path: str,
         else:
             os.environ["TVM_COMPILE_FORCE_FALLBACK"] = old
     return sources, pending
+
+
+def _require_linker(tvm) -> None:
+    """export_library links kernels.so with the system's C/C++ compiler; without one,
+    TVM fails deep inside with "expected str, bytes or os.PathLike object, not NoneType"."""
+    if tvm.support.cc.get_cc() is None:
+        raise BuildError("no C/C++ compiler found to link kernels.so: TVM uses $CXX or $CC, "
+                         "else the first of g++, gcc, clang++, clang, c++, cc on the PATH "
+                         "(install one, e.g. apt install g++, or set CXX)")
 
 
 def _sources(ex, kind: str) -> dict[str, str]:
