@@ -47,17 +47,24 @@ def machine() -> str:
     return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
+# optgen/ modules that never decide what a kernel computes: editing them keeps the cache
+NOT_COMPILER = frozenset({"__init__.py", "cli.py", "commands.py", "torch.py"})
+
+
 @functools.lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
     """optgen's version plus a hash of the code that decides what a kernel computes."""
     import optgen
     import optgen.templates
     h = hashlib.sha256(optgen.__version__.encode())
-    roots = [os.path.dirname(optgen.__file__), os.path.dirname(optgen.templates.__file__)]
+    top = os.path.dirname(optgen.__file__)
+    roots = [top, os.path.dirname(optgen.templates.__file__)]
     for root in roots:
         for dirpath, dirnames, files in sorted(os.walk(root)):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in sorted(files):
+                if dirpath == top and name in NOT_COMPILER:
+                    continue
                 if name.endswith((".py", ".j2")):
                     with open(os.path.join(dirpath, name), "rb") as f:
                         h.update(name.encode() + f.read())

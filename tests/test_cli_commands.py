@@ -218,3 +218,20 @@ def test_bandwidth_anchors_compute_what_they_are_named_for():
             before = a.copy()
             module[f"axpy_{suffix}"](a, c, s)
             np.testing.assert_allclose(a, before + s[0] * c, rtol=1e-6)
+
+
+def test_check_warns_when_the_reference_itself_gives_nan(tmp_path, cache_dir):
+    """Kernel and reference agree (both NaN), but a spec that makes NaN out of random
+    data is probably wrong: `check` passes and says so on every line."""
+    spec = tmp_path / "nanny.py"
+    spec.write_text("from optgen.dsl import Spec, sqrt\n"
+                    "spec = Spec('nanny')\n"
+                    "lr = spec.hyper('lr', 0.1, 'lr >= 0')\n"
+                    "@spec.update\n"
+                    "def nanny(w, grad, flags):\n"
+                    "    return {w: sqrt(-1.0 - w * w) - lr * grad}\n")
+    r = run("check", str(spec), cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 4 and all(": ok (warning: the reference interpreter itself gives "
+                                   in ln and "NaN/inf values" in ln for ln in lines)
