@@ -41,11 +41,13 @@ def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],
 
     for key, value in given.items():
         if key == "betas" and "betas" not in hypers and "beta1" in hypers and "beta2" in hypers:
-            if not isinstance(value, (tuple, list)) or len(value) != 2:
-                raise TypeError(f"{owner}: {where}betas must be a pair (beta1, beta2), "
-                                f"got {value!r}")
-            put(key, "beta1", value[0])
-            put(key, "beta2", value[1])
+            names = ["beta1", "beta2"] + (["beta3"] if "beta3" in hypers else [])  # Adan
+            if not isinstance(value, (tuple, list)) or len(value) != len(names):
+                raise TypeError(f"{owner}: {where}betas must be a "
+                                f"{'pair' if len(names) == 2 else 'triple'} "
+                                f"({', '.join(names)}), got {value!r}")
+            for name, v in zip(names, value):
+                put(key, name, v)
         elif key in hypers:
             put(key, key, value)
         elif key in ALIASES and ALIASES[key] in hypers:

@@ -204,3 +204,11 @@ def test_build_without_a_c_compiler_names_what_is_missing(tmp_path, monkeypatch)
                        r"kernels\.so: .*install one"):
         optgen.build(ADAN, "llvm", out=str(tmp_path / "out"), force=True)
     assert not os.path.exists(tmp_path / "out" / "kernels.so")
+
+
+def test_adan_takes_torch_style_betas_as_a_triple():
+    w = np.ones(3, dtype=np.float32)
+    opt = optgen.create(ADAN, [w], betas=(0.9, 0.8, 0.7))
+    assert (opt.hyper["beta1"], opt.hyper["beta2"], opt.hyper["beta3"]) == (0.9, 0.8, 0.7)
+    with pytest.raises(TypeError, match=r"adan: betas must be a triple \(beta1, beta2, beta3\)"):
+        optgen.create(ADAN, [w], betas=(0.9, 0.8))
