@@ -55,8 +55,32 @@ def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
             raise ValueError(_unknown_kernel(art, kernel))
         return "\n\n\n".join(funcs)
     if stage == "source":
-        return _read(art, SOURCE_FILES[art.target])
+        text = _read(art, SOURCE_FILES[art.target])
+        if kernel is None:
+            return text
+        funcs = _source_functions(text, kernel)
+        if not funcs:
+            raise ValueError(_unknown_kernel(art, kernel))
+        return "\n\n".join(funcs)
     raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
+def _source_functions(text: str, kernel: str) -> list[str]:
+    """The function definitions of ``kernel`` (its passes, lazy variant, TVM's entry
+    wrapper and compute function, CUDA's kernels) in generated source: LLVM IR, C, CUDA,
+    OpenCL and Metal all open a definition on an unindented line ending in "{" and
+    close it with "}" alone on a line."""
+    own = re.compile(rf"(?<![A-Za-z0-9_])(?:__tvm_ffi_)?{re.escape(kernel)}(?:_p\d+)?"
+                     r"(?:_lazy)?(?:_kernel(?:_\d+)?|_compute_)?(?![A-Za-z0-9_])")
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line[:1].strip() and line.rstrip().endswith("{") and own.search(line):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == "}"), len(lines) - 1)
+            out.append("\n".join(lines[i:end + 1]))
+            i = end
+        i += 1
+    return out
 
 
 def _read(art: Artifact, name: str) -> str:

@@ -2,6 +2,7 @@
 runs them (subprocesses with their own cache), error paths included."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -110,6 +111,16 @@ def test_show_every_stage(cache_dir):
     assert source.returncode == 0 and source.stdout.startswith("; ModuleID")
     c = run("show", "sgd", "--stage", "source", "--target", "c", cache_dir=cache_dir)
     assert c.returncode == 0 and "sgd_f32" in c.stdout and "#include" in c.stdout
+    one = run("show", "sgd", "--stage", "source", "--kernel", "sgd_f32", cache_dir=cache_dir)
+    assert one.returncode == 0
+    defined = re.findall(r"^define .*?@([\w.]+)\(", one.stdout, flags=re.M)
+    assert defined == ["__tvm_ffi_sgd_f32", "__tvm_ffi_sgd_f32_lazy", "sgd_f32_compute_",
+                       "sgd_f32_lazy_compute_"]
+    assert one.stdout.rstrip().endswith("}") and len(one.stdout) < len(source.stdout) / 4
+    c1 = run("show", "sgd", "--stage", "source", "--target", "c", "--kernel",
+             "sgd_f64_nesterov", cache_dir=cache_dir)
+    assert c1.returncode == 0 and "__tvm_ffi_sgd_f64_nesterov(" in c1.stdout
+    assert "sgd_f32" not in c1.stdout and "#include" not in c1.stdout
 
 
 def test_cache_lists_and_cleans(tmp_path):
