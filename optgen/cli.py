@@ -291,7 +291,7 @@ def _cmd_list(args) -> int:
     from optgen.runtime import cache, catalog
     for name, path in catalog.list_specs().items():
         spec = load_spec(path)
-        first = (spec.doc.strip().splitlines() or [""])[0]
+        first = " ".join(spec.doc.strip().split("\n\n")[0].split())  # the first paragraph
         print(f"{name}: {first}")
         for h in spec.hypers.values():
             i = h.info
