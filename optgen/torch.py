@@ -45,6 +45,16 @@ def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _value(v: Any) -> Any:
+    """A group value as of now: a one-element tensor (torch.optim allows a tensor lr or
+    betas) becomes a float; pairs are read element by element."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_value(x) for x in v)
+    return v
+
+
 class OptgenOptimizer(torch.optim.Optimizer):
     """The base of the generated classes: torch's bookkeeping around an optgen runtime
     optimizer that runs the fused kernels."""
@@ -71,9 +81,12 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         """The spec's hyperparameters of a torch group (keys torch schedulers add, such as
-        initial_lr, are not hyperparameters and are ignored)."""
+        initial_lr, are not hyperparameters and are ignored), with one-element tensors read
+        as floats: torch schedulers change a tensor lr in place (``fill_``), so a stored
+        reference would never look changed to ``_sync``."""
         art = self._artifact
-        known = {k: v for k, v in group.items() if k != "params" and grouping.is_hyper_key(k, art.hypers)}
+        known = {k: _value(v) for k, v in group.items()
+                 if k != "params" and grouping.is_hyper_key(k, art.hypers)}
         return grouping.alias(art.name, art.hypers, known)
 
     def _rebuild(self, old: _Core | None) -> _Core:
