@@ -11,6 +11,11 @@ works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores it
 in ``opt.state[p]`` as tensors, with ``step`` as torch does. Group dicts use the spec's
 hyperparameter names, with ``betas=(beta1, beta2)`` where the spec has both.
 
+``flat=True`` adopts each group's parameters into one buffer (``p.data`` becomes a view,
+the Parameter objects stay the same) and gives them ``.grad`` views of a second buffer,
+which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
+then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
+
 Classes: ``optgen.torch.Adam``, ``SGD``, ``AdamW``, ``LAMB``, ... (``optgen.torch.CLASSES``
 names them), or ``optgen.torch.make(spec, base=None)`` for any spec file or wrapper.
 """
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optgen.runtime import catalog, get_artifact
+from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.runtime import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
@@ -62,7 +67,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
     spec: str = ""
     base: str | None = None
 
-    def __init__(self, params, **kwargs: Any):
+    def __init__(self, params, *, flat: bool = False, **kwargs: Any):
+        if not isinstance(flat, bool):
+            raise TypeError(f"flat must be True or False, got {flat!r}")
+        self._flat = flat
+        self._flat_grads: list[tuple[list, list, torch.Tensor]] = []
         options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
         self._target = options.pop("target", "llvm")
         self._options = options
@@ -77,7 +86,40 @@ class OptgenOptimizer(torch.optim.Optimizer):
     # -- the runtime optimizer behind the torch interface --------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
+        if self._flat:
+            self._adopt(self.param_groups[-1]["params"])
         self._core = self._rebuild(self._core)
+
+    @torch.no_grad()
+    def _adopt(self, params: list) -> None:
+        """Move a group's parameters into one buffer (their values and Parameter objects
+        kept) and give them gradient views of another, existing gradients copied."""
+        if not params:
+            return
+        try:
+            views = flatten([p.data for p in params])
+            grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p)
+                             for p in params])
+        except TypeError as e:
+            raise TypeError(f"{self._artifact.name}: flat=True needs every parameter of a "
+                            f"group on one device with one dtype ({e})") from None
+        for p, v, g in zip(params, views, grads):
+            p.data = v
+            p.grad = g
+        buffer = grads[0].as_strided((sum(g.numel() for g in grads),), (1,),
+                                     grads[0].storage_offset())
+        self._flat_grads.append((params, grads, buffer))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad; flat groups then zero their gradient buffer in place (one op)
+        and keep their views as ``.grad``, whatever ``set_to_none`` says."""
+        super().zero_grad(set_to_none=set_to_none)
+        with torch.no_grad():
+            for params, grads, buffer in self._flat_grads:
+                buffer.zero_()
+                for p, g in zip(params, grads):
+                    if p.grad is not g:
+                        p.grad = g
 
     def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         """The spec's hyperparameters of a torch group (keys torch schedulers add, such as

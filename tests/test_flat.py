@@ -234,3 +234,44 @@ def test_torch_tensors_flat(calls):
     per.step([g.numpy() for g in grads])
     for x, y in zip(flat.params, per.params):
         np.testing.assert_array_equal(x.numpy(), y)
+
+
+def test_torch_drop_in_flat_adopts_the_model(calls):
+    """flat=True: the model's Parameter objects move into one buffer per group (same
+    objects, same values), backward accumulates into .grad views of another buffer,
+    zero_grad zeroes it in place, and a step is one call per group, bit-identical to
+    the per-tensor drop-in; a torch lr scheduler still drives it."""
+    torch = pytest.importorskip("torch")
+    import optgen.torch
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 3))
+    flat_model, plain_model = model(), model()
+    before_ids = [id(p) for p in flat_model.parameters()]
+    opts = [optgen.torch.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, flat=f)
+            for m, f in ((flat_model, True), (plain_model, False))]
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5) for o in opts]
+    params = list(flat_model.parameters())
+    assert [id(p) for p in params] == before_ids
+    assert [p.data_ptr() - params[0].data_ptr() for p in params] == [0, 512, 576, 768]
+    X, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    for step in range(20):
+        for m, o, s in zip((flat_model, plain_model), opts, scheds):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(X), y).backward()
+            before = calls["n"]
+            o.step()
+            assert calls["n"] - before == (1 if o is opts[0] else 4)
+            s.step()
+    for p, q in zip(flat_model.parameters(), plain_model.parameters()):
+        assert torch.equal(p, q)
+    grads = [p.grad for p in params]
+    opts[0].zero_grad()                            # set_to_none=True: the views stay
+    assert all(p.grad is g and not g.any() for p, g in zip(params, grads))
+    params[0].grad = None                          # a user drops a gradient
+    opts[0].zero_grad()
+    assert params[0].grad is grads[0]
+    with pytest.raises(TypeError, match="flat must be True or False"):
+        optgen.torch.Adam(model().parameters(), flat="yes")
