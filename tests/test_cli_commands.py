@@ -246,3 +246,16 @@ def test_check_warns_when_the_reference_itself_gives_nan(tmp_path, cache_dir):
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 4 and all(": ok (warning: the reference interpreter itself gives "
                                    in ln and "NaN/inf values" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("args,pattern", [
+    ((), "the following arguments are required: command"),
+    (("list", "extra"), "unrecognized arguments: extra"),
+    (("targets", "--nope"), "unrecognized arguments: --nope"),
+    (("frobnicate",), "invalid choice: 'frobnicate'"),
+    (("build",), "the following arguments are required: specs"),
+])
+def test_usage_errors_exit_2_with_usage(args, pattern, cache_dir):
+    r = run(*args, cache_dir=cache_dir)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.startswith("usage: optgen") and pattern in r.stderr
