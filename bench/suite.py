@@ -285,11 +285,8 @@ def make_optax_lamb(ps: ParamSet) -> Contender:
 # -- bandwidth anchors -------------------------------------------------------------------
 def make_anchors(torch, n: int, which: tuple[str, ...]) -> list[Contender]:
     """optgen's TVM anchors (optgen.compiler.anchors) and torch's, on shared arrays."""
-    import tvm_ffi
     from optgen.compiler import anchors
-    from optgen.runtime import artifact as artifact_mod
-    artifact_mod._load_tvm_runtime()
-    module = tvm_ffi.load_module(anchors.library())
+    kernels = anchors.functions("float32")
     arrays = {x: np.full(n, v, np.float32) for x, v in (("a", 1.0), ("b", 2.0), ("c", 0.5))}
     s = np.array([0.5], np.float32)
     ta, tb, tcc = (torch.from_numpy(arrays[x]) for x in "abc")
@@ -300,7 +297,7 @@ def make_anchors(torch, n: int, which: tuple[str, ...]) -> list[Contender]:
     out = []
     for name in which:
         bufs = [arrays[x] for x in anchors.KERNELS[name][0]] + [s]
-        fn = module[f"{name}_f32"]
+        fn = kernels[name]
         nbytes = anchors.stream_bytes(name, "float32")
         out.append(Contender(f"{name} optgen-tvm", lambda fn=fn, b=bufs: fn(*b), nbytes,
                              "anchor", note=f"optgen.compiler.anchors {name}_f32"))

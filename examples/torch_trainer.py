@@ -40,6 +40,7 @@ import argparse
 import copy
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +48,9 @@ import numpy as np
 import torch
 
 import optgen.torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the sibling example
+import train_digits  # noqa: E402
 
 LR = 3e-3                # the schedule's peak
 WEIGHT_DECAY = 0.05
@@ -60,18 +64,9 @@ SCHEDULERS = ("onecycle", "warmup-cosine")
 
 # -- data and model -------------------------------------------------------------------
 def load_data(seed: int, test_size: float = 0.25):
-    """Digits as float32 tensors standardized with the training set's statistics, and
-    int64 labels: (X_train, y_train, X_test, y_test), a stratified split fixed by seed."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    X, y = load_digits(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y, test_size=test_size, random_state=seed, stratify=y)
-    mean, std = X_train.mean(axis=0), X_train.std(axis=0)
-    std[std == 0] = 1.0          # a few border pixels are always 0
-    as_x = lambda a: torch.from_numpy(((a - mean) / std).astype(np.float32))  # noqa: E731
-    return as_x(X_train), torch.from_numpy(y_train), as_x(X_test), torch.from_numpy(y_test)
+    """train_digits.py's split and standardization (the same data, bit for bit) as
+    tensors: float32 features and int64 labels, (X_train, y_train, X_test, y_test)."""
+    return tuple(torch.from_numpy(a) for a in train_digits.load_data(seed, test_size))
 
 
 def make_model(n_in: int, n_out: int, seed: int) -> torch.nn.Module:

@@ -228,7 +228,6 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
     goes to the optimizer."""
     import optgen
     from optgen.compiler import anchors
-    from optgen.runtime import artifact as artifact_mod
     from optgen.runtime.threads import get_num_threads
     if dtype not in art.dtypes or dtype not in anchors.DTYPES:
         raise ValueError(f"bench: dtype {dtype!r} is not one of "
@@ -249,17 +248,14 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
     opt.step(grads, **inputs)                 # warm-up: states allocated, handles cached
     step = Timing(f"{art.name} step", _moved(opt, grads, inputs))
 
-    artifact_mod._load_tvm_runtime()
-    import tvm_ffi
-    module = tvm_ffi.load_module(anchors.library())
-    suffix = anchors.DTYPES[dtype]
+    kernels = anchors.functions(dtype)
     a, b, c = (np.full(n, v, dtype=dtype) for v in (1.0, 2.0, 0.5))
     s = np.array([1e-3], dtype=dtype)
     arrays = {"a": a, "b": b, "c": c}
     calls = {"step": lambda: opt.step(grads, **inputs)}
     timings = {"step": step}
     for name, (buffers, _, _) in anchors.KERNELS.items():
-        fn, args = module[f"{name}_{suffix}"], [arrays[x] for x in buffers] + [s]
+        fn, args = kernels[name], [arrays[x] for x in buffers] + [s]
         calls[name] = (lambda fn=fn, args=args: fn(*args))
         timings[name] = Timing(name, anchors.stream_bytes(name, dtype) * n)
     for call in calls.values():

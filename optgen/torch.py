@@ -141,7 +141,6 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 if id(p) in where:
                     i = where[id(p)]
                     core.state[j], core._steps[j] = old.state[i], old._steps[i]
-                    core._prepared[j] = None
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         return core
 

@@ -154,7 +154,8 @@ class Optimizer:
             self._chain_of.update((i, (a, b)) for i in range(a, b))
         self._runs: dict[int, tuple[int, Callable, list]] | None = None
         self._runs_for: list | None = None
-        self._grad_spans: dict[int, tuple[tuple, Any]] = {}
+        self._grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
+        # (weak references to the gradients, their span, their addresses)
         # numpy gradients that passed _check_grads, by parameter: (weakref, shape, dtype,
         # strides); forgotten when states change (a new state must be checked against)
         self._checked: list[tuple | None] = [None] * len(self.params)
@@ -813,8 +814,8 @@ class Optimizer:
         multiplier change); none for the reference backend, which is the oracle."""
         if self.backend != "compiled" or not self._chain_of:
             return {}
-        if self._runs is None or self._runs_for is not self._prepared or \
-                any(k is None for k in self._prepared):
+        # kernels to prepare again come as a new _prepared list (set_hyper, load_state_dict)
+        if self._runs is None or self._runs_for is not self._prepared:
             for i in range(len(self.params)):
                 self._param_kernel(i)
             self._runs, self._runs_for = self._find_runs(), self._prepared

@@ -54,7 +54,7 @@ def test_flatten_copies_into_one_aligned_buffer():
 
 
 def test_flatten_rejects_mixed_libraries():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the torch case needs torch")
     with pytest.raises(TypeError, match="flatten: expected a list of arrays of one library"):
         optgen.flatten([np.zeros(3), torch.zeros(3)])
     with pytest.raises(TypeError, match="flatten: expected a list of arrays"):
@@ -217,7 +217,7 @@ def test_reduction_specs_step_flat_parameters_per_tensor():
 
 
 def test_torch_tensors_flat(calls):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch tensors need torch")
     params = optgen.flatten([torch.from_numpy(a) for a in data(np.float32)])
     grads = optgen.flatten([torch.from_numpy(a) for a in grads_for(0, np.float32)])
     flat = optgen.create("adam", params)
@@ -241,7 +241,7 @@ def test_torch_drop_in_flat_adopts_the_model(calls):
     objects, same values), backward accumulates into .grad views of another buffer,
     zero_grad zeroes it in place, and a step is one call per group, bit-identical to
     the per-tensor drop-in; a torch lr scheduler still drives it."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the drop-in needs torch")
     import optgen.torch
 
     def model():

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Callable
 
 import numpy as np
 
@@ -76,6 +77,16 @@ def library() -> str:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return lib
+
+
+def functions(dtype: str) -> dict[str, Callable]:
+    """The anchors for ``dtype`` by name: ``fn(*arrays, s)``, the arrays named by
+    ``KERNELS[name][0]`` (1-D, one length) and ``s`` a one-element array of the scalar."""
+    from ..runtime import artifact
+    artifact._load_tvm_runtime()
+    import tvm_ffi
+    module = tvm_ffi.load_module(library())
+    return {name: module[f"{name}_{DTYPES[dtype]}"] for name in KERNELS}
 
 
 def stream_bytes(name: str, dtype: str) -> int:
