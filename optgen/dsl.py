@@ -17,16 +17,20 @@ the IR (see optgen.ir). Booleans are *flags*: compile-time specializations read 
 """
 from __future__ import annotations
 
+import dataclasses
 import keyword
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import SpecError
-from .ir import Expr, Loc, apply, caller_loc, const, reduce, to_python, walk
+from .ir import (MATRIX_STATES, Expr, Loc, apply, caller_loc, const, matrix_shape, reduce,
+                 to_python, walk)
+from .ir import matmul, transpose  # noqa: F401 (spec files import them from here)
 from optgen.runtime.hyper import HyperInfo, Requirement
 from optgen.runtime import scalar_expr
 
-RESERVED = {"t", "w", "grad", "n", "flags", "T"}
+RESERVED = {"t", "w", "grad", "n", "flags", "T", "rows", "cols"}
+SHAPE_NAMES = ("rows", "cols")   # R and C of a parameter's [B, R, C] view (spec.rows/cols)
 
 
 # -- elementwise functions (the closed op set; see ir.OPS) ---------------------------
@@ -73,6 +77,68 @@ def col_mean(x):
     return reduce("mean", x, "r")
 
 
+# -- matrix values (2-D parameters; see optgen.ir "matrix values" and docs/matrix.md) -----
+_loops = iter(range(1 << 62))
+
+
+def repeat(count, body: Callable[[Expr], Expr], init) -> Expr:
+    """``body`` applied ``count`` times to the matrix ``init`` (Newton-Schulz iterations).
+    ``count`` is an int hyperparameter (read at run time: changing it never rebuilds) or a
+    Python int; ``body`` is traced once and compiled once."""
+    loc = caller_loc()
+    init = const(init, loc)
+    shape = matrix_shape(init)
+    if not shape:
+        raise SpecError(f"repeat() needs a matrix to iterate on, got {init.describe()}", loc,
+                        hint="e.g. repeat(ns_steps, step, x) with x = grad / norm(grad)")
+    if isinstance(count, Expr):
+        if count.op != "hyper":
+            raise SpecError(f"repeat() count must be an int hyperparameter or an int, got "
+                            f"{count.describe()}", loc, hint="spec.hyper('steps', 5, type='int')")
+        times = count.name
+    elif isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        times = count
+    else:
+        raise SpecError(f"repeat() count must be an int hyperparameter or an int >= 0, got "
+                        f"{count!r}", loc, hint="spec.hyper('steps', 5, type='int')")
+    var = Expr("loopvar", name=f"_loop{next(_loops)}", kind="tensor", axes="brc", loc=loc,
+               mat=shape)
+    out = const(body(var), loc)
+    if matrix_shape(out) != shape:
+        raise SpecError(f"repeat(): the body returns {out.describe()} of shape "
+                        f"{matrix_shape(out) or 'scalar'}, not the {' x '.join(shape)} matrix "
+                        "it was given", out.loc or loc,
+                        hint="the body maps a matrix to a matrix of the same shape")
+    if any(n.op == "loop" for n in walk([out])):
+        raise SpecError("repeat() inside repeat() is not supported", loc,
+                        hint="unroll the inner loop with a Python for over an int")
+    return Expr("loop", (init, out, var), value=times, name=var.name, kind="tensor",
+                axes="brc", loc=loc, mat=shape)
+
+
+def eye(which: str) -> Expr:
+    """The identity matrix of size R (``eye("r")``) or C (``eye("c")``); refresh rules."""
+    loc = caller_loc()
+    if which not in ("r", "c"):
+        raise SpecError(f"eye({which!r}): the size is 'r' (rows) or 'c' (columns)", loc,
+                        hint="eye('r') is R x R, eye('c') is C x C")
+    mat = which.upper() * 2
+    return Expr("identity", name=mat[0], kind="tensor", axes="brc", loc=loc, mat=mat)
+
+
+def inverse(x) -> Expr:
+    """The inverse of a square matrix, computed on the host (numpy, float64) in a refresh
+    rule (``@spec.refresh``); never inside the per-step update."""
+    loc = caller_loc()
+    x = const(x, loc)
+    shape = matrix_shape(x)
+    if not shape or shape[0] != shape[1]:
+        raise SpecError(f"inverse() needs a square matrix, got {x.describe()} "
+                        f"({' x '.join(shape) if shape else 'not a matrix'})", loc,
+                        hint="e.g. inverse(A / batch_size + damping * eye('c'))")
+    return Expr("inverse", (x,), kind="tensor", axes="brc", loc=loc, mat=shape)
+
+
 def clip(x, lo, hi):
     """min(max(x, lo), hi) written with comparisons so that NaN stays NaN."""
     return where(x > hi, hi, where(x < lo, lo, x))
@@ -85,7 +151,8 @@ class Hyper:
     loc: Loc | None
 
 
-STATE_SHAPES = {"param": "brc", "row": "br", "col": "bc", "scalar": ""}
+STATE_SHAPES = {"param": "brc", "row": "br", "col": "bc", "scalar": "",
+                "rr": "brc", "cc": "brc"}   # R x R and C x C matrices (2-D parameters)
 
 
 @dataclass
@@ -93,7 +160,8 @@ class State:
     name: str
     init: float | str   # a number, or a Python expression over hyperparameters
     doc: str
-    shape: str  # "param" (per element), "row"/"col" (per row/column of the view), "scalar"
+    shape: str  # "param" (per element), "row"/"col" (per row/column of the view), "scalar",
+                # "rr"/"cc" (R x R, C x C matrices of a 2-D parameter)
     node: Expr
     loc: Loc | None
     when: str | None = None  # a flag expression: the state exists only where it is true
@@ -102,10 +170,27 @@ class State:
 
 @dataclass
 class Trace:
-    """The update for one flag combination: new values by name (``"w"`` is the parameter)."""
+    """The update for one flag combination: new values by name (``"w"`` is the parameter);
+    ``refresh``: the refresh rule's new state values there (``@spec.refresh``), if any."""
 
     flags: dict[str, bool]
     updates: dict[str, Expr]
+    loc: Loc | None
+    refresh: dict[str, Expr] | None = None
+
+    @property
+    def matrix(self) -> bool:
+        """Whether the update uses matrix values (compiled by the matrix planner)."""
+        return any(n.mat is not None for n in walk(list(self.updates.values())))
+
+
+@dataclass
+class Refresh:
+    """``@spec.refresh(every=k)``: new values of some states, computed on the host every k
+    steps of a parameter (its steps 1, 1 + k, 1 + 2k, ...) from statistics the trainer
+    passes to step() (``spec.statistic``)."""
+    rule: Callable
+    every: str | int            # an int hyperparameter's name, or a number
     loc: Loc | None
 
 
@@ -143,6 +228,9 @@ class Spec:
     preprocessing: str | None = None    # "coupled" / "decoupled" weight decay (optgen.blocks)
     base: "Spec | None" = None          # the spec this one extends (Spec.extend)
     inputs: dict[str, str] = field(default_factory=dict)  # extra per-element inputs -> doc
+    statistics: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (shape, doc)
+    accepted: dict[str, str] = field(default_factory=dict)  # options accepted, unused -> why
+    refresh_rule: Refresh | None = None
     rule: Callable | None = None
     rule_loc: Loc | None = None
     loc: Loc | None = None
@@ -154,6 +242,9 @@ class Spec:
             raise SpecError(f"spec name {self.name!r} must be a Python identifier", self.loc,
                             hint="use letters, digits and underscores, starting with a letter")
         self.t = Expr("t", name="t", kind="scalar", loc=self.loc)
+        # a parameter's R and C (2-D: its shape), per parameter on the host
+        self.rows = Expr("hyper", name="rows", kind="scalar", loc=self.loc)
+        self.cols = Expr("hyper", name="cols", kind="scalar", loc=self.loc)
 
     @classmethod
     def extend(cls, base: "Spec", name: str, doc: str = "", reference: str = "") -> "Spec":
@@ -171,6 +262,8 @@ class Spec:
         spec.lazy_update_default = base.lazy_update_default
         spec.preprocessing = base.preprocessing
         spec.inputs = dict(base.inputs)
+        spec.statistics = dict(base.statistics)
+        spec.accepted = dict(base.accepted)
         spec.base = base
         return spec
 
@@ -187,7 +280,7 @@ class Spec:
                             hint="rename it")
         if name in self.hypers or name in self.states or name in self.shape_flags \
                 or name in self.name_flags \
-                or name in self.inputs:
+                or name in self.inputs or name in self.statistics or name in self.accepted:
             raise SpecError(f"{what} {name!r} is declared twice", loc,
                             hint="give every hyperparameter, flag, state and input its own name")
 
@@ -238,21 +331,23 @@ class Spec:
         return Expr("grad", name=name, kind="tensor", loc=loc)
 
     def shape_flag(self, name: str, rule: str, doc: str = "") -> str:
-        """A flag set per parameter from its shape, e.g. ``"ndim >= 2"`` (names: ndim, numel).
+        """A flag set per parameter from its shape, e.g. ``"ndim >= 2"`` (names: ndim,
+        numel, and rows and cols: R and C of the [B, R, C] view).
 
         Like a flag it specializes the kernel (read it as ``flags.<name>``), but the user
         does not set it: the runtime evaluates ``rule`` for each parameter."""
         loc = caller_loc()
         self._new_name(name, "flag", loc)
         try:
-            unknown = scalar_expr.names(rule) - {"ndim", "numel"}
+            unknown = scalar_expr.names(rule) - {"ndim", "numel", *SHAPE_NAMES}
         except scalar_expr.ExprError as e:
             raise SpecError(f"shape flag {name!r}: bad rule: {e}", loc,
                             hint="a rule is an expression over ndim and numel, "
                             "e.g. 'ndim >= 2'") from None
         if unknown:
-            raise SpecError(f"shape flag {name!r}: the rule may use ndim and numel, "
-                            f"not {sorted(unknown)[0]!r}", loc, hint="e.g. 'ndim >= 2 and numel > 1'")
+            raise SpecError(f"shape flag {name!r}: the rule may use ndim, numel, rows and "
+                            f"cols, not {sorted(unknown)[0]!r}", loc,
+                            hint="e.g. 'ndim >= 2 and numel > 1' or 'ndim == 2 and rows > cols'")
         self.shape_flags[name] = (rule, doc)
         return name
 
@@ -273,7 +368,8 @@ class Spec:
               when: str | None = None, half_when: str | None = None) -> Expr:
         """Optimizer state: per element (``shape="param"``), per row or column of the
         ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
-        or one scalar per parameter (``"scalar"``). ``init`` is a number or a
+        one scalar per parameter (``"scalar"``), or an R x R / C x C matrix (``"rr"`` /
+        ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number or a
         hyperparameter expression (``spec.state("accum", initial_accum)``). With
         ``when="flag"`` (a flag expression) the state exists only in those kernels; with
         ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype)."""
@@ -313,10 +409,73 @@ class Spec:
             raise SpecError(f"state {name!r}: scalar states stay float64 on the host "
                             "(half_when applies to tensor states)", loc,
                             hint="drop half_when=")
+        if half_when is not None and shape in MATRIX_STATES:
+            raise SpecError(f"state {name!r}: matrix states are stored in the parameter's "
+                            "dtype", loc, hint="drop half_when=")
         axes = STATE_SHAPES[shape]
-        node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc)
+        node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc,
+                    mat=MATRIX_STATES.get(shape))
         self.states[name] = State(name, init, doc, shape, node, loc, when, half_when)
         return node
+
+    def restrict(self, name: str, when: str) -> None:
+        """Make an existing state (one a base spec declared) exist only where the flag
+        expression ``when`` holds: Muon keeps AdamW's second moment for non-2-D
+        parameters only."""
+        loc = caller_loc()
+        st = self.states.get(name)
+        if st is None:
+            raise SpecError(f"restrict(): no state {name!r}", loc,
+                            hint=f"states: {', '.join(self.states) or 'none'}")
+        try:
+            unknown = scalar_expr.names(when) - set(self.all_flag_names())
+        except scalar_expr.ExprError as e:
+            raise SpecError(f"restrict({name!r}): bad when= rule: {e}", loc,
+                            hint="an expression over flags, e.g. 'not matrix'") from None
+        if unknown:
+            raise SpecError(f"restrict({name!r}): when= names {sorted(unknown)[0]!r}, which is "
+                            "not a declared flag", loc, hint="declare the flag first")
+        rule = when if st.when is None else f"({st.when}) and ({when})"
+        self.states[name] = dataclasses.replace(st, when=rule)
+
+    def statistic(self, name: str, shape: str, doc: str = "") -> Expr:
+        """A matrix the trainer supplies per 2-D parameter (THOR's input covariance A,
+        ``shape="cc"``, and output-gradient covariance G, ``shape="rr"``), read by the
+        refresh rule on the steps it runs: ``step(grads, A=[...], G=[...])``."""
+        loc = caller_loc()
+        self._new_name(name, "statistic", loc)
+        if shape not in MATRIX_STATES:
+            raise SpecError(f"statistic {name!r}: shape must be 'rr' (R x R) or 'cc' (C x C), "
+                            f"got {shape!r}", loc, hint="shape='cc' for an input covariance")
+        self.statistics[name] = (shape, doc)
+        return Expr("stat", name=name, kind="tensor", axes="brc", loc=loc,
+                    mat=MATRIX_STATES[shape])
+
+    def accept(self, name: str, doc: str) -> None:
+        """An option users may pass that this runtime has no use for (THOR's
+        ``split_indices``, for distributed all-reduce): accepted and recorded, not used."""
+        loc = caller_loc()
+        self._new_name(name, "option", loc)
+        self.accepted[name] = doc
+
+    def refresh(self, every: Any) -> Callable:
+        """Decorator: ``fn(w, flags)`` returns ``{state: new value}``, evaluated on the host
+        in float64 (numpy, with ``inverse``) on a parameter's steps 1, 1 + every, ...;
+        ``every`` is an int hyperparameter or an int."""
+        loc = caller_loc()
+        if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers:
+            every = every.name
+        elif not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+            raise SpecError(f"refresh(every=...) must be an int hyperparameter or an int >= 1, "
+                            f"got {every!r}", loc, hint="spec.refresh(every=frequency)")
+
+        def decorate(fn: Callable) -> Callable:
+            if self.refresh_rule is not None:
+                raise SpecError("the spec has two refresh functions", loc,
+                                hint="decorate one function with @spec.refresh")
+            self.refresh_rule = Refresh(fn, every, loc)
+            return fn
+        return decorate
 
     def active_states(self, flags: dict[str, bool]) -> list[State]:
         """The states that exist for one flag combination (see ``when=``)."""
@@ -359,7 +518,21 @@ class Spec:
         for key, value in result.items():
             name = self._target_name(key, w, g, value)
             updates[name] = const(value, getattr(value, "loc", None) or self.rule_loc)
-        return Trace(dict(flags), updates, self.rule_loc)
+        refresh = None
+        if self.refresh_rule is not None:
+            result = self.refresh_rule.rule(w, Flags(flags, self.refresh_rule.loc))
+            if not isinstance(result, dict):
+                raise SpecError("the refresh function must return a dict {state: new value}, "
+                                f"got {type(result).__name__}", self.refresh_rule.loc,
+                                hint="return {A_inv: inverse(A + damping * eye('c'))}")
+            refresh = {}
+            for key, value in result.items():
+                name = self._target_name(key, w, g, value)
+                if name == "w":
+                    raise SpecError("the refresh function assigns to w; it updates states only",
+                                    self.refresh_rule.loc, hint="update w in @spec.update")
+                refresh[name] = const(value, getattr(value, "loc", None) or self.refresh_rule.loc)
+        return Trace(dict(flags), updates, self.rule_loc, refresh)
 
     def _target_name(self, key, w: Expr, g: Expr, value) -> str:
         loc = getattr(value, "loc", None) or self.rule_loc

@@ -34,7 +34,10 @@ COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
 LOGIC = {"and": 2, "or": 2, "not": 1}
 LEAVES = {"const", "param", "grad", "state", "hyper", "t"}
 REDUCE_KINDS = ("sum", "mean")
-OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where", "reduce"} | LEAVES
+# matrix nodes (2-D parameters, see the section "matrix values" below): products,
+# transposes, a loop run a run-time number of times, and refresh-only linear algebra
+MATRIX = {"matmul", "transpose", "loop", "loopvar", "inverse", "identity", "stat", "buf"}
+OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where", "reduce"} | LEAVES | MATRIX
 AXES = "brc"
 
 
@@ -70,12 +73,12 @@ def caller_loc() -> Loc | None:
 class Expr:
     """One IR node. Build them with arithmetic on spec names, not by hand."""
 
-    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "axes", "loc", "tag")
+    __slots__ = ("op", "args", "value", "name", "dtype", "kind", "axes", "loc", "tag", "mat")
     __array_priority__ = 1000  # numpy scalars defer to our reflected operators
 
     def __init__(self, op: str, args: tuple = (), *, value: Any = None, name: str | None = None,
                  dtype: str = "float", kind: str = "scalar", axes: str | None = None,
-                 loc: Loc | None = None):
+                 loc: Loc | None = None, mat: str | None = None):
         assert op in OPS, op
         self.op, self.args, self.value, self.name = op, tuple(args), value, name
         self.dtype, self.kind = dtype, kind
@@ -83,6 +86,7 @@ class Expr:
             axes = "brc" if kind == "tensor" and op in ("param", "grad", "state") else ""
         self.axes = axes
         self.tag: str | None = None   # e.g. "preprocessed" (optgen.blocks)
+        self.mat = mat                # matrix values: their shape, e.g. "RC" (see matrix_shape)
         self.loc = loc if loc is not None else caller_loc()
 
     # -- sugar: Python operators build nodes -------------------------------------------
@@ -108,6 +112,11 @@ class Expr:
     def __or__(self, o): return apply("or", self, o)
     def __ror__(self, o): return apply("or", o, self)
     def __invert__(self): return apply("not", self)
+
+    @property
+    def T(self) -> "Expr":
+        """The transpose of a matrix value (2-D parameters): ``matmul(x, x.T)``."""
+        return transpose(self)
 
     # == and != stay identity-based so nodes can live in dicts; use eq()/ne() in specs.
     # Against a number, identity would make `grad == 0` the constant False: an error.
@@ -190,7 +199,80 @@ def apply(op: str, *operands: Any) -> Expr:
     else:
         raise AssertionError(op)
     return Expr(op, args, dtype=dtype, kind=kind, axes=union_axes(*(a.axes for a in args)),
-                loc=loc)
+                loc=loc, mat=_common_shape(op, args, loc))
+
+
+# -- matrix values --------------------------------------------------------------------
+# A matrix spec treats a 2-D parameter as an R x C matrix. A matrix value's ``mat`` names
+# its shape with two letters from "R" and "C": the parameter, its gradient and its
+# per-element states are "RC", ``shape="rr"`` states and statistics "RR", ``shape="cc"``
+# ones "CC", transposes swap the letters, and matmul(a, b) of "XK" and "KY" is "XY".
+# Elementwise operands must have one shape (scalars and whole-tensor reductions, which
+# are one value per parameter, broadcast).
+MATRIX_STATES = {"rr": "RR", "cc": "CC"}
+
+
+def matrix_shape(e: Expr) -> str | None:
+    """``e``'s matrix shape: its ``mat``; "RC" for a per-element tensor (w, grad, a
+    param-shaped state), which is an R x C matrix in a matrix expression; None for
+    scalars and per-parameter values; "" for row/column values, which no matrix
+    expression may use."""
+    if e.mat is not None:
+        return e.mat
+    if e.kind != "tensor" or not e.axes:
+        return None
+    return "RC" if e.axes == "brc" else ""
+
+
+def _common_shape(op: str, args: tuple, loc: Loc | None) -> str | None:
+    """The matrix shape of an elementwise node, or None when no operand is a matrix."""
+    if not any(a.mat is not None for a in args):
+        return None
+    shapes = [matrix_shape(a) for a in args]
+    if "" in shapes:
+        bad = args[shapes.index("")]
+        raise SpecError(f"{op}: {bad.describe()} holds one value per row or column "
+                        f"(axes {bad.axes!r}); matrix expressions combine whole R x C, R x R "
+                        "or C x C matrices", loc, hint="use a param-shaped state, or reduce "
+                        "it to one value per parameter (sum, mean, norm)")
+    found = sorted({s for s in shapes if s is not None})
+    if len(found) > 1:
+        raise SpecError(f"shape conflict: {op} of a {_shape_text(found[0])} and a "
+                        f"{_shape_text(found[1])} matrix", loc,
+                        hint="elementwise operands need one shape; matmul(a, b) multiplies")
+    return found[0]
+
+
+def _shape_text(mat: str) -> str:
+    return " x ".join(mat)
+
+
+def _matrix_operand(x: Any, what: str, loc: Loc | None) -> tuple[Expr, str]:
+    x = const(x, loc)
+    shape = matrix_shape(x)
+    if not shape or x.dtype != "float":
+        raise SpecError(f"{what} needs a matrix (w, grad, a param-shaped or shape='rr'/'cc' "
+                        f"state, or a product), got {x.describe()}", loc,
+                        hint="scalars multiply with '*'; matmul is for matrices")
+    return x, shape
+
+
+def matmul(a: Any, b: Any) -> Expr:
+    """The matrix product ``a @ b`` (a: X x K, b: K x Y)."""
+    loc = caller_loc()
+    (a, sa), (b, sb) = _matrix_operand(a, "matmul", loc), _matrix_operand(b, "matmul", loc)
+    if sa[1] != sb[0]:
+        raise SpecError(f"matmul of a {_shape_text(sa)} and a {_shape_text(sb)} matrix: the "
+                        f"inner sizes {sa[1]} and {sb[0]} differ", loc,
+                        hint="transpose one operand (x.T), or swap them")
+    return Expr("matmul", (a, b), kind="tensor", axes="brc", loc=loc, mat=sa[0] + sb[1])
+
+
+def transpose(x: Any) -> Expr:
+    """The transpose of a matrix value (also ``x.T``)."""
+    loc = caller_loc()
+    x, shape = _matrix_operand(x, "transpose", loc)
+    return Expr("transpose", (x,), kind="tensor", axes="brc", loc=loc, mat=shape[::-1])
 
 
 def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
@@ -204,6 +286,9 @@ def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
     if x.dtype != "float":
         raise SpecError(f"dtype conflict: {kind}() needs a float operand, got a bool", loc,
                         hint="where(cond, 1.0, 0.0) turns a condition into a number")
+    if x.mat is not None and axes is not None:
+        raise SpecError(f"{kind}() of a {_shape_text(x.mat)} matrix is over all of it", loc,
+                        hint=f"call {kind}(x) without axes")
     axes = x.axes if axes is None else axes
     if not isinstance(axes, str) or not axes or any(a not in x.axes for a in axes) \
             or len(set(axes)) != len(axes):

@@ -211,12 +211,18 @@ class KernelInfo:
     buffer_axes: dict[str, str]
     lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
     storage: dict[str, str]  # buffers in another dtype: float16 states, mixed-precision I/O
+    refresh: dict | None = None  # matrix rules: {"every", "ir", "reads"} (host, numpy)
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
-                   d["launches"], d["buffer_axes"], d["lazy"], d["storage"])
+                   d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"])
+
+    @functools.cached_property
+    def matrix(self) -> bool:
+        """A matrix rule (products of 2-D parameters; optgen.compiler.plan_matrix)."""
+        return any(ln["view"] == "matrix" for ln in self.launches)
 
     @property
     def mixed(self) -> bool:
@@ -225,14 +231,18 @@ class KernelInfo:
 
     @functools.cached_property
     def workspaces(self) -> dict[str, str]:
-        """Reduction buffers (float64, per parameter) and the axes each holds."""
-        return {n: a for n, a in self.buffer_axes.items() if n.startswith("_red")}
+        """Buffers the runtime keeps per parameter, with the axes each holds: reductions
+        (float64) and a matrix rule's temporaries and loop buffers (kernel dtype)."""
+        return {n: a for n, a in self.buffer_axes.items()
+                if n.startswith(("_red", "_tmp", "_loop"))}
 
     @functools.cached_property
     def param_scalars(self) -> tuple[str, ...]:
-        """Host scalars that read a scalar state: evaluated per parameter."""
-        states = set(self.scalar_state_updates)
-        return tuple(n for n, e in self.host_scalars.items() if scalar_expr.names(e) & states)
+        """Host scalars that read a scalar state or the parameter's shape (rows, cols):
+        evaluated per parameter."""
+        per_param = set(self.scalar_state_updates) | {"rows", "cols"}
+        return tuple(n for n, e in self.host_scalars.items()
+                     if scalar_expr.names(e) & per_param)
 
     @functools.cached_property
     def step_scalars(self) -> tuple[str, ...]:
@@ -305,6 +315,9 @@ class Artifact:
                                             for n, f in manifest["shape_flags"].items()}
         self.lazy_update_default: bool = manifest["lazy_update_default"]
         self.inputs: dict[str, str] = manifest["inputs"]
+        self.statistics: dict[str, str] = {n: f["shape"]
+                                           for n, f in manifest["statistics"].items()}
+        self.accepted: dict[str, str] = manifest["accepted"]
         self.name_flags: dict[str, tuple[str, ...]] = {
             n: tuple(f["exclude"]) for n, f in manifest["name_flags"].items()}
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]

@@ -13,7 +13,7 @@ import os
 import re
 import platform
 
-FORMAT = 5   # 5: manifest "files" (size and sha256 of what the runtime reads), "base"
+FORMAT = 6   # 6: matrix rules ("statistics", "accepted", kernels' "refresh"); 5: "files", "base"
 DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
 
 

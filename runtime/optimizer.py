@@ -98,6 +98,8 @@ class Optimizer:
         self.skipped_steps = 0                # steps skipped for non-finite gradients
         self.last_grad_norm: float | None = None
 
+        # options the spec accepts but has no use for here (THOR's split_indices)
+        self.accepted = {n: hyper.pop(n) for n in list(hyper) if n in artifact.accepted}
         entries, parsed = grouping.parse(self.name, params, artifact.hypers)
         self.params: list[Any] = [e.array for e in entries]
         self._lib: list[str] = self._check_params()
@@ -117,10 +119,12 @@ class Optimizer:
                                  f"{tuple(self.params[i].shape)}; grad_centralization applies "
                                  f"only to 4-D convolution weights (group {gi})")
 
-        self._flags_fixed = [{n: bool(scalar_expr.evaluate(rule, {"ndim": len(p.shape),
-                                                                  "numel": _numel(p)}))
+        self._dims = [views.dims(tuple(p.shape)) for p in self.params]
+        self._flags_fixed = [{n: bool(scalar_expr.evaluate(rule, {
+                                  "ndim": len(p.shape), "numel": _numel(p), "rows": d[1],
+                                  "cols": d[2]}))
                               for n, rule in artifact.shape_flags.items()}
-                             for p in self.params]
+                             for p, d in zip(self.params, self._dims)]
         for flags, by_name in zip(self._flags_fixed, self._name_flags(name_filters)):
             flags.update(by_name)
         self._lr_mult = [1.0] * len(self.params)
@@ -145,7 +149,6 @@ class Optimizer:
         self._numel = [_numel(p) for p in self.params]
         self._bf16_numpy = [lib == "numpy" and p.dtype.name == "bfloat16"
                             for p, lib in zip(self.params, self._lib)]
-        self._dims = [views.dims(tuple(p.shape)) for p in self.params]
         self._work: list[dict[str, dict[str, Any]]] = [{} for _ in self.params]
         # flat groups (runtime/flat.py): parameters back to back get back-to-back states
         self._chain_of: dict[int, tuple[int, int]] = {}
@@ -159,10 +162,24 @@ class Optimizer:
         # numpy gradients that passed _check_grads, by parameter: (weakref, shape, dtype,
         # strides); forgotten when states change (a new state must be checked against)
         self._checked: list[tuple | None] = [None] * len(self.params)
+        self._refreshed: list[int | None] = [None] * len(self.params)  # step of the last refresh
+        self._check_matrix_params()
         for i in range(len(self.params)):
             self._ensure_state(i)
 
     # -- construction ------------------------------------------------------------------
+    def _check_matrix_params(self) -> None:
+        """A matrix rule (products) needs a 2-D parameter; specs pick it by a shape flag
+        (``ndim == 2``), so this only fails for a spec that does not."""
+        if not any(k.matrix for k in self.artifact.kernels):
+            return
+        for i, p in enumerate(self.params):
+            k = self.artifact.kernel_for(tensors.dtype_name(p, self._lib[i]), self._flags(i))
+            if k is not None and k.matrix and len(p.shape) != 2:
+                raise ValueError(f"{self.name}: {self._label(i)} has shape {tuple(p.shape)}; "
+                                 f"its rule (flags {k.flags}) multiplies matrices and needs a "
+                                 "2-D parameter")
+
     def _bool(self, what: str, value: Any) -> bool:
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{self.name}: {what} must be a bool, got {value!r}")
@@ -477,6 +494,11 @@ class Optimizer:
         persistent = {**self._arrays(i, k, None, {}), **self._workspace(i, k, d)}
         plan = []
         for ln in k.launches:
+            if ln["kind"] == "repeat":   # the next ln["length"] entries, count times
+                count = ln["count"]   # a hyperparameter's slot in the scalars, or a number
+                plan.append((REPEAT, ((k.scalars.index(count), None) if isinstance(count, str)
+                                      else (None, count), ln["length"])))
+                continue
             args = [bfloat16_tensor(views.as_kernel(persistent[b], k.buffer_axes[b], d,
                                                     ln["view"]))
                     if b in persistent else (b, k.buffer_axes[b], ln["view"])
@@ -745,9 +767,13 @@ class Optimizer:
         """One update of every parameter that has a gradient, in place. Returns False
         when the step was skipped for a non-finite gradient (``nonfinite="skip"``).
         Specs with extra inputs (SVRG) take them by name: ``step(grads,
-        grad_snapshot=[...], full_grad=[...])``."""
+        grad_snapshot=[...], full_grad=[...])``, and so do statistics (THOR: ``A=[...],
+        G=[...]``, one per parameter, None where there is none), which are read on the
+        steps that refresh (``refresh_due``) and ignored on the others."""
+        stats = {n: inputs.pop(n) for n in list(inputs) if n in self.artifact.statistics}
         grads = self._check_grads(grads)
         extra = self._check_inputs(inputs, grads)
+        refresh = self._refresh_due(grads, stats)
         used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
         lrs = {gi: self._lr_value(gi, self.t) for gi in used}
         scale = self._grad_scale(grads)
@@ -790,8 +816,11 @@ class Optimizer:
                                     for n in k.step_scalars}}
                 shared[key] = values, (None if k.param_scalars else self._pack(k, values))
             values, scalars = shared[key]
-            if k.scalar_state_updates:  # this parameter's scalar states
-                local = {**values, **{n: v for n, v in st.items() if isinstance(v, np.floating)}}
+            if i in refresh:
+                self._refresh(i, k, values, refresh[i])
+            if k.scalar_state_updates or scalars is None:  # scalar states, shape scalars
+                local = {**values, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
+                         "rows": self._dims[i][1], "cols": self._dims[i][2]}
                 if scalars is None:
                     local.update((n, scalar_expr.evaluate(k.host_scalars[n], local))
                                  for n in k.param_scalars)
@@ -808,6 +837,80 @@ class Optimizer:
             elif self._numel[i]:
                 self._run(i, k, g, scalars, extra[i])
         return True
+
+    # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------
+    def _refresh_every(self, i: int, k: KernelInfo) -> int:
+        every = k.refresh["every"]
+        return int(self._groups[self._group_of[i]].hyper[every]) if isinstance(every, str) \
+            else int(every)
+
+    def _due(self, i: int, k: KernelInfo) -> bool:
+        """Whether parameter ``i``'s next step runs its refresh rule: its first step, and
+        then every ``every`` steps (its steps 1, 1 + every, 1 + 2 every, ...)."""
+        return k.refresh is not None and (self._refreshed[i] is None or
+                                          self._steps[i] % self._refresh_every(i, k) == 0)
+
+    @property
+    def refresh_due(self) -> bool:
+        """Whether the next step() runs a refresh rule (and so reads the statistics, e.g.
+        THOR's A and G): a trainer computes them only then."""
+        return any(self._due(i, self._param_kernel(i)) for i in range(len(self.params)))
+
+    def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
+        """Parameter -> its statistics (numpy float64) for the parameters this step
+        refreshes; every statistic is checked before anything changes."""
+        for name, arrays in stats.items():
+            if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
+                raise TypeError(f"{self.name}: {name} must be a list with one matrix (or "
+                                "None) per parameter")
+            if len(arrays) != len(self.params):
+                raise ValueError(f"{self.name}: got {len(arrays)} {name} matrices for "
+                                 f"{len(self.params)} parameters")
+        out = {}
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            k = self._param_kernel(i)
+            if not self._due(i, k):
+                continue
+            d = self._dims[i]
+            out[i] = {}
+            for name in k.refresh["reads"]:
+                n = d[1] if self.artifact.statistics[name] == "rr" else d[2]
+                what = (f"{self.name}: step {self._steps[i] + 1} of {self._label(i)} refreshes "
+                        f"and reads statistic {name!r} ({n} x {n})")
+                a = stats.get(name, [None] * len(self.params))[i]
+                if a is None:
+                    raise ValueError(f"{what}, which is missing: pass step(grads, "
+                                     f"{', '.join(f'{s}=[...]' for s in k.refresh['reads'])}) "
+                                     "on steps where opt.refresh_due is True")
+                lib = tensors.library(a)
+                if lib is None:
+                    raise TypeError(f"{what}; got {type(a).__name__}, not an array")
+                host = np.asarray(tensors.to_numpy(a, lib), dtype=np.float64)
+                if host.shape != (n, n):
+                    raise ValueError(f"{what}; got shape {tuple(host.shape)}")
+                if not np.isfinite(host).all():
+                    raise ValueError(f"{what}; it has NaN or Inf values")
+                out[i][name] = host
+        return out
+
+    def _refresh(self, i: int, k: KernelInfo, env: Mapping[str, Any],
+                 stats: Mapping[str, np.ndarray]) -> None:
+        """Run parameter ``i``'s refresh rule on the host (numpy, float64) and store the
+        new states in their dtype."""
+        lib, st, d = self._lib[i], self.state[i], self._dims[i]
+        arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
+                  if not isinstance(v, np.floating)}
+        arrays["w"] = tensors.to_numpy(self.params[i], lib)
+        arrays.update(stats)
+        axes = {**k.buffer_axes, **{n: self.artifact.statistics[n].upper() for n in stats}}
+        scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
+                   "rows": d[1], "cols": d[2]}
+        new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)
+        for name, value in new.items():
+            tensors.copy_into(st[name], lib, value)
+        self._refreshed[i] = self._steps[i]
 
     def _current_runs(self) -> dict[int, tuple[int, Callable, list]]:
         """The flat runs under the current kernels (found again after a flag, state or
@@ -840,14 +943,16 @@ class Optimizer:
         return arrays
 
     def _workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
-        """Parameter ``i``'s float64 reduction buffers for kernel ``k`` (kept between steps)."""
+        """Parameter ``i``'s workspaces for kernel ``k``, kept between steps: float64
+        reduction buffers, and a matrix rule's temporaries in the kernel dtype."""
         ws = self._work[i].get(k.symbol)
         if ws is None:
             ws = self._work[i][k.symbol] = {
                 n: tensors.full_like(self.params[i], self._lib[i],
                                      (self.artifact.reduction_buffer_size,) if not axes
                                      else views.extents(d, axes), 0.0,
-                                     self.artifact.reduction_dtype)
+                                     self.artifact.reduction_dtype if n.startswith("_red")
+                                     else k.dtype)
                 for n, axes in k.workspaces.items()}
         return ws
 
@@ -858,9 +963,25 @@ class Optimizer:
             step = {"grad": tensors.kernel_arg(g, self._lib[i]),
                     **{n: tensors.kernel_arg(a, self._lib[i]) for n, a in extra.items()}}
             wrap = bfloat16_tensor if self._bf16_numpy[i] else _same
-            for fn, args in self._plans[i]:
+
+            def call(fn, args):
                 fn(*[a if type(a) is not tuple else
                      wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
+            plan = self._plans[i]
+            j = 0
+            while j < len(plan):
+                fn, args = plan[j]
+                if fn is REPEAT:        # a matrix rule's loop (Newton-Schulz iterations)
+                    (slot, times), length = args
+                    if slot is not None:
+                        times = round(float(scalars[slot]))
+                    for _ in range(times):
+                        for body in plan[j + 1:j + 1 + length]:
+                            call(*body)
+                    j += 1 + length
+                    continue
+                call(fn, args)
+                j += 1
             return
         arrays = self._arrays(i, k, g, extra)
         lib = self._lib[i]
@@ -908,6 +1029,7 @@ class Optimizer:
                         "dtype": tensors.dtype_name(p, lib)}
                        for n, p, lib in zip(self.names, self.params, self._lib)],
             "lr_mult": list(self._lr_mult), "wd_mult": list(self._wd_mult),
+            "refreshed": list(self._refreshed),
             "state": [{n: (float(v) if isinstance(v, np.floating) else
                            tensors.to_numpy(v, lib)) for n, v in st.items()}
                       for st, lib in zip(self.state, self._lib)]}
@@ -929,6 +1051,8 @@ class Optimizer:
         self.skipped_steps = int(sd.get("skipped_steps", 0))
         self._lr_mult = [float(x) for x in sd["lr_mult"]]
         self._wd_mult = [float(x) for x in sd["wd_mult"]]
+        self._refreshed = [None if r is None else int(r)
+                           for r in sd.get("refreshed", [None] * len(self.params))]
         self._prepared = [None] * len(self.params)
 
     def save(self, path: str) -> None:
@@ -946,6 +1070,7 @@ class Optimizer:
 
 
 GRAD = object()   # a run's argument slot for the gradient span
+REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
 
 
 def _same(x: Any) -> Any:

@@ -6,6 +6,10 @@ the kernel's dtype (float32 or float64) without TVM, on the ``[B, R, C]`` view
 as the kernels do; everything is computed from the old values, then returned.
 Arrays of another dtype (float16 states, the float16/bfloat16 gradients of a
 mixed-precision kernel) are read cast to the kernel dtype.
+
+Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel dtype and
+``repeat`` as a Python loop over the body's nodes; the refresh rule's ``inverse`` is
+``np.linalg.inv`` (it is evaluated in float64). Statistics are arrays like the states.
 """
 from __future__ import annotations
 
@@ -36,39 +40,71 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
     ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
     ``(B, R, C)``."""
     dt = np.dtype(dtype).type
-    vals: list = []
+    nodes = ir["nodes"]
+    vals: list = [None] * len(nodes)
+    body_of = _loop_bodies(nodes)
+    inside = {k for body in body_of.values() for k in body}
+
+    def node_value(k: int):
+        rec = nodes[k]
+        op = rec["op"]
+        a = [vals[i] for i in rec.get("args", ())]
+        if op == "const":
+            v = dt(rec["value"]) if rec["dtype"] == "float" else bool(rec["value"])
+        elif op in ("param", "grad", "state", "stat"):
+            name = rec["name"]
+            v = broadcastable(arrays[name], axes[name], d)
+            if v.dtype != dt:  # float16 state, low-precision gradient: computed in dt
+                v = v.astype(dt)
+        elif op in ("hyper", "t"):
+            v = dt(scalars[rec["name"]])
+        elif op == "reduce" and "mat" in nodes[rec["args"][0]]:   # a whole matrix
+            v = np.sum(a[0], dtype=np.float64).reshape(1, 1, 1)
+            if rec["value"] == "mean":
+                v = v / np.float64(np.size(a[0]))
+        elif op == "reduce":
+            red = tuple(AXES.index(x) for x in rec["name"])
+            full = np.broadcast_to(a[0], d).astype(np.float64)
+            v = np.sum(full, axis=red, keepdims=True)
+            if rec["value"] == "mean":
+                v = v / np.float64(math.prod(d[k] for k in red))
+        elif op == "matmul":
+            v = np.matmul(a[0], a[1])
+        elif op == "transpose":
+            v = np.swapaxes(a[0], -1, -2)
+        elif op == "identity":
+            v = np.eye(d[1] if rec["name"] == "R" else d[2], dtype=dt)[None]
+        elif op == "inverse":
+            v = np.linalg.inv(np.asarray(a[0], np.float64))
+        elif op == "loop":
+            count = rec["value"]
+            count = int(round(float(scalars[count]))) if isinstance(count, str) else count
+            var, result = rec["args"][2], rec["args"][1]
+            x = a[0]
+            for _ in range(count):
+                vals[var] = x
+                for j in body_of[k]:
+                    vals[j] = node_value(j)
+                x = vals[result]
+            v = x
+        elif op == "pow":  # in float64, rounded once (as the kernels)
+            v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
+        elif op == "rsqrt":
+            v = dt(1) / np.sqrt(a[0])
+        elif op == "where":
+            v = np.where(a[0], a[1], a[2])
+        elif op in _UNARY:
+            v = _UNARY[op](a[0])
+        else:
+            v = _BINARY[op](a[0], a[1])
+        if rec["dtype"] == "float":
+            v = np.asarray(v, dtype=dt) if isinstance(v, np.ndarray) else dt(v)
+        return v
+
     with np.errstate(all="ignore"):
-        for rec in ir["nodes"]:
-            op = rec["op"]
-            a = [vals[i] for i in rec.get("args", ())]
-            if op == "const":
-                v = dt(rec["value"]) if rec["dtype"] == "float" else bool(rec["value"])
-            elif op in ("param", "grad", "state"):
-                name = rec["name"]
-                v = broadcastable(arrays[name], axes[name], d)
-                if v.dtype != dt:  # float16 state, low-precision gradient: computed in dt
-                    v = v.astype(dt)
-            elif op == "hyper":
-                v = dt(scalars[rec["name"]])
-            elif op == "reduce":
-                red = tuple(AXES.index(x) for x in rec["name"])
-                full = np.broadcast_to(a[0], d).astype(np.float64)
-                v = np.sum(full, axis=red, keepdims=True)
-                if rec["value"] == "mean":
-                    v = v / np.float64(math.prod(d[k] for k in red))
-            elif op == "pow":  # in float64, rounded once (as the kernels)
-                v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
-            elif op == "rsqrt":
-                v = dt(1) / np.sqrt(a[0])
-            elif op == "where":
-                v = np.where(a[0], a[1], a[2])
-            elif op in _UNARY:
-                v = _UNARY[op](a[0])
-            else:
-                v = _BINARY[op](a[0], a[1])
-            if rec["dtype"] == "float":
-                v = np.asarray(v, dtype=dt) if isinstance(v, np.ndarray) else dt(v)
-            vals.append(v)
+        for k, rec in enumerate(nodes):
+            if k not in inside and rec["op"] != "loopvar":
+                vals[k] = node_value(k)
         out = {}
         for name, i in ir["outputs"].items():
             like = arrays["w"] if name == LOW_COPY else arrays[name]
@@ -76,3 +112,20 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
                 .reshape(like.shape).astype(like.dtype)
         return out
+
+
+def _loop_bodies(nodes: list[dict]) -> dict[int, list[int]]:
+    """loop node -> the nodes of its body (those that depend on its loop variable), in
+    order; they are evaluated once per repetition, not in the main sweep."""
+    out = {}
+    for k, rec in enumerate(nodes):
+        if rec["op"] != "loop":
+            continue
+        inside = {rec["args"][2]}
+        body = []
+        for j in range(rec["args"][2] + 1, k):
+            if any(x in inside for x in nodes[j].get("args", ())):
+                inside.add(j)
+                body.append(j)
+        out[k] = body
+    return out

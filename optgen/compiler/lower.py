@@ -58,6 +58,7 @@ class LoweredKernel:
     op: str | None = None            # "sum" | "mean"
     reduced: str = ""                # the reduced axes
     writes: list[str] | None = None  # buffers the pass stores into
+    matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
 
 
 def buffer_var(name: str) -> str:
@@ -68,9 +69,11 @@ SCALARS = "S"
 ACC_DTYPE = "float64"   # reductions accumulate in float64 whatever the kernel dtype
 
 
-def index(axes: str, view: str) -> str:
+def index(axes: str, view: str, transposed: bool = False) -> str:
     if not axes:
         return "0"
+    if view == "matrix":   # the pass loops i over its space's rows, j over its columns
+        return "j, i" if transposed else "i, j"
     if view == "flat":
         assert axes == "brc", axes
         return "i"
@@ -118,7 +121,7 @@ def lower(kir: KernelIR, dtype: str, symbol: str,
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
     multi = len(kir.launches) > 1
     out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol, acc_dtype)
-           for k, ln in enumerate(kir.launches)]
+           for k, ln in enumerate(kir.launches) if ln.kind != "repeat"]
     if kir.lazy is not None:
         out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy", acc_dtype))
     return out
@@ -147,15 +150,17 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
         return (f'(T.bitwise_and(T.reinterpret("{bits}", {x}), T.{bits}({magnitude})) '
                 f'> T.{bits}({inf}))')
 
-    def slot_of(name: str) -> str:
+    def slot_of(name: str, transposed: bool = False) -> str:
         if view == "lazy":  # gradient rows are packed; parameter rows are looked up
             return f"{buffer_var(name)}[{'ri, j' if name == 'grad' else 'pi'}]"
-        return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view)}]"
+        return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
-    def load(name: str) -> str:
+    def load(name: str, transposed: bool = False) -> str:
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
             return widen(slot_of(name), kir.storage[name], ty)
-        return slot_of(name)
+        if name in kir.reductions:   # a matrix rule's reduction, read by name
+            return f'T.Cast("{ty}", {slot_of(name)})'
+        return slot_of(name, transposed)
 
     def store(name: str, value: str) -> str:
         if name in kir.storage:
@@ -175,6 +180,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
         a = [ref(x) for x in e.args]
         if e.op in ("param", "grad", "state"):
             return load(e.name)
+        if e.op == "buf":    # a matrix rule's buffer (optgen.compiler.plan_matrix)
+            return load(e.name, e.value == "T")
         if e.op in _BIN:
             return f"({a[0]} {_BIN[e.op]} {a[1]})"
         if e.op == "neg":
@@ -212,6 +219,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
         for k, e in enumerate(walk(roots, stop=red_of)):
             if e.op in ("const", "hyper") or id(e) in names:
                 continue
+            if e.op == "buf" and not e.axes:   # one value per parameter: inline
+                names[id(e)] = render(e)
+                continue
             if id(e) in red_of:
                 names[id(e)] = f"r{k}"
                 body.append(f'r{k}: T.let = T.Cast("{ty}", {load(red_of[id(e)])})')
@@ -231,6 +241,10 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))
 
+    if ln.kind == "matmul":
+        return LoweredKernel(symbol, dtype, "matmul", view, ln.space,
+                             [lbuf(b) for b in ln.buffers], list(kir.scalars), [],
+                             writes=list(ln.outputs), matmul=dict(ln.matmul))
     if ln.kind == "reduce":
         operand = ln.node.args[0]
         emit([operand])
@@ -240,8 +254,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
                              red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name,
                              writes=[ln.red])
     # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
-    outs = {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)
-            if not (e.op == "state" and e.name == n)}
+    outs = ln.values if ln.values is not None else \
+        {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)
+         if not (e.op == "state" and e.name == n)}
     emit(list(outs.values()))
     for out, e in outs.items():  # a value with fewer axes is broadcast
         body.append(store(out, ref(e)))

@@ -66,7 +66,14 @@ def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
     """The IRs a target gets: every flag combination, plain and in each mixed dtype the
     target has; without float16 on the target, no IR that stores float16; without
     64-bit integers, no row-sparse variant."""
-    kirs = [specialize(spec, tr, low) for tr in traces for low in (None, *tg.mixed)]
+    if tg.name != "llvm":
+        matrix = next((tr for tr in traces if tr.matrix), None)
+        if matrix is not None:
+            raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
+                             f"optgen compiles for the llvm target only so far, not {tg.name}",
+                             )
+    kirs = [specialize(spec, tr, low) for tr in traces
+            for low in (None, *(() if tr.matrix else tg.mixed))]
     kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
     if not tg.lazy:
         for k in kirs:
@@ -288,7 +295,8 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
         multi = len(entry["launches"]) > 1
         for j, ln in enumerate(entry["launches"]):
-            ln["symbol"] = f"{sym}_p{j}" if multi else sym
+            if ln["kind"] != "repeat":
+                ln["symbol"] = f"{sym}_p{j}" if multi else sym
         if entry["lazy"] is not None:
             entry["lazy"]["symbol"] = f"{sym}_lazy"
         kernels.append(entry)
@@ -305,6 +313,9 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         "shape_flags": {n: {"rule": r, "doc": d} for n, (r, d) in spec.shape_flags.items()},
         "name_flags": {n: {"exclude": list(x), "doc": d} for n, (x, d) in spec.name_flags.items()},
         "inputs": spec.inputs,
+        "statistics": {n: {"shape": shape, "doc": doc}
+                       for n, (shape, doc) in spec.statistics.items()},
+        "accepted": spec.accepted,
         "lazy_update_default": spec.lazy_update_default,
         "reduction_buffer_size": RED_SCALAR_SIZE,
         "reduction_dtype": tg.acc_dtype,
@@ -316,7 +327,12 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                "reduction_buffer_size elements); scalars is one 1-D array of the kernel "
                "dtype holding the values named by 'scalars', in that order; a buffer named "
                "in 'storage' has the dtype given there (read through a cast to the kernel "
-               "dtype, rounded to nearest even on store). A kernel whose param_dtype "
+               "dtype, rounded to nearest even on store). A matrix rule's launches (view 'matrix') pass "
+               "2-D arrays: the parameter (R, C), 'rr'/'cc' states (R, R)/(C, C), "
+               "temporaries '_tmp<k>' and loop buffers '_loop<k>' of the shape their "
+               "buffer_axes names (kernel dtype); a 'repeat' launch runs the next 'length' "
+               "launches 'count' times (a hyperparameter); 'refresh' rules run on the host. "
+               "A kernel whose param_dtype "
                "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
                "is the float32 master, 'w_low' (written, never read) receives the new w "
                "rounded to param_dtype, and grad and the extra inputs are param_dtype",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lower import LoweredKernel
+from .matmul import MatmulPass, schedule_matmul
 from .templates import render
 
 VECTOR_BYTES = 64                 # one AVX-512 register; also fine on AVX2 (two registers)
@@ -26,6 +27,14 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     """``vector=False`` gives one-element "vectors" (the C target: scalar loops)."""
     itemsize = np.dtype(k.dtype).itemsize
     vec = VECTOR_BYTES // itemsize if vector else 1
+    if k.kind == "matmul":
+        m = k.matmul
+        return schedule_matmul(MatmulPass(
+            k.symbol, k.dtype, [(b.name, b.axes) for b in k.buffers], m["a"], m["b"],
+            m["out"], m["trans_a"], m["trans_b"], n_scalars=max(1, len(k.scalars))))
+    if k.view == "matrix":
+        return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
+                      parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "lazy":
         name = "kernel_llvm_lazy.py.j2"
     elif k.view == "3d":

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..dsl import Spec, Trace
-from ..ir import Expr, apply, to_python, walk
+from ..dsl import SHAPE_NAMES, Spec, Trace
+from ..ir import Expr, apply, matrix_shape, to_python, walk
 from optgen.runtime import scalar_expr
 from optgen.runtime.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
@@ -41,17 +41,27 @@ class Launch:
     outputs of one space ("brc": parameter and per-element states, "br" row states,
     "bc" column states). ``view`` is "flat" when every value is per element or per
     parameter (one loop over n elements), "3d" when rows or columns appear."""
-    kind: str                      # "reduce" | "update"
-    space: str                     # the loop space (axes)
-    view: str                      # "flat" | "3d"
+    kind: str                      # "reduce" | "update"; matrix rules also "matmul", "repeat"
+    space: str                     # the loop space (axes; a matrix shape for view "matrix")
+    view: str                      # "flat" | "3d" | "matrix" (optgen.compiler.plan_matrix)
     buffers: list[str]             # array arguments in order
     outputs: list[str] = field(default_factory=list)   # update: names written
     node: Expr | None = None       # reduce: the reduce node
     red: str | None = None         # reduce: its buffer name
+    values: dict[str, Expr] | None = None   # matrix update: pass-local value per output
+    matmul: dict | None = None     # matmul: a, b, out, trans_a, trans_b
+    count: str | int | None = None  # repeat: the hyperparameter (or number) of repetitions
+    length: int = 0                # repeat: how many of the following launches repeat
 
     def to_json(self, index: dict[int, int]) -> dict:
         d = {"kind": self.kind, "space": self.space, "view": self.view, "buffers": self.buffers}
-        if self.kind == "update":
+        if self.view == "matrix":
+            d.update(outputs=self.outputs, **({"matmul": self.matmul} if self.matmul else {}),
+                     **({"count": self.count, "length": self.length}
+                        if self.kind == "repeat" else {}),
+                     **({"red": self.red, "op": self.node.value} if self.kind == "reduce"
+                        else {}))
+        elif self.kind == "update":
             d["outputs"] = self.outputs
         else:
             d.update(node=index[id(self.node)], red=self.red, op=self.node.value,
@@ -80,6 +90,7 @@ class KernelIR:
     lazy: Launch | None = None          # the row-sparse variant, where the rule allows one
     storage: dict[str, str] = field(default_factory=dict)  # buffer -> stored dtype
     param_dtype: str | None = None      # mixed precision: float16 or bfloat16
+    refresh: dict | None = None         # the refresh rule (host, numpy): every, ir, reads
 
     @property
     def scalars(self) -> list[str]:
@@ -92,7 +103,8 @@ class KernelIR:
                 "scalar_state_updates": self.scalar_state_updates,
                 "buffer_axes": self.buffer_axes, "storage": self.storage,
                 "launches": [ln.to_json(index) for ln in self.launches],
-                "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir}
+                "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir,
+                "refresh": self.refresh}
 
 
 def _needs_host(e: Expr) -> bool:
@@ -121,7 +133,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> Kern
     def rewrite(e: Expr) -> Expr:
         if id(e) in memo:
             return memo[id(e)]
-        if _needs_host(e):
+        if _needs_host(e) or (e.op == "hyper" and e.name in SHAPE_NAMES):
             out = host_leaf(e)
         elif not e.args:
             out = e
@@ -129,17 +141,27 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> Kern
             args = tuple(rewrite(a) for a in e.args)
             out = e if all(a is b for a, b in zip(args, e.args)) else \
                 Expr(e.op, args, value=e.value, name=e.name, dtype=e.dtype, kind=e.kind,
-                     axes=e.axes, loc=e.loc)
+                     axes=e.axes, loc=e.loc, mat=e.mat)
         memo[id(e)] = out
         return out
 
     active = spec.active_states(trace.flags)
     tensor_states = [s.name for s in active if s.shape != "scalar"]
     scalar_states = [s.name for s in active if s.shape == "scalar"]
-    tensor_updates = {name: rewrite(trace.updates[name]) for name in ["w", *tensor_states]}
+    by_name = {s.name: s for s in active}
+    tensor_updates = {name: rewrite(trace.updates[name]) if name in trace.updates
+                      else by_name[name].node       # refreshed only: unchanged by the step
+                      for name in ["w", *tensor_states]}
     scalar_updates = {name: to_python(trace.updates[name]) for name in scalar_states}
     axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
-            **{s.name: s.node.axes for s in active}}
+            **{s.name: s.node.mat or s.node.axes for s in active}}   # rr/cc: "RR"/"CC"
+    matrix = trace.matrix
+    if matrix:
+        if param_dtype is not None or spec.inputs:
+            raise AssertionError("matrix rules have no mixed-precision or input variants")
+        axes = {n: matrix_shape(by_name[n].node) if n in by_name and a else a
+                for n, a in axes.items()}   # param-shaped states: "RC"
+        axes.update(w="RC", grad="RC")
     storage = {s.name: "float16" for s in active if s.shape != "scalar" and s.half_when
                and scalar_expr.evaluate(s.half_when, trace.flags)}
     low_copy = []
@@ -160,9 +182,23 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> Kern
         buffer_axes=axes,
         storage=storage,
         param_dtype=param_dtype,
+        refresh=_refresh(spec, trace),
     )
-    plan(kir)
+    if matrix:
+        from .plan_matrix import plan_matrix   # (it builds on this module's types)
+        plan_matrix(kir)
+    else:
+        plan(kir)
     return kir
+
+
+def _refresh(spec: Spec, trace: Trace) -> dict | None:
+    """The refresh rule of one flag combination as the runtime evaluates it (numpy)."""
+    if not trace.refresh:
+        return None
+    ir, _ = serialize(trace.refresh)
+    reads = sorted({n.name for n in walk(trace.refresh.values()) if n.op == "stat"})
+    return {"every": spec.refresh_rule.every, "ir": ir, "reads": reads}
 
 
 def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
@@ -234,8 +270,10 @@ def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = Non
         rec: dict = {"op": n.op, "dtype": n.dtype, "kind": n.kind, "axes": n.axes}
         if n.args:
             rec["args"] = [index[id(a)] for a in n.args]
-        if n.op == "const" or n.op == "reduce":
+        if n.op in ("const", "reduce", "loop"):
             rec["value"] = n.value
+        if n.mat is not None:
+            rec["mat"] = n.mat
         if n.name is not None:
             rec["name"] = n.name
         index[id(n)] = len(nodes)

@@ -11,7 +11,7 @@ import math
 
 from ..dsl import Spec, Trace, constraint_names
 from ..errors import SpecError
-from ..ir import walk
+from ..ir import matrix_shape, walk
 from .loader import spec_line_error
 from optgen.runtime import hyper as hyper_rules
 from optgen.runtime import scalar_expr
@@ -109,14 +109,65 @@ def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
         raise spec_line_error(e, spec.file or "") from None
 
 
+HOST_ONLY = {"stat": "a statistic", "inverse": "inverse()", "identity": "eye()"}
+
+
+def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:
+    """Matrix rules: shapes of matrix states, loop counts, and what runs where (statistics,
+    inverse and eye belong to the refresh rule, which runs on the host)."""
+    which = f" (flags {tr.flags})" if tr.flags else ""
+    for name, value in tr.updates.items():
+        for node in walk([value]):
+            if node.op in HOST_ONLY:
+                raise SpecError(f"{HOST_ONLY[node.op]} is used in the update{which}; it belongs "
+                                "to the refresh rule, which runs on the host every k steps",
+                                node.loc or tr.loc, hint="compute it in @spec.refresh and keep "
+                                "the result in a state (shape='rr' or 'cc')")
+            if node.op == "loop" and isinstance(node.value, str):
+                info = spec.hypers[node.value].info
+                if info.type != "int":
+                    raise SpecError(f"repeat() count {node.value!r} is a {info.type} "
+                                    "hyperparameter; it must be an int", node.loc or tr.loc,
+                                    hint=f"spec.hyper({node.value!r}, ..., type='int')")
+    matrix = tr.matrix
+    for name, value in [*tr.updates.items(), *(tr.refresh or {}).items()]:
+        st = spec.states.get(name)
+        want = "RC" if st is None or st.shape == "param" else \
+            {"rr": "RR", "cc": "CC"}.get(st.shape)
+        got = matrix_shape(value)
+        if (st is not None and st.shape in ("rr", "cc") or matrix) and want and got and \
+                got != want:
+            raise SpecError(f"shape conflict: the new value of {name!r} is a "
+                            f"{' x '.join(got)} matrix, {name!r} is {' x '.join(want)}"
+                            f"{which}", value.loc or tr.loc,
+                            hint="transpose it (x.T) or multiply to the right shape")
+    if tr.refresh is None:
+        return
+    for name, value in tr.refresh.items():
+        if name not in active:
+            raise SpecError(f"the refresh rule updates state {name!r}, which does not exist "
+                            f"here{which}", value.loc or tr.loc,
+                            hint="refresh it only under its when= flags")
+        for node in walk([value]):
+            if node.op == "grad":
+                raise SpecError("the refresh rule reads the gradient; it runs from the "
+                                "statistics and states only", node.loc or value.loc,
+                                hint="use the gradient in @spec.update")
+            if node.op == "loop":
+                raise SpecError("repeat() in the refresh rule is not supported",
+                                node.loc or value.loc, hint="unroll it with a Python for")
+
+
 def _check_trace(spec: Spec, tr: Trace) -> Trace:
     which = f" (flags {tr.flags})" if tr.flags else ""
     if "w" not in tr.updates:
         raise SpecError(f"the update returns no new value for the parameter w{which}", tr.loc,
                         hint="return {..., w: new_w}")
     active = {s.name for s in spec.active_states(tr.flags)}
+    refreshed = set(tr.refresh or ())
+    _check_matrix(spec, tr, active)
     for name, st in spec.states.items():
-        if name in active and name not in tr.updates:
+        if name in active and name not in tr.updates and name not in refreshed:
             raise SpecError(f"state {name!r} is declared but never updated{which}", st.loc,
                             hint=f"return {{{name}: <new value>}} from the update, or drop "
                             "the state")

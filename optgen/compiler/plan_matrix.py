@@ -1,0 +1,187 @@
+"""Stage 3b — plan a matrix update (2-D parameters): the passes of one traced rule that
+uses matrix products, transposes or ``repeat`` (THOR, Muon).
+
+An elementwise rule is one pass per space (optgen.compiler.specialize.plan). A matrix rule
+is a sequence of passes over whole matrices, each a compiled kernel the runtime calls in
+order with the same arguments every step:
+
+* ``matmul``: ``out = op(a) @ op(b)`` into a temporary (``op``: the operand or its
+  transpose, read in place: a transpose is an index order, never a copy);
+* ``update``: an elementwise expression over one matrix shape ("RC", "RR", "CC", "CR")
+  written into temporaries or, last, into the parameter and states;
+* ``reduce``: a whole-matrix sum or mean into a float64 ``_red<k>`` buffer;
+* ``repeat``: the next ``length`` passes run ``count`` times (a hyperparameter read per
+  step), on a loop buffer ``_loop<k>`` that the body's last pass rewrites.
+
+A value is *materialized* (given a buffer) where a product, a reduction or a loop needs it
+whole; everything else is fused into the elementwise pass that reads it. Every pass reads
+the old parameter and states, which only the final passes write (as in the elementwise
+plan), and no pass reads a buffer transposed while writing it.
+"""
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..ir import Expr, matrix_shape, walk
+from .specialize import KernelIR, Launch
+
+LEAF_BUFFERS = ("param", "grad", "state")
+
+
+def _buf(name: str, mat: str | None, transposed: bool = False) -> Expr:
+    """A pass-local read of buffer ``name`` (transposed: at [j, i])."""
+    return Expr("buf", name=name, value="T" if transposed else None, kind="tensor",
+                axes="brc" if mat else "", mat=mat)
+
+
+def _reads(e: Expr) -> list[Expr]:
+    return [n for n in walk([e]) if n.op in ("buf", *LEAF_BUFFERS)]
+
+
+class _Planner:
+    def __init__(self, kir: KernelIR):
+        self.kir = kir
+        self.launches: list[Launch] = []
+        self.local_of: dict[int, Expr] = {}      # node -> its pass-local expression
+        self.operand_of: dict[int, Expr] = {}    # node -> a buffer read holding it
+        self.counts = {"_tmp": 0, "_red": 0, "_loop": 0}
+
+    # -- buffers and passes --------------------------------------------------------------
+    def buffer(self, prefix: str, axes: str) -> str:
+        name = f"{prefix}{self.counts[prefix]}"
+        self.counts[prefix] += 1
+        self.kir.buffers.append(name)
+        self.kir.buffer_axes[name] = axes
+        return name
+
+    def names_read(self, exprs) -> list[str]:
+        return list(dict.fromkeys(n.name for e in exprs for n in _reads(e)))
+
+    def update(self, space: str, values: dict[str, Expr]) -> None:
+        reads = self.names_read(values.values())
+        bufs = [b for b in self.kir.buffers if b in reads or b in values]
+        self.launches.append(Launch("update", space, "matrix", bufs, outputs=list(values),
+                                    values=dict(values)))
+
+    # -- rewriting ------------------------------------------------------------------------
+    def local(self, e: Expr) -> Expr:
+        """``e`` as an expression of one elementwise pass: products, loops and reductions
+        inside it are planned first and read from their buffers."""
+        hit = self.local_of.get(id(e))
+        if hit is not None:
+            return hit
+        if e.op == "loopvar":
+            raise SpecError("a value computed inside repeat()'s body is used outside it",
+                            e.loc, hint="use the value repeat() returns")
+        if not e.args:
+            out = e
+        elif e.op in ("matmul", "loop"):
+            out = self.operand(e)
+        elif e.op == "transpose":
+            inner = self.operand(e.args[0])
+            out = _buf(inner.name, e.mat, inner.value != "T")
+        elif e.op == "reduce":
+            out = self.reduce(e)
+        else:
+            args = tuple(self.local(a) for a in e.args)
+            out = Expr(e.op, args, value=e.value, name=e.name, dtype=e.dtype, kind=e.kind,
+                       axes=e.axes, loc=e.loc, mat=e.mat)
+        self.local_of[id(e)] = out
+        return out
+
+    def operand(self, e: Expr) -> Expr:
+        """A buffer read (``buf`` or a leaf) holding the matrix ``e``, computing it into a
+        temporary when it is an expression."""
+        hit = self.operand_of.get(id(e))
+        if hit is not None:
+            return hit
+        if e.op in LEAF_BUFFERS:
+            out = _buf(e.name, matrix_shape(e))
+        elif e.op == "matmul":
+            out = self.matmul(e)
+        elif e.op == "loop":
+            out = self.loop(e)
+        else:
+            value = self.local(e)
+            if value.op == "buf":
+                out = value
+            else:
+                tmp = self.buffer("_tmp", matrix_shape(e))
+                self.update(matrix_shape(e), {tmp: value})
+                out = _buf(tmp, matrix_shape(e))
+        self.operand_of[id(e)] = out
+        return out
+
+    def matmul(self, e: Expr) -> Expr:
+        a, b = self.operand(e.args[0]), self.operand(e.args[1])
+        out = self.buffer("_tmp", e.mat)
+        bufs = list(dict.fromkeys([a.name, b.name, out]))
+        self.launches.append(Launch("matmul", e.mat, "matrix", bufs, outputs=[out],
+                                    matmul={"a": a.name, "b": b.name, "out": out,
+                                            "trans_a": a.value == "T",
+                                            "trans_b": b.value == "T"}))
+        return _buf(out, e.mat)
+
+    def reduce(self, e: Expr) -> Expr:
+        x = e.args[0]
+        space = matrix_shape(x)
+        if e.axes or not space:
+            raise SpecError(f"{e.value}() over axes {e.name!r} in a matrix rule; matrix rules "
+                            "reduce whole matrices", e.loc, hint=f"{e.value}(x) without axes")
+        value = self.local(x)
+        red = self.buffer("_red", "")
+        node = Expr("reduce", (value,), value=e.value, name=e.name, kind="tensor", axes="",
+                    loc=e.loc)
+        bufs = [b for b in self.kir.buffers if b in self.names_read([value]) or b == red]
+        self.launches.append(Launch("reduce", space, "matrix", bufs, node=node, red=red))
+        self.kir.reductions[red] = e
+        return _buf(red, None)
+
+    def loop(self, e: Expr) -> Expr:
+        init, result, var = e.args
+        buf = self.buffer("_loop", e.mat)
+        self.update(e.mat, {buf: self.local(init)})
+        self.local_of[id(var)] = self.operand_of[id(var)] = _buf(buf, e.mat)
+        inside = {id(var)}
+        for n in walk([result]):
+            if any(id(a) in inside for a in n.args):
+                inside.add(id(n))
+        for n in walk([result]):   # loop-invariant products: once, before the loop
+            if id(n) not in inside and n.op in ("matmul", "loop", "reduce"):
+                self.local(n)
+        marker = Launch("repeat", "", "matrix", [], count=e.value)
+        self.launches.append(marker)
+        start = len(self.launches)
+        value = self.local(result)
+        if not (value.op == "buf" and value.name == buf and value.value is None):
+            if any(r.name == buf and r.value == "T" for r in _reads(value)):
+                tmp = self.buffer("_tmp", e.mat)   # reads the loop buffer transposed
+                self.update(e.mat, {tmp: value})
+                value = _buf(tmp, e.mat)
+            self.update(e.mat, {buf: value})
+        marker.length = len(self.launches) - start
+        return _buf(buf, e.mat)
+
+    # -- the final passes ----------------------------------------------------------------
+    def outputs(self) -> None:
+        kir = self.kir
+        values = {n: self.local(e) for n, e in kir.tensor_updates.items()
+                  if not (e.op == "state" and e.name == n)}   # unchanged: not stored
+        space = {n: kir.buffer_axes[n] for n in values}
+        for n, v in list(values.items()):
+            others = {m for m in values if space[m] != space[n]}
+            hazard = any(r.name in values and (r.value == "T" or r.name in others)
+                         for r in _reads(v))
+            if hazard:   # read transposed while written, or written by another final pass
+                tmp = self.buffer("_tmp", space[n])
+                self.update(space[n], {tmp: v})
+                values[n] = _buf(tmp, space[n])
+        for s in dict.fromkeys(space.values()):
+            self.update(s, {n: v for n, v in values.items() if space[n] == s})
+
+
+def plan_matrix(kir: KernelIR) -> None:
+    """Fill ``kir.launches`` (and its temporaries) for a matrix rule; see the module doc."""
+    planner = _Planner(kir)
+    planner.outputs()
+    kir.launches = planner.launches
+    kir.lazy = None
