@@ -1020,7 +1020,27 @@ class World:
         inputs = {n: [self.up(rng.standard_normal(p.shape).astype(d))
                       for p, d in zip(self.opt.params, dts)]
                   for n in self.opt.artifact.inputs}
-        return grads, inputs
+        return grads, {**inputs, **self.statistics(seed)}
+
+    def statistics(self, seed: int) -> dict:
+        """Valid statistics (THOR's A and G: symmetric positive definite, float64) for
+        every 2-D parameter, so that a refresh step is a good call."""
+        art = self.opt.artifact
+        if not art.statistics:
+            return {}
+        rng = np.random.default_rng(seed + 1)
+        out = {}
+        for name, shape in art.statistics.items():
+            mats = []
+            for p in self.opt.params:
+                if getattr(p, "ndim", 0) != 2:
+                    mats.append(None)
+                    continue
+                n = p.shape[0] if shape == "rr" else p.shape[1]
+                x = rng.standard_normal((n + 2, n))
+                mats.append(x.T @ x)
+            out[name] = mats
+        return out
 
     def grad(self, g: GradSpec, i: int, sofar: list):
         opt = self.opt
@@ -1084,7 +1104,7 @@ class World:
                 for i, g in enumerate(lst):
                     arrs.append(self.grad(g, i, arrs))
                 inputs[nm] = arrs
-        return grads, inputs
+        return grads, {**inputs, **self.statistics(5)}
 
 
 def snapshot(opt) -> dict:

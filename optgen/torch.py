@@ -37,8 +37,9 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
            "adamweightdecay": "AdamWeightDecay", "ftml": "FTML", "ftrl": "FTRL",
            "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
-           "nadam": "NAdam", "nag": "NAG", "proximal_adagrad": "ProximalAdagrad",
-           "radam": "RAdam", "rmsprop": "RMSprop", "sgd": "SGD", "signum": "Signum"}
+           "muon": "Muon", "nadam": "NAdam", "nag": "NAG",
+           "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
+           "sgd": "SGD", "signum": "Signum", "thor": "THOR"}
 RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale")
 
 
@@ -168,9 +169,18 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     st[n] = float(v)
             st["step"].fill_(float(self._core._steps[i]))
 
+    @property
+    def refresh_due(self) -> bool:
+        """Whether the next step() runs the spec's refresh rule (THOR: it then needs the
+        statistics, which ``KFACStatistics`` collects only on such steps)."""
+        self._sync()
+        return self._core.refresh_due
+
     @torch.no_grad()
-    def step(self, closure=None):
-        """One update of every parameter with a ``.grad``; returns the closure's loss."""
+    def step(self, closure=None, **statistics):
+        """One update of every parameter with a ``.grad``; returns the closure's loss.
+        Statistics (THOR's ``A=[...], G=[...]``, one per parameter of the optimizer, in
+        its order) go to the refresh rule (``KFACStatistics.collect`` builds them)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -183,7 +193,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
                                 "optgen.torch optimizers take dense gradients")
             grads.append(g)
-        self._core.step(grads)
+        self._core.step(grads, **statistics)
         self._mirror()
         return loss
 
@@ -234,6 +244,61 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
 
 _made: dict[tuple, type] = {}
+
+
+class KFACStatistics:
+    """THOR's statistics from forward and backward hooks on ``nn.Linear`` layers.
+
+        stats = optgen.torch.KFACStatistics(model)
+        for x, y in batches:
+            stats.record = opt.refresh_due        # hooks compute only when needed
+            loss_fn(model(x), y).backward()
+            opt.step(**stats.collect(opt))
+
+    For each layer's weight (out x in): ``A`` = the sum over the batch of a a^T (a: the
+    layer's input rows, leading dimensions flattened) and ``G`` = the sum of d d^T (d: the
+    gradient of the loss with respect to the layer's output rows), divided by the squared
+    ``loss_scale`` when the loss was scaled. With a mean loss this is the spec's
+    convention (specs/thor.py normalizes by batch_size). ``collect`` returns them in the
+    optimizer's parameter order (None for every other parameter) and forgets them."""
+
+    def __init__(self, model: torch.nn.Module, loss_scale: float = 1.0):
+        self.record = True
+        self.loss_scale = float(loss_scale)
+        self._found: dict[int, dict[str, torch.Tensor]] = {}
+        self._handles = []
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                self._handles.append(module.register_forward_hook(self._forward))
+                self._handles.append(module.register_full_backward_hook(self._backward))
+
+    @torch.no_grad()
+    def _forward(self, module, inputs, output) -> None:
+        if self.record:
+            a = inputs[0].detach().reshape(-1, module.in_features)
+            self._found.setdefault(id(module.weight), {})["A"] = a.T @ a
+
+    @torch.no_grad()
+    def _backward(self, module, grad_input, grad_output) -> None:
+        if self.record and grad_output[0] is not None:
+            d = grad_output[0].detach().reshape(-1, module.out_features)
+            self._found.setdefault(id(module.weight), {})["G"] = \
+                (d.T @ d) / (self.loss_scale * self.loss_scale)
+
+    def collect(self, optimizer: "OptgenOptimizer") -> dict[str, list]:
+        """``{"A": [...], "G": [...]}`` aligned with ``optimizer``'s parameters; empty
+        when nothing was recorded (steps that do not refresh)."""
+        found, self._found = self._found, {}
+        if not found:
+            return {}
+        params = optimizer._core.params
+        return {name: [found.get(id(p), {}).get(name) for p in params] for name in ("A", "G")}
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
 
 def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:

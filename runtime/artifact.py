@@ -56,6 +56,7 @@ class ArtifactWarning(RuntimeWarning):
 MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_version",
                  "library", "files", "sources", "binaries", "hyperparameters",
                  "requirements", "states", "kernels", "shape_flags", "name_flags", "inputs",
+                 "statistics", "accepted",
                  "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
 DEVICE_TARGETS = ("cuda", "opencl")   # run through the manifest's device ABI (device.py)
 

@@ -120,11 +120,9 @@ class Optimizer:
                                  f"only to 4-D convolution weights (group {gi})")
 
         self._dims = [views.dims(tuple(p.shape)) for p in self.params]
-        self._flags_fixed = [{n: bool(scalar_expr.evaluate(rule, {
-                                  "ndim": len(p.shape), "numel": _numel(p), "rows": d[1],
-                                  "cols": d[2]}))
+        self._flags_fixed = [{n: bool(scalar_expr.evaluate(rule, views.shape_env(p.shape)))
                               for n, rule in artifact.shape_flags.items()}
-                             for p, d in zip(self.params, self._dims)]
+                             for p in self.params]
         for flags, by_name in zip(self._flags_fixed, self._name_flags(name_filters)):
             flags.update(by_name)
         self._lr_mult = [1.0] * len(self.params)

@@ -31,6 +31,13 @@ def is_matrix(axes: str) -> bool:
     return bool(axes) and axes[0] in MATRIX_DIMS
 
 
+def shape_env(shape: tuple[int, ...]) -> dict[str, int]:
+    """The names a shape flag's rule reads (``spec.shape_flag``): ndim, numel, and rows
+    and cols (R and C of the view)."""
+    _, r, c = dims(tuple(shape))
+    return {"ndim": len(shape), "numel": math.prod(shape), "rows": r, "cols": c}
+
+
 def state_shape(param_shape: tuple[int, ...], shape_kind: str) -> tuple[int, ...]:
     """The array shape of a state of ``shape_kind`` ("param", "row", "col", or the
     matrices "rr" (R x R) and "cc" (C x C))."""

@@ -1,5 +1,7 @@
 """Helpers shared by the kernel-vs-reference tests of every target (llvm, c, opencl,
 cuda): tolerances, and the "busy" hyperparameter setting found from the constraints."""
+import functools
+
 import numpy as np
 
 from optgen.runtime.hyper import busy_hypers, valid  # noqa: F401  (shared with optgen check)
@@ -29,3 +31,34 @@ def assert_close(actual, expected, dtype, msg):
 
 def default_hypers(art, flags):
     return {n: h.default for n, h in art.hypers.items() if not h.is_flag} | flags
+
+
+@functools.lru_cache(maxsize=None)
+def matrix_specs() -> frozenset:
+    """Catalog specs whose rule multiplies matrices (THOR, Muon): built for llvm only, with
+    no mixed-precision variant of their 2-D rule."""
+    from optgen.compiler.loader import load_spec
+    from optgen.compiler.verify import verify
+    from optgen.runtime import catalog
+    return frozenset(n for n, path in catalog.list_specs().items()
+                     if any(tr.matrix for tr in verify(load_spec(path))))
+
+
+def statistics(opt, rng) -> dict:
+    """Random statistics (symmetric positive definite, like a^T a) for every 2-D parameter
+    when ``opt``'s next step refreshes (THOR); {} otherwise."""
+    art = opt.artifact
+    if not art.statistics or not opt.refresh_due:
+        return {}
+    out = {}
+    for name, shape in art.statistics.items():
+        mats = []
+        for p in opt.params:
+            if p.ndim != 2:
+                mats.append(None)
+                continue
+            n = p.shape[0] if shape == "rr" else p.shape[1]
+            x = rng.standard_normal((n + 3, n))
+            mats.append(x.T @ x)
+        out[name] = mats
+    return out

@@ -10,6 +10,7 @@ import torch
 
 import optgen
 from optgen.runtime import RowSparse
+from helpers import statistics
 
 SHAPES = [(3, 4), (7,)]
 
@@ -309,6 +310,7 @@ def test_nonfinite_off_propagates_like_the_reference(name):
         if s == 1:
             g[1, 2], g[3, 4] = np.nan, np.inf
         extra = {n: [rng.standard_normal(shape).astype(np.float32)] for n in art.inputs}
+        extra.update(statistics(opts[0], rng))   # THOR's A and G
         with np.errstate(all="ignore"):
             for o in opts:
                 assert o.step([g.copy()], **{n: [a[0].copy()] for n, a in extra.items()}) is True

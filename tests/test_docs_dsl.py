@@ -157,7 +157,7 @@ def step_reference(art: Artifact, hyper: dict, dtype: str, seed: int = 0) -> opt
 def param_flags(art: Artifact, hyper: dict, shape: tuple) -> dict[str, bool]:
     """The flags of an unnamed parameter of ``shape``: the user's, its shape flags, and
     its name flags (True without a name)."""
-    sizes = {"ndim": len(shape), "numel": int(np.prod(shape))}
+    sizes = views.shape_env(shape)
     return {**{n: hyper[n] for n in art.flags},
             **{n: bool(scalar_expr.evaluate(r, sizes)) for n, r in art.shape_flags.items()},
             **{n: True for n in art.name_flags}}

@@ -12,7 +12,8 @@ import pytest
 import optgen
 from optgen.runtime import artifact, catalog, reference, scalar_expr, views
 from conftest import offset_array
-from helpers import TOL, assert_close, busy_hypers, default_hypers, valid as _valid
+from helpers import (TOL, assert_close, busy_hypers, default_hypers, matrix_specs, statistics,
+                     valid as _valid)
 
 SHAPES = [0, 1, 15, 16, 17, 1000, 1_000_003, (31, 17), (8, 3, 3, 3), (2, 0, 5)]
 DTYPES = ["float32", "float64"]
@@ -45,8 +46,10 @@ def test_compiled_matches_reference(name, flags, setting, dtype, rng):
         for _ in range(steps):
             g = rng.standard_normal(shape).astype(dtype)
             extra = {n: rng.standard_normal(shape).astype(dtype) for n in art.inputs}
-            comp.step([offset_array(g, rng)], **{n: [offset_array(a, rng)] for n, a in extra.items()})
-            ref.step([g], **{n: [a] for n, a in extra.items()})
+            stats = statistics(comp, rng)   # THOR's A and G on the steps that refresh
+            comp.step([offset_array(g, rng)], **{n: [offset_array(a, rng)] for n, a in extra.items()},
+                      **stats)
+            ref.step([g], **{n: [a] for n, a in extra.items()}, **stats)
         if any(getattr(v, "dtype", None) == np.float16 for v in comp.state[0].values()):
             # float16 states one ulp apart on one step feed the next steps' update
             np.testing.assert_allclose(w_c, w_r, rtol=2e-4, atol=2e-4 * np.abs(w_r).max(initial=0),
@@ -57,17 +60,20 @@ def test_compiled_matches_reference(name, flags, setting, dtype, rng):
             assert_close(value, ref.state[0][sname], dtype, f"{name} state {sname}, shape {shape}")
 
 
-RAW_SHAPES = [(1009,), (7, 13, 11)]
+RAW_SHAPES = [(1009,), (7, 13, 11), (13, 11), (11, 13)]   # (matrix rules: tall and wide)
+KIND = {"brc": "param", "br": "row", "bc": "col", "RC": "param", "RR": "rr", "CC": "cc"}
 
 
 def _raw_shape(art, k):
-    """A parameter shape whose shape flags (e.g. "factored") are those of kernel ``k``."""
+    """A parameter shape whose shape flags (e.g. "factored") are those of kernel ``k``;
+    None for a combination no shape has (muon's "tall" without "matrix")."""
     for shape in RAW_SHAPES:
-        env = {"ndim": len(shape), "numel": int(np.prod(shape))}
+        env = views.shape_env(shape)
         if all(bool(scalar_expr.evaluate(rule, env)) == k.flags[n]
                for n, rule in art.shape_flags.items()):
             return shape
-    raise AssertionError(f"no test shape for {k.symbol}")
+    assert "tall" in k.flags and not k.flags["matrix"], f"no test shape for {k.symbol}"
+    return None
 
 
 @pytest.mark.parametrize("name", list(catalog.list_specs()))
@@ -76,28 +82,39 @@ def test_raw_kernel_on_misaligned_states(name, rng):
     offset (reduction workspaces included)."""
     art = optgen.get_artifact(name)
     for k in art.kernels:
-        if k.mixed:  # test_mixed_precision_kernels_match_reference
-            continue
         shape = _raw_shape(art, k)
+        if k.mixed or shape is None:  # test_mixed_precision_kernels_match_reference
+            continue
         d = views.dims(shape)
         arrays = {}
         for b in k.buffers:
             axes = k.buffer_axes[b]
             if b in k.workspaces:
                 ext = (art.reduction_buffer_size,) if not axes else views.extents(d, axes)
-                arrays[b] = offset_array(np.zeros(ext), rng)
+                dtype = np.float64 if b.startswith("_red") else k.dtype   # matrix temporaries
+                arrays[b] = offset_array(np.zeros(ext, dtype), rng)
             else:
-                kind = {"brc": "param", "br": "row", "bc": "col"}[axes]
-                value = rng.standard_normal(views.state_shape(shape, kind)).astype(
+                value = rng.standard_normal(views.state_shape(shape, KIND[axes])).astype(
                     k.storage.get(b, k.dtype))
                 arrays[b] = offset_array(np.abs(value) if b != "w" and b != "grad" else value, rng)
         scalars = {s: 0.25 for s in k.scalars}
         if "clip_gradient" in scalars:
             scalars["clip_gradient"] = 0.5
+        scalars.update({s: 2 for s in k.scalars if s in art.hypers and   # repeat() counts
+                        art.hypers[s].type == "int"})
+        env = {**scalars, **views.shape_env(shape)}
+        scalars.update({s: scalar_expr.evaluate(e, env) for s, e in k.host_scalars.items()
+                        if s in k.param_scalars})   # a matrix rule's shape scalars
         plain = {b: a for b, a in arrays.items() if b not in k.workspaces}
         expect = reference.evaluate(k.ir, k.dtype, plain, k.buffer_axes, scalars, d)
         scalar_array = offset_array(np.array([scalars[s] for s in k.scalars], k.dtype), rng)
-        for ln in k.launches:
+        launches = list(k.launches)
+        while launches:
+            ln = launches.pop(0)
+            if ln["kind"] == "repeat":   # the body runs 'count' times: unroll it here
+                body = launches[:ln["length"]]
+                launches[:ln["length"]] = body * scalars[ln["count"]]
+                continue
             art.function(ln["symbol"])(*(views.as_kernel(arrays[b], k.buffer_axes[b], d,
                                                          ln["view"]) for b in ln["buffers"]),
                                        scalar_array)
@@ -151,15 +168,16 @@ MIXED_SHAPES = [(0,), (1,), (17,), (31, 17), (1000,), (100_003,), (7, 13, 11)]
 
 
 def _shape_flags_hold(art, k, shape: tuple) -> bool:
-    env = {"ndim": len(shape), "numel": int(np.prod(shape))}
+    env = views.shape_env(shape)
     return all(bool(scalar_expr.evaluate(rule, env)) == k.flags[n]
                for n, rule in art.shape_flags.items())
 
 
 def mixed_kernels():
-    for name in catalog.list_specs():
-        for k in optgen.get_artifact(name).kernels:
-            if k.mixed:
+    for name in catalog.list_specs():   # (matrix specs: their fallback rule, 1-D shapes)
+        art = optgen.get_artifact(name)
+        for k in art.kernels:   # (not flag combinations no shape has: tall without matrix)
+            if k.mixed and any(_shape_flags_hold(art, k, s) for s in MIXED_SHAPES):
                 yield pytest.param(name, k.symbol, id=k.symbol)
 
 
@@ -289,7 +307,7 @@ def test_mixed_precision_lazy_rows(name, low, rng):
                        f"{name} {low}: w_low is not the new master rounded")
 
 
-@pytest.mark.parametrize("name", list(catalog.list_specs()))
+@pytest.mark.parametrize("name", sorted(set(catalog.list_specs()) - matrix_specs()))
 def test_mixed_precision_manifest(name):
     """Every plain kernel has a float16 and a bfloat16 twin: same flags, float32 compute,
     w_low after w, gradients and w_low stored in the low dtype, the rest unchanged."""

@@ -33,9 +33,11 @@ import optgen
 from optgen.compiler import pipeline, targets
 from optgen.errors import BuildError
 from optgen.runtime import catalog
+from helpers import matrix_specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECS = sorted(catalog.list_specs())
+# matrix rules (THOR, Muon) build for llvm only: test_matrix_specs_build_for_llvm_only
+SPECS = sorted(set(catalog.list_specs()) - matrix_specs())
 BASE = {"lars": "adam"}                 # wrapper specs need a base optimizer
 ARCHS = ("sm_80", "sm_90")              # the cuda target's default --arch
 THREADS = 256                           # threads per block of every GPU kernel
@@ -499,3 +501,10 @@ def test_rocm_cli_build_is_one_line_error(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "ROCm" in lines[0] and "ROCM_PATH" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("target", ["cuda", "opencl", "c"])
+def test_matrix_specs_build_for_llvm_only(target, tmp_path):
+    """A matrix rule on another target is a BuildError that names the spec and llvm."""
+    with pytest.raises(BuildError, match=r"muon uses matrix products .* llvm target only"):
+        pipeline.build(os.path.join(ROOT, "specs", "muon.py"), target, out=str(tmp_path))

@@ -125,7 +125,8 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                    for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags),
                                   tg.acc_dtype)]
         scheduled = {k.symbol: schedule(k, tg) for k in lowered}      # 5 schedule
-        scripts = {sym: text for sym, (text, _) in scheduled.items()}
+        same = _same_functions(scheduled) if tg.family != "gpu" else {}
+        scripts = {sym: text for sym, (text, _) in scheduled.items() if sym not in same}
         _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
         tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.",
@@ -145,13 +146,25 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                                             {s: g for s, (_, g) in scheduled.items()})
             _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
                             time.perf_counter() - start, tg, archs, device, binaries,
-                            base)                                    # 7 write
+                            base, same)                              # 7 write
             _publish(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     global BUILD_COUNT
     BUILD_COUNT += 1
     return BuildResult(dest, False, time.perf_counter() - start, spec.name)
+
+
+def _same_functions(scheduled: dict[str, tuple[str, list | None]]) -> dict[str, str]:
+    """symbol -> an earlier symbol whose function is the same text but for its name.
+    Flag combinations share many passes (every matmul of a matrix rule, a fallback rule
+    under flags it ignores): each is compiled once and the launches name the first."""
+    first: dict[str, str] = {}
+    out = {}
+    for sym, (text, _) in scheduled.items():
+        canonical = text.replace(f"def {sym}(", "def _(").replace(f'"{sym}"', '"_"')
+        out[sym] = first.setdefault(canonical, sym)
+    return {s: f for s, f in out.items() if s != f}
 
 
 def _is_current(dest: str, key: str) -> bool:
@@ -287,7 +300,8 @@ def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
 def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
                     sources: dict[str, str], key: str, target: str, seconds: float,
                     tg: targets.Target, archs: tuple[str, ...], device: dict | None,
-                    binaries: dict[str, str], base: str | None = None) -> None:
+                    binaries: dict[str, str], base: str | None = None,
+                    same: dict[str, str] | None = None) -> None:
     import optgen
     kernels = []
     for kir, dt, pdt in variants(kirs, tg.dtypes):
@@ -297,8 +311,9 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         for j, ln in enumerate(entry["launches"]):
             if ln["kind"] != "repeat":
                 ln["symbol"] = f"{sym}_p{j}" if multi else sym
+                ln["symbol"] = (same or {}).get(ln["symbol"], ln["symbol"])
         if entry["lazy"] is not None:
-            entry["lazy"]["symbol"] = f"{sym}_lazy"
+            entry["lazy"]["symbol"] = (same or {}).get(f"{sym}_lazy", f"{sym}_lazy")
         kernels.append(entry)
     hypers = [h.info for h in spec.hypers.values()]
     manifest = {
