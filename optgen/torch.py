@@ -270,20 +270,22 @@ class KFACStatistics:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 self._handles.append(module.register_forward_hook(self._forward))
-                self._handles.append(module.register_full_backward_hook(self._backward))
 
-    @torch.no_grad()
     def _forward(self, module, inputs, output) -> None:
-        if self.record:
+        """A from the input; G from the output's gradient, through a hook on the output
+        tensor (a module backward hook would also need the input to require grad)."""
+        if not self.record:
+            return
+        found = self._found.setdefault(id(module.weight), {})
+        with torch.no_grad():
             a = inputs[0].detach().reshape(-1, module.in_features)
-            self._found.setdefault(id(module.weight), {})["A"] = a.T @ a
-
-    @torch.no_grad()
-    def _backward(self, module, grad_input, grad_output) -> None:
-        if self.record and grad_output[0] is not None:
-            d = grad_output[0].detach().reshape(-1, module.out_features)
-            self._found.setdefault(id(module.weight), {})["G"] = \
-                (d.T @ d) / (self.loss_scale * self.loss_scale)
+            found["A"] = a.T @ a
+        if output.requires_grad:
+            def backward(grad: torch.Tensor) -> None:
+                with torch.no_grad():
+                    d = grad.detach().reshape(-1, module.out_features)
+                    found["G"] = (d.T @ d) / (self.loss_scale * self.loss_scale)
+            output.register_hook(backward)
 
     def collect(self, optimizer: "OptgenOptimizer") -> dict[str, list]:
         """``{"A": [...], "G": [...]}`` aligned with ``optimizer``'s parameters; empty

@@ -137,6 +137,9 @@ def reference_artifact(path: Path, base: str | None = None) -> Artifact:
         "name_flags": {n: {"exclude": list(x), "doc": d}
                        for n, (x, d) in spec.name_flags.items()},
         "inputs": spec.inputs, "lazy_update_default": spec.lazy_update_default,
+        "statistics": {n: {"shape": shape, "doc": doc}
+                       for n, (shape, doc) in spec.statistics.items()},
+        "accepted": spec.accepted,
         "reduction_buffer_size": pipeline.RED_SCALAR_SIZE, "reduction_dtype": tg.acc_dtype,
     }
     return Artifact(str(path.parent), manifest)
