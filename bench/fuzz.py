@@ -55,6 +55,7 @@ from typing import Any, Callable
 import numpy as np
 
 import optgen
+from optgen.commands import random_statistics
 from optgen.runtime import RowSparse, catalog, schedules, tensors
 from optgen.runtime import hyper as hyper_rules
 
@@ -1023,24 +1024,9 @@ class World:
         return grads, {**inputs, **self.statistics(seed)}
 
     def statistics(self, seed: int) -> dict:
-        """Valid statistics (THOR's A and G: symmetric positive definite, float64) for
-        every 2-D parameter, so that a refresh step is a good call."""
-        art = self.opt.artifact
-        if not art.statistics:
-            return {}
-        rng = np.random.default_rng(seed + 1)
-        out = {}
-        for name, shape in art.statistics.items():
-            mats = []
-            for p in self.opt.params:
-                if getattr(p, "ndim", 0) != 2:
-                    mats.append(None)
-                    continue
-                n = p.shape[0] if shape == "rr" else p.shape[1]
-                x = rng.standard_normal((n + 2, n))
-                mats.append(x.T @ x)
-            out[name] = mats
-        return out
+        """Valid statistics (THOR's A and G) for every 2-D parameter on a step that
+        refreshes, so that such a step is a good call."""
+        return random_statistics(self.opt, np.random.default_rng(seed + 1))
 
     def grad(self, g: GradSpec, i: int, sofar: list):
         opt = self.opt

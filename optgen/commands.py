@@ -114,6 +114,24 @@ class CheckResult:
         return self.skipped is not None or self.max_rel <= TOLERANCE[self.dtype]
 
 
+def random_statistics(opt, rng: np.random.Generator) -> dict[str, list]:
+    """Statistics for a spec that reads them (THOR's A and G) on a step that refreshes:
+    for each 2-D parameter a random symmetric positive definite matrix, x^T x as a
+    batch of inputs would give; {} on other steps and for other specs."""
+    art = opt.artifact
+    if not art.statistics or not opt.refresh_due:
+        return {}
+    out = {}
+    for name, shape in art.statistics.items():
+        mats = []
+        for p in opt.params:
+            n = None if p.ndim != 2 else p.shape[0] if shape == "rr" else p.shape[1]
+            x = None if n is None else rng.standard_normal((n + 3, n))
+            mats.append(None if x is None else x.T @ x)
+        out[name] = mats
+    return out
+
+
 def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
     """Step the compiled kernels and the reference interpreter side by side, STEPS steps
     on SHAPES, for every dtype and every combination of the spec's flags, with the
@@ -140,9 +158,11 @@ def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
             grads = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
             extra = {n: [rng.standard_normal(s).astype(dtype) for s in SHAPES]
                      for n in art.inputs}
+            extra.update(random_statistics(twins[0], rng))
             for opt in twins:
                 opt.step([g.copy() for g in grads],
-                         **{n: [a.copy() for a in v] for n, v in extra.items()})
+                         **{n: [None if a is None else a.copy() for a in v]
+                            for n, v in extra.items()})
         max_abs = max_rel = 0.0
         nonfinite = 0
         for got, want in zip(*(o.params for o in twins)):

@@ -47,18 +47,5 @@ def matrix_specs() -> frozenset:
 def statistics(opt, rng) -> dict:
     """Random statistics (symmetric positive definite, like a^T a) for every 2-D parameter
     when ``opt``'s next step refreshes (THOR); {} otherwise."""
-    art = opt.artifact
-    if not art.statistics or not opt.refresh_due:
-        return {}
-    out = {}
-    for name, shape in art.statistics.items():
-        mats = []
-        for p in opt.params:
-            if p.ndim != 2:
-                mats.append(None)
-                continue
-            n = p.shape[0] if shape == "rr" else p.shape[1]
-            x = rng.standard_normal((n + 3, n))
-            mats.append(x.T @ x)
-        out[name] = mats
-    return out
+    from optgen.commands import random_statistics
+    return random_statistics(opt, rng)

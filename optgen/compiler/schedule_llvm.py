@@ -31,7 +31,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         m = k.matmul
         return schedule_matmul(MatmulPass(
             k.symbol, k.dtype, [(b.name, b.axes) for b in k.buffers], m["a"], m["b"],
-            m["out"], m["trans_a"], m["trans_b"], n_scalars=max(1, len(k.scalars))))
+            m["out"], m["trans_a"], m["trans_b"], n_scalars=None))
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
