@@ -463,7 +463,8 @@ class Spec:
         in float64 (numpy, with ``inverse``) on a parameter's steps 1, 1 + every, ...;
         ``every`` is an int hyperparameter or an int."""
         loc = caller_loc()
-        if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers:
+        if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers \
+                and self.hypers[every.name].info.type == "int":
             every = every.name
         elif not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
             raise SpecError(f"refresh(every=...) must be an int hyperparameter or an int >= 1, "
