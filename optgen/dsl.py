@@ -18,6 +18,7 @@ the IR (see optgen.ir). Booleans are *flags*: compile-time specializations read 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import keyword
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -78,7 +79,7 @@ def col_mean(x):
 
 
 # -- matrix values (2-D parameters; see optgen.ir "matrix values" and docs/matrix.md) -----
-_loops = iter(range(1 << 62))
+_loops = itertools.count()   # loop variables' names: unique within a process
 
 
 def repeat(count, body: Callable[[Expr], Expr], init) -> Expr:

@@ -142,6 +142,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 if id(p) in where:
                     i = where[id(p)]
                     core.state[j], core._steps[j] = old.state[i], old._steps[i]
+                    core._refreshed[j] = old._refreshed[i]
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         return core
 

@@ -6,7 +6,7 @@ For a 2-D weight W (R = outputs x C = inputs) with gradient g:
         A_inv = (A / batch_size + damping * I)^-1        A = sum over the batch of a a^T
         G_inv = (G * batch_size + damping * I)^-1        G = sum over the batch of d d^T
     d = G_inv @ (rescale_grad * g) @ A_inv
-    d = d + weight_decay * W                             (parameters the decay filter keeps)
+    d = d + weight_decay * W                   (the runtime's decay_filter may exclude names)
     d = d / max(||d||, 1)                                (enable_clip_grad)
     m = momentum * m + d
     W = W - lr * m                     (use_nesterov: W - lr * (d + momentum * m))
@@ -46,7 +46,6 @@ bound = spec.hyper("clip_gradient", None, "clip_gradient >= 0",
                    optional=True, none_value=float("inf"))
 spec.flag("use_nesterov", False, "Nesterov momentum")
 spec.flag("enable_clip_grad", False, "clip each step d to L2 norm 1 (MindSpore's ClipByNorm)")
-spec.name_flag("decay", doc="weight decay applies (decay_filter; default: every parameter)")
 spec.shape_flag("matrix", "ndim == 2", "2-D weights are preconditioned")
 spec.accept("split_indices", "distributed all-reduce grouping of A and G: unused here")
 A = spec.statistic("A", "cc", "sum over the batch of a a^T (a: the layer's input rows)")
@@ -70,8 +69,7 @@ def thor(w, grad, flags):
     d = preprocess(grad)
     if flags.matrix:
         d = matmul(matmul(G_inv, d), A_inv)
-    if flags.decay:
-        d = d + weight_decay * w
+    d = d + weight_decay * w          # (decay_filter / wd_mult set it to 0 per parameter)
     if flags.enable_clip_grad:
         d = d / maximum(norm(d), 1.0)
     m_new = momentum * m + d

@@ -104,7 +104,7 @@ def test_raw_kernel_on_misaligned_states(name, rng):
                         art.hypers[s].type == "int"})
         env = {**scalars, **views.shape_env(shape)}
         scalars.update({s: scalar_expr.evaluate(e, env) for s, e in k.host_scalars.items()
-                        if s in k.param_scalars})   # a matrix rule's shape scalars
+                        if scalar_expr.names(e) & {"rows", "cols"}})   # shape scalars
         plain = {b: a for b, a in arrays.items() if b not in k.workspaces}
         expect = reference.evaluate(k.ir, k.dtype, plain, k.buffer_axes, scalars, d)
         scalar_array = offset_array(np.array([scalars[s] for s in k.scalars], k.dtype), rng)

@@ -77,7 +77,7 @@ def rule(w, grad, flags):
     ("param-not-updated", HEAD + rule("{m: grad}"), 6, r"no new value for the parameter w",
      r"w: new_w"),
     ("state-bad-shape", HEAD + "s = spec.state('s', 0.0, shape='matrix')\n" + GOOD_RULE, 5,
-     r"shape must be one of param, row, col, scalar, got 'matrix'", r"shape='param'"),
+     r"shape must be one of param, row, col, scalar, rr, cc, got 'matrix'", r"shape='param'"),
     ("state-bad-init", HEAD + "s = spec.state('s', 'zero')\n" + GOOD_RULE, 5,
      r"init must be a number or a hyperparameter expression", r"init=0\.0"),
     ("state-when-unknown-flag", HEAD + "s = spec.state('s', 0.0, when='amsgrad')\n" + GOOD_RULE,
@@ -116,7 +116,7 @@ def rule(w, grad, flags):
     ("too-many-flags", HEAD + "".join(f"f{i} = spec.flag('f{i}', False)\n" for i in range(7))
      + GOOD_RULE, 2, r"at most 6 flags per spec, found 7", r"float hyperparameter"),
     ("bad-shape-flag-rule", HEAD + "big = spec.shape_flag('big', 'rank >= 2')\n" + GOOD_RULE,
-     5, r"shape flag 'big': the rule may use ndim and numel, not 'rank'", r"ndim >= 2"),
+     5, r"shape flag 'big': the rule may use ndim, numel, rows and cols, not 'rank'", r"ndim >= 2"),
     # names
     ("duplicate-name", HEAD + "m2 = spec.state('m', 1.0)\n" + GOOD_RULE, 5, r"declared twice",
      r"its own name"),

@@ -70,8 +70,7 @@ def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
-                             f"optgen compiles for the llvm target only so far, not {tg.name}",
-                             )
+                             f"optgen compiles for the llvm target only so far, not {tg.name}")
     kirs = [specialize(spec, tr, low) for tr in traces
             for low in (None, *(() if tr.matrix else tg.mixed))]
     kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]

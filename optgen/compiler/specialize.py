@@ -156,9 +156,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> Kern
     axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
             **{s.name: s.node.mat or s.node.axes for s in active}}   # rr/cc: "RR"/"CC"
     matrix = trace.matrix
-    if matrix:
-        if param_dtype is not None or spec.inputs:
-            raise AssertionError("matrix rules have no mixed-precision or input variants")
+    if matrix:   # (no mixed-precision variant: kernel_irs; no inputs: the verifier)
         axes = {n: matrix_shape(by_name[n].node) if n in by_name and a else a
                 for n, a in axes.items()}   # param-shaped states: "RC"
         axes.update(w="RC", grad="RC")

@@ -130,6 +130,10 @@ def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:
                                     "hyperparameter; it must be an int", node.loc or tr.loc,
                                     hint=f"spec.hyper({node.value!r}, ..., type='int')")
     matrix = tr.matrix
+    if matrix and spec.inputs:
+        raise SpecError(f"the update multiplies matrices{which} and reads extra inputs "
+                        f"({', '.join(spec.inputs)}); matrix rules take the gradient only",
+                        tr.loc, hint="drop spec.input, or keep the rule elementwise")
     for name, value in [*tr.updates.items(), *(tr.refresh or {}).items()]:
         st = spec.states.get(name)
         want = "RC" if st is None or st.shape == "param" else \
