@@ -149,3 +149,29 @@ def test_matrix_rule_needs_a_2d_parameter(tmp_path):
         '''))
     with pytest.raises(ValueError, match=r"parameter 0 has shape \(3, 4, 5\); .* needs a 2-D"):
         optgen.create(str(path), [np.zeros((3, 4, 5), np.float32)])
+
+
+@pytest.mark.parametrize("name", ["thor", "muon"])
+def test_checkpoint_round_trip_keeps_matrix_states_and_the_refresh_schedule(tmp_path, name):
+    from optgen.commands import random_statistics
+    rng = np.random.default_rng(1)
+    shapes = [(6, 4), (3, 5), (5,)]
+    hyper = {"frequency": 3} if name == "thor" else {}
+    a = optgen.create(name, [rng.standard_normal(s).astype(np.float32) for s in shapes], **hyper)
+    for _ in range(4):
+        a.step([rng.standard_normal(s).astype(np.float32) for s in shapes],
+               **random_statistics(a, rng))
+    a.save(str(tmp_path / "ck"))
+    b = optgen.create(name, [p.copy() for p in a.params], **hyper)
+    assert name != "thor" or b.refresh_due      # a new optimizer refreshes first
+    b.load(str(tmp_path / "ck"))
+    assert not b.refresh_due and not a.refresh_due   # step 5: (5 - 1) % 3 != 0
+    for _ in range(3):                               # step 7 refreshes
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        stats = random_statistics(a, rng)
+        a.step([g.copy() for g in grads], **stats)
+        b.step([g.copy() for g in grads], **stats)
+    for i in range(len(shapes)):
+        np.testing.assert_array_equal(a.params[i], b.params[i])
+        for n, v in a.state[i].items():
+            np.testing.assert_array_equal(v, b.state[i][n], err_msg=n)
