@@ -228,33 +228,15 @@ def plot(out: dict, path: str, title: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     ax_loss.legend(fontsize=9)
     ax_lr.legend(loc="center right", fontsize=9)
-    fig.suptitle(title)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
+    train_digits.save_figure(fig, title, path)
 
 
 # -- command line ---------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=None,
-                        help=f"passes over the training set (default {EPOCHS})")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_EPOCHS} epochs, unless --epochs is given (for CI)")
-    parser.add_argument("--scheduler", choices=SCHEDULERS, default="onecycle")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="fixes the split, the initial weights and the batch order")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--plot", metavar="PATH",
-                        help="write the loss and lr plot (PNG) there; needs matplotlib")
-    args = parser.parse_args(argv)
-    if args.epochs is None:
-        args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
-    if args.epochs < 1:
-        parser.error("--epochs must be >= 1")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
-    return args
-
+    return train_digits.parse_args(
+        argv, doc=__doc__, configs=None, epochs=EPOCHS, quick_epochs=QUICK_EPOCHS,
+        batch_size=BATCH_SIZE, plot_help="the loss and lr plot",
+        extra=lambda p: p.add_argument("--scheduler", choices=SCHEDULERS, default="onecycle"))
 
 def main(argv=None) -> dict:
     """Train both runs; print and return ``{"optgen": {...}, "torch": {...},

@@ -228,48 +228,68 @@ def plot(results: dict[str, dict], path: str, title: str) -> None:
         ax_acc.plot(h["epoch"], h["test_accuracy"], label=name, linewidth=1.6)
     ax_loss.set(yscale="log", xlabel="epoch", ylabel="training loss (mean cross-entropy)",
                 title="training loss")
-    # Zoomed on the end of training; the first epochs come in from below.
+    finish_plot(fig, ax_loss, ax_acc, results, title, path)
+
+
+def finish_plot(fig, ax_loss, ax_acc, results: dict[str, dict], title: str,
+                path: str) -> None:
+    """The accuracy panel zoomed on the end of training (the first epochs come in from
+    below), grids and legends, the title; then the PNG at ``path``."""
     worst = min(r["test_accuracy"] for r in results.values())
     ax_acc.set(ylim=(max(0.0, math.floor(20 * worst) / 20 - 0.1), 1.0), xlabel="epoch",
                ylabel="test accuracy", title="test accuracy")
     for ax in (ax_loss, ax_acc):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=9)
+    save_figure(fig, title, path)
+
+
+def save_figure(fig, title: str, path: str) -> None:
     fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
 
 
 # -- command line ---------------------------------------------------------------------
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv=None, *, doc: str = __doc__, configs: dict | None = CONFIGS,
+               epochs: int = EPOCHS, quick_epochs: int = QUICK_EPOCHS,
+               batch_size: int = BATCH_SIZE, plot_help: str = "the convergence plot",
+               extra=None) -> argparse.Namespace:
+    """The digits trainers' command line (this script, train_mlp_matrix.py and
+    torch_trainer.py): --epochs, --quick, --seed, --batch-size, --plot, and --optimizers
+    when ``configs`` names the choices; ``extra(parser)`` adds a script's own options."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=None,
-                        help=f"passes over the training set (default {EPOCHS})")
+                        help=f"passes over the training set (default {epochs})")
     parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_EPOCHS} epochs, unless --epochs is given (for CI)")
-    parser.add_argument("--optimizers", default=",".join(CONFIGS),
-                        help=f"comma-separated, from {', '.join(CONFIGS)} (default: all)")
+                        help=f"{quick_epochs} epochs, unless --epochs is given (for CI)")
+    if configs is not None:
+        parser.add_argument("--optimizers", default=",".join(configs),
+                            help=f"comma-separated, from {', '.join(configs)} (default: all)")
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--seed", type=int, default=0,
                         help="fixes the split, the initial weights and the batch order")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--plot", metavar="PATH",
-                        help="write the convergence plot (PNG) there; needs matplotlib")
+                        help=f"write {plot_help} (PNG) there; needs matplotlib")
     args = parser.parse_args(argv)
     if args.epochs is None:
-        args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
-    args.optimizers = [s.strip() for s in args.optimizers.split(",") if s.strip()]
-    unknown = [s for s in args.optimizers if s not in CONFIGS]
-    if unknown or not args.optimizers:
-        parser.error(f"--optimizers: unknown {unknown[0]!r}; choose from {', '.join(CONFIGS)}"
-                     if unknown else "--optimizers: name at least one optimizer")
-    if len(set(args.optimizers)) != len(args.optimizers):
-        parser.error("--optimizers: a name is given twice")
+        args.epochs = quick_epochs if args.quick else epochs
+    if configs is not None:
+        args.optimizers = [s.strip() for s in args.optimizers.split(",") if s.strip()]
+        unknown = [s for s in args.optimizers if s not in configs]
+        if unknown or not args.optimizers:
+            parser.error(f"--optimizers: unknown {unknown[0]!r}; choose from "
+                         f"{', '.join(configs)}" if unknown
+                         else "--optimizers: name at least one optimizer")
+        if len(set(args.optimizers)) != len(args.optimizers):
+            parser.error("--optimizers: a name is given twice")
     if args.epochs < 1:
         parser.error("--epochs must be >= 1")
     if args.batch_size < 1:
         parser.error("--batch-size must be >= 1")
     return args
-
 
 def main(argv=None) -> dict[str, dict]:
     """Train each optimizer from the same initial weights; print and return the results

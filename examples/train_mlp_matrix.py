@@ -44,7 +44,8 @@ import numpy as np
 import optgen
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_digits import load_data  # noqa: E402  (the same data and split)
+from train_digits import finish_plot, load_data  # noqa: E402  (the same data and split)
+from train_digits import parse_args as digits_args  # noqa: E402  (the same command line)
 
 # Per-optimizer hyperparameters (constant lr), tuned by hand on this model (seeds 0 and 1,
 # 3 and 20 epochs). THOR's batch_size is the trainer's (added in make_optimizer).
@@ -210,47 +211,14 @@ def plot(results: dict[str, dict], path: str, title: str) -> None:
                      label=f"{name} test")
         ax_acc.plot(h["epoch"], h["test_accuracy"], color=color, linewidth=1.6, label=name)
     ax_loss.set(yscale="log", xlabel="epoch", ylabel="mean cross-entropy", title="loss")
-    worst = min(r["test_accuracy"] for r in results.values())
-    ax_acc.set(ylim=(max(0.0, math.floor(20 * worst) / 20 - 0.1), 1.0), xlabel="epoch",
-               ylabel="test accuracy", title="test accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=9)
-    fig.suptitle(title)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
+    finish_plot(fig, ax_loss, ax_acc, results, title, path)
 
 
 # -- command line ---------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=None,
-                        help=f"passes over the training set (default {EPOCHS})")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_EPOCHS} epochs, unless --epochs is given (for CI)")
-    parser.add_argument("--optimizers", default=",".join(CONFIGS),
-                        help=f"comma-separated, from {', '.join(CONFIGS)} (default: all)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="fixes the split, the initial weights and the batch order")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--plot", metavar="PATH",
-                        help="write the loss curves (PNG) there; needs matplotlib")
-    args = parser.parse_args(argv)
-    if args.epochs is None:
-        args.epochs = QUICK_EPOCHS if args.quick else EPOCHS
-    args.optimizers = [s.strip() for s in args.optimizers.split(",") if s.strip()]
-    unknown = [s for s in args.optimizers if s not in CONFIGS]
-    if unknown or not args.optimizers:
-        parser.error(f"--optimizers: unknown {unknown[0]!r}; choose from {', '.join(CONFIGS)}"
-                     if unknown else "--optimizers: name at least one optimizer")
-    if len(set(args.optimizers)) != len(args.optimizers):
-        parser.error("--optimizers: a name is given twice")
-    if args.epochs < 1:
-        parser.error("--epochs must be >= 1")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
-    return args
-
+    return digits_args(argv, doc=__doc__, configs=CONFIGS, epochs=EPOCHS,
+                       quick_epochs=QUICK_EPOCHS, batch_size=BATCH_SIZE,
+                       plot_help="the loss curves")
 
 def main(argv=None) -> dict[str, dict]:
     """Train each optimizer from the same initial weights; print and return the results

@@ -161,6 +161,7 @@ class Optimizer:
         # strides); forgotten when states change (a new state must be checked against)
         self._checked: list[tuple | None] = [None] * len(self.params)
         self._refreshed: list[int | None] = [None] * len(self.params)  # step of the last refresh
+        self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         self._check_matrix_params()
         for i in range(len(self.params)):
             self._ensure_state(i)
@@ -857,6 +858,8 @@ class Optimizer:
     def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
         """Parameter -> its statistics (numpy float64) for the parameters this step
         refreshes; every statistic is checked before anything changes."""
+        if not self._refreshing:        # (most specs: nothing to do per step)
+            return {}
         for name, arrays in stats.items():
             if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
                 raise TypeError(f"{self.name}: {name} must be a list with one matrix (or "
@@ -965,21 +968,11 @@ class Optimizer:
             def call(fn, args):
                 fn(*[a if type(a) is not tuple else
                      wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
-            plan = self._plans[i]
-            j = 0
-            while j < len(plan):
-                fn, args = plan[j]
-                if fn is REPEAT:        # a matrix rule's loop (Newton-Schulz iterations)
-                    (slot, times), length = args
-                    if slot is not None:
-                        times = round(float(scalars[slot]))
-                    for _ in range(times):
-                        for body in plan[j + 1:j + 1 + length]:
-                            call(*body)
-                    j += 1 + length
-                    continue
-                call(fn, args)
-                j += 1
+            if k.matrix:                 # its plan may hold loops
+                _run_loops(self._plans[i], call, scalars)
+            else:
+                for fn, args in self._plans[i]:
+                    call(fn, args)
             return
         arrays = self._arrays(i, k, g, extra)
         lib = self._lib[i]
@@ -1069,6 +1062,26 @@ class Optimizer:
 
 GRAD = object()   # a run's argument slot for the gradient span
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
+
+
+def _run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
+    """A matrix rule's plan: ``(REPEAT, ((slot, times), length))`` runs the next
+    ``length`` entries ``times`` times (or the value of scalar ``slot``: Newton-Schulz
+    iterations); other entries are calls."""
+    j = 0
+    while j < len(plan):
+        fn, args = plan[j]
+        if fn is not REPEAT:
+            call(fn, args)
+            j += 1
+            continue
+        (slot, times), length = args
+        if slot is not None:
+            times = round(float(scalars[slot]))
+        for _ in range(times):
+            for body in plan[j + 1:j + 1 + length]:
+                call(*body)
+        j += 1 + length
 
 
 def _same(x: Any) -> Any:

@@ -42,7 +42,7 @@ rms_scale = spec.hyper("rms_scale", None, "rms_scale > 0", "scale the 2-D update
                        "rms_scale * sqrt(max(R, C)) (Moonshot: 0.2); None: sqrt(max(1, R / C))",
                        optional=True, none_value=0.0)
 spec.shape_flag("matrix", "ndim == 2", "2-D parameters take the Muon update")
-spec.shape_flag("tall", "ndim == 2 and rows > cols", "R > C: iterate on the C x C Gram matrix")
+spec.shape_flag("tall", "rows > cols", "R > C: iterate on the C x C Gram matrix (2-D)")
 spec.restrict("v", when="not matrix")
 m = spec.states["m"].node
 

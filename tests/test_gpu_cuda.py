@@ -76,7 +76,7 @@ def test_cuda_matches_reference(name, flags, dtype, rng):
 
 
 def test_cuda_torch_tensors_step_in_place(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the torch interop case needs torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch build has no CUDA")
     gpu, cpu = _artifacts("adam")

@@ -47,9 +47,6 @@ torch.optim.Muon (torch >= 2.9) runs Newton-Schulz in bfloat16, so it cannot mat
 1e-4: ``test_muon_loosely_matches_torch`` only asks for the same momentum buffer (it is
 kept in full precision) and a per-step update direction with cosine similarity > 0.99
 (observed >= 0.999).
-
-This module needs specs/thor.py and specs/muon.py: it fails (it does not skip) without
-them.
 """
 from __future__ import annotations
 

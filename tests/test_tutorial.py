@@ -168,7 +168,7 @@ def test_getting_started_numpy_snippet():
 
 
 def test_getting_started_torch_snippet():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the torch snippet needs torch")
     section = _section(GETTING_STARTED, "## Use it from torch")
     code, = _blocks(section, "python")
     shown = _blocks(section, "console")[0]
