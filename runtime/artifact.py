@@ -12,6 +12,7 @@ failure is an ArtifactError naming the file, what is wrong and the rebuild comma
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -267,11 +268,34 @@ class StateInfo:
 _lock = threading.Lock()
 
 
+@contextlib.contextmanager
+def torch_hidden():
+    """Imports inside make ``import torch`` fail, unless this process has imported torch.
+
+    tvm_ffi's ``__init__`` and TVM's relax package import torch whenever it is installed
+    (1.5-2 s of a cold build or a first step here): tvm_ffi to dodge a symbol clash seen
+    on Windows and to load a DLPack addon that torch >= 2.10 makes unnecessary
+    (torch.Tensor has ``__dlpack_c_exchange_api__`` itself), relax for its PyTorch
+    interop, which optgen does not use. A process that has imported torch gets both
+    unchanged; one that has not gets them as if torch were absent, and tensors of a
+    torch imported later still pass to kernels through DLPack
+    (tests/test_torch_interop.py runs that order in a new process)."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None   # makes `import torch` raise ImportError
+    try:
+        yield
+    finally:
+        if hide and "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+
+
 @functools.lru_cache(maxsize=1)
 def _load_tvm_runtime() -> None:
     """Load libtvm_runtime.so once, with a sensible thread count (tvm-notes §0)."""
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-    import tvm_ffi  # noqa: F401  — loads libtvm_ffi.so, which libtvm_runtime.so links against
+    with torch_hidden():
+        import tvm_ffi  # noqa: F401  — loads libtvm_ffi.so, which libtvm_runtime.so links
     spec = importlib.util.find_spec("tvm")
     if spec is None or spec.origin is None:
         raise ArtifactError("the apache-tvm package is not installed (pip install apache-tvm)")

@@ -116,17 +116,9 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         if not force and _is_current(dest, key):
             return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
         _remove_leftovers(dest)
-        spec = load_spec(spec_path, base)                            # 1 load
-        traces = verify(spec)                                        # 2 verify
-        kirs = kernel_irs(spec, traces, tg)                          # 3 IR
-        _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-        lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)    # 4 lower
-                   for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags),
-                                  tg.acc_dtype)]
-        scheduled = {k.symbol: schedule(k, tg) for k in lowered}      # 5 schedule
+        spec, kirs, lowered, scheduled = front_end(spec_path, tg, base)  # 1-5
         same = _same_functions(scheduled) if tg.family != "gpu" else {}
         scripts = {sym: text for sym, (text, _) in scheduled.items() if sym not in same}
-        _debug("schedule", "\n\n".join(scripts.values()))
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
         tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.",
                                dir=os.path.dirname(dest))
@@ -152,6 +144,20 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     global BUILD_COUNT
     BUILD_COUNT += 1
     return BuildResult(dest, False, time.perf_counter() - start, spec.name)
+
+
+def front_end(spec_path: str, tg: targets.Target, base: str | None = None):
+    """Stages 1-5, which need no TVM: the spec, its kernel IRs, the lowered passes and
+    each pass's TVMScript text (and GPU grids) by symbol."""
+    spec = load_spec(spec_path, base)                                # 1 load
+    traces = verify(spec)                                            # 2 verify
+    kirs = kernel_irs(spec, traces, tg)                              # 3 IR
+    _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
+    lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)        # 4 lower
+               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags), tg.acc_dtype)]
+    scheduled = {k.symbol: schedule(k, tg) for k in lowered}          # 5 schedule
+    _debug("schedule", "\n\n".join(text for text, _ in scheduled.values()))
+    return spec, kirs, lowered, scheduled
 
 
 def _same_functions(scheduled: dict[str, tuple[str, list | None]]) -> dict[str, str]:
