@@ -8,7 +8,7 @@ stores come in (see tvm-notes §1b on in-place aliasing).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
 from .specialize import MASTER_DTYPE, KernelIR
@@ -56,6 +56,8 @@ class LoweredKernel:
     acc: str | None = None
     red: LoweredBuffer | None = None
     op: str | None = None            # "sum" | "mean"
+    also: list[tuple[str, LoweredBuffer, str]] = field(default_factory=list)  # more
+                                     # (acc, red, op) of the same pass (plan(merge=True))
     reduced: str = ""                # the reduced axes
     writes: list[str] | None = None  # buffers the pass stores into
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
@@ -135,6 +137,10 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
     ty = TVM_DTYPE[dtype]
     slot = {name: j for j, name in enumerate(kir.scalars)}
     red_of = {id(e): name for name, e in kir.reductions.items()}
+    # a pass after the one that stores kir.early reads those states' new values back
+    early_of = {} if ln.kind == "reduce" and ln.outputs else \
+        {id(e): name for name, e in kir.early.items()}
+    stop = {**red_of, **early_of}
     names: dict[int, str] = {}
     body: list[str] = []
     view = ln.view
@@ -216,8 +222,12 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
         return f"{_CALL[e.op]}({', '.join(a)})"
 
     def emit(roots: list[Expr]) -> None:
-        for k, e in enumerate(walk(roots, stop=red_of)):
+        for k, e in enumerate(walk(roots, stop=stop)):
             if e.op in ("const", "hyper") or id(e) in names:
+                continue
+            if id(e) in early_of:
+                names[id(e)] = f"e{k}"
+                body.append(f"e{k}: T.let = {load(early_of[id(e)])}")
                 continue
             if e.op == "buf" and not e.axes:   # one value per parameter: inline
                 names[id(e)] = render(e)
@@ -246,13 +256,16 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
                              [lbuf(b) for b in ln.buffers], list(kir.scalars), [],
                              writes=list(ln.outputs), matmul=dict(ln.matmul))
     if ln.kind == "reduce":
-        operand = ln.node.args[0]
-        emit([operand])
-        acc = ref(operand)
+        pairs = ln.reduced_pairs
+        emit([node.args[0] for node, _ in pairs])
+        for out in ln.outputs:       # states stored early (plan(merge=True))
+            body.append(store(out, ref(kir.early[out])))
+        accs = [(ref(node.args[0]), lbuf(red), node.value) for node, red in pairs]
         return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
-                             [lbuf(b) for b in ln.buffers], list(kir.scalars), body, acc=acc,
-                             red=lbuf(ln.red), op=ln.node.value, reduced=ln.node.name,
-                             writes=[ln.red])
+                             [lbuf(b) for b in ln.buffers], list(kir.scalars), body,
+                             acc=accs[0][0], red=accs[0][1], op=accs[0][2],
+                             reduced=ln.node.name, also=accs[1:],
+                             writes=[*ln.outputs, *(r for _, r in pairs)])
     # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
     outs = ln.values if ln.values is not None else \
         {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)

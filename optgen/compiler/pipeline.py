@@ -71,7 +71,7 @@ def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
         if matrix is not None:
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
-    kirs = [specialize(spec, tr, low) for tr in traces
+    kirs = [specialize(spec, tr, low, merge=tg.family == "cpu") for tr in traces
             for low in (None, *(() if tr.matrix else tg.mixed))]
     kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
     if not tg.lazy:
@@ -352,6 +352,8 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                "temporaries '_tmp<k>' and loop buffers '_loop<k>' of the shape their "
                "buffer_axes names (kernel dtype); a 'repeat' launch runs the next 'length' "
                "launches 'count' times (a hyperparameter); 'refresh' rules run on the host. "
+               "A 'reduce' launch fills its 'red' buffer and those of 'also', and stores "
+               "its 'outputs' (states that later launches read back). "
                "A kernel whose param_dtype "
                "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
                "is the float32 master, 'w_low' (written, never read) receives the new w "

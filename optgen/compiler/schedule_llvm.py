@@ -20,6 +20,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 15   # below this a thread-pool launch costs more t
 
 REDUCE_CHUNKS = 64               # fixed chunk count of whole-tensor reductions (deterministic)
 REDUCE_LANES = 16                # float64 partial sums per chunk, at most (float32: 16 lanes)
+REDUCE_CHAINS = 4                # independent accumulators per chunk (additions overlap)
 RED_SCALAR_SIZE = 1 + REDUCE_CHUNKS * REDUCE_LANES   # size of a per-parameter reduction buffer
 
 
@@ -43,5 +44,5 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         name = "kernel_llvm_reduce.py.j2"
     else:
         name = "kernel_llvm.py.j2"
-    return render(name, k=k, vec=vec, align=itemsize, chunks=REDUCE_CHUNKS,
+    return render(name, k=k, vec=vec, align=itemsize, chunks=REDUCE_CHUNKS, chains=REDUCE_CHAINS,
                   parallel_min_vectors=max(1, PARALLEL_MIN_ELEMENTS // vec))

@@ -12,7 +12,8 @@ The pass splits the update into what runs where:
   float64 buffer (``_red<k>``) before the passes that read it. A reduction's *level* is
   1 + the highest level among the reductions inside its operand, and passes run level by
   level; every pass recomputes its values from the old parameter and states, which are
-  only written by the final update passes (``plan``).
+  only written by the final update passes (``plan``; on CPU targets the first pass may
+  store states early, ``KernelIR.early``).
 
 A *mixed-precision* IR (``param_dtype`` float16 or bfloat16, multi_precision) is the
 same update with ``w`` as the float32 master copy: its gradients (``grad`` and the
@@ -52,6 +53,13 @@ class Launch:
     matmul: dict | None = None     # matmul: a, b, out, trans_a, trans_b
     count: str | int | None = None  # repeat: the hyperparameter (or number) of repetitions
     length: int = 0                # repeat: how many of the following launches repeat
+    also: list[tuple[Expr, str]] = field(default_factory=list)  # reduce: more (node, buffer)
+                                   # pairs accumulated in the same pass (CPU, plan(merge=True))
+
+    @property
+    def reduced_pairs(self) -> list[tuple[Expr, str]]:
+        """reduce: every (node, buffer) the pass accumulates, its own first."""
+        return [(self.node, self.red), *self.also]
 
     def to_json(self, index: dict[int, int]) -> dict:
         d = {"kind": self.kind, "space": self.space, "view": self.view, "buffers": self.buffers}
@@ -66,6 +74,10 @@ class Launch:
         else:
             d.update(node=index[id(self.node)], red=self.red, op=self.node.value,
                      reduced=self.node.name, out_axes=self.node.axes)
+            if self.also:
+                d["also"] = [{"node": index[id(e)], "red": r, "op": e.value} for e, r in self.also]
+            if self.outputs:
+                d["outputs"] = self.outputs
         return d
 
 
@@ -91,6 +103,8 @@ class KernelIR:
     storage: dict[str, str] = field(default_factory=dict)  # buffer -> stored dtype
     param_dtype: str | None = None      # mixed precision: float16 or bfloat16
     refresh: dict | None = None         # the refresh rule (host, numpy): every, ir, reads
+    early: dict[str, Expr] = field(default_factory=dict)   # state -> new value, stored by
+                                        # the first (reduce) pass; later passes read it back
 
     @property
     def scalars(self) -> list[str]:
@@ -115,9 +129,11 @@ def _needs_host(e: Expr) -> bool:
     return e.kind == "scalar" and bool(e.args)
 
 
-def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> KernelIR:
+def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
+               merge: bool = False) -> KernelIR:
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
-    mixed-precision variant (see the module docstring)."""
+    mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
+    family's reduction template (``plan``)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -186,7 +202,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None) -> Kern
         from .plan_matrix import plan_matrix   # (it builds on this module's types)
         plan_matrix(kir)
     else:
-        plan(kir)
+        plan(kir, merge)
     return kir
 
 
@@ -207,8 +223,16 @@ def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
     return names, [e for e in nodes if id(e) in stop]
 
 
-def plan(kir: KernelIR) -> None:
-    """Split the update into passes: reductions level by level, then the updates."""
+def plan(kir: KernelIR, merge: bool = False) -> None:
+    """Split the update into passes: reductions level by level, then the updates.
+
+    ``merge`` (the CPU family's reduction template) plans fewer bytes: whole-tensor
+    reductions of one level over the flat view share one pass (LAMB's ||w|| and ||r||
+    read w once), and when that is the only pass of the first level it also stores
+    every per-element state whose new value it computes anyway and that later passes
+    read only as that new value (LAMB's m and v, ``KernelIR.early``): the update pass
+    then reads m and v instead of recomputing them from the gradient. LAMB moves 40
+    bytes per parameter instead of 48 (docs/performance.md)."""
     level: dict[int, int] = {}
     reduces: list[Expr] = []
     for e in walk(kir.tensor_updates.values()):
@@ -225,8 +249,11 @@ def plan(kir: KernelIR) -> None:
     for name, e in kir.reductions.items():
         kir.buffer_axes[name] = e.axes
 
-    def view(roots: list[Expr], space: str) -> tuple[str, list[str]]:
-        names, reds = _reads(roots, red_ids)
+    def view(roots: list[Expr], space: str, stop: set[int] = red_ids,
+             early: dict[int, str] | None = None) -> tuple[str, list[str]]:
+        names, reds = _reads(roots, stop)
+        reds = [r for r in reds if id(r) in red_ids]   # (not the values stored early)
+        names += [s for s in _early_reads(roots, stop, early or {}) if s not in names]
         used = [kir.buffer_axes[n] for n in names] + [r.axes for r in reds] + [space]
         flat = all(a in ("brc", "") for a in used) and space in ("brc", "")
         order = [b for b in kir.buffers if b in names or b in {red_name[id(r)] for r in reds}]
@@ -234,19 +261,40 @@ def plan(kir: KernelIR) -> None:
 
     launches: list[Launch] = []
     for lvl in sorted({level[id(e)] for e in reduces}):
-        for e in reduces:
-            if level[id(e)] != lvl:
+        group = [e for e in reduces if level[id(e)] == lvl]
+        whole = [e for e in group if merge and not e.axes and e.args[0].axes == "brc"
+                 and view([e.args[0]], "brc")[0] == "flat"]
+        if len(whole) > 1:
+            _, bufs = view([e.args[0] for e in whole], "brc")
+            launches.append(Launch("reduce", "brc", "flat", bufs + [red_name[id(e)] for e in whole],
+                                   node=whole[0], red=red_name[id(whole[0])],
+                                   also=[(e, red_name[id(e)]) for e in whole[1:]]))
+        for e in group:
+            if len(whole) > 1 and e in whole:
                 continue
             v, bufs = view([e.args[0]], e.args[0].axes)
             if e.axes:  # a partial reduction writes rows/columns: nested loops
                 v = "3d"
             launches.append(Launch("reduce", e.args[0].axes, v, bufs + [red_name[id(e)]],
                                    node=e, red=red_name[id(e)]))
+    early = _early_states(kir, launches, level, red_ids) if merge else {}
+    if early:
+        first = launches[0]
+        first.outputs = list(early)
+        first.buffers = [b for b in kir.buffers if b in first.buffers or b in early]
+        kir.early = early
+    early_ids = {id(e): s for s, e in early.items()}
+    stop = red_ids | set(early_ids)
+    for ln in launches[1:]:
+        if early:
+            roots = [node.args[0] for node, _ in ln.reduced_pairs]
+            _, bufs = view(roots, ln.space, stop, early_ids)
+            ln.buffers = bufs + [r for _, r in ln.reduced_pairs]
     for space in ("brc", "br", "bc"):
-        outs = [n for n in kir.tensor_updates if kir.buffer_axes[n] == space]
+        outs = [n for n in kir.tensor_updates if kir.buffer_axes[n] == space and n not in early]
         if not outs:
             continue
-        v, bufs = view([kir.tensor_updates[n] for n in outs], space)
+        v, bufs = view([kir.tensor_updates[n] for n in outs], space, stop, early_ids)
         bufs = [b for b in kir.buffers if b in bufs or b in outs]
         launches.append(Launch("update", space, v, bufs, outputs=outs))
     kir.launches = launches
@@ -257,6 +305,38 @@ def plan(kir: KernelIR) -> None:
     if not reduces and not has_inputs and all(a in ("brc", "") for a in kir.buffer_axes.values()):
         kir.lazy = Launch("update", "brc", "lazy", [*kir.buffers, "_indices"],
                           outputs=list(kir.tensor_updates))
+
+
+def _early_reads(roots: list[Expr], stop: set[int], early: dict[int, str]) -> list[str]:
+    """The states a pass reads back as stored by the first pass (``KernelIR.early``)."""
+    return [early[id(e)] for e in walk(roots, stop=stop) if id(e) in early]
+
+
+def _early_states(kir: KernelIR, launches: list[Launch], level: dict[int, int],
+                  red_ids: set[int]) -> dict[str, Expr]:
+    """state -> new value, for the states the first pass can store (``plan``): it must be
+    the only pass of the first level, over the flat view; the state per element, stored
+    in the kernel dtype (a float16 state would be read back rounded); its new value free
+    of reductions and computed by that pass anyway; and no later pass may read the old
+    state other than through that value."""
+    if not launches or launches[0].view != "flat" or \
+            sum(1 for ln in launches if level[id(ln.node)] == 1) != 1:
+        return {}
+    computed = {id(e) for e in walk([n.args[0] for n, _ in launches[0].reduced_pairs],
+                                    stop=red_ids)}
+    cand = {s: e for s, e in kir.tensor_updates.items()
+            if s in kir.buffers and s not in ("w", LOW_COPY) and kir.buffer_axes[s] == "brc"
+            and s not in kir.storage and not (e.op == "state" and e.name == s)
+            and level[id(e)] == 0 and id(e) in computed}
+    later = [n.args[0] for ln in launches[1:] for n, _ in ln.reduced_pairs]
+    while cand:   # drop a state whose old value a later pass still reads; recheck the rest
+        stop = red_ids | {id(e) for e in cand.values()}
+        roots = later + [e for s, e in kir.tensor_updates.items() if s not in cand]
+        old = {e.name for e in walk(roots, stop=stop) if e.op == "state"}
+        if not old & set(cand):
+            break
+        cand = {s: e for s, e in cand.items() if s not in old}
+    return cand
 
 
 def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None
