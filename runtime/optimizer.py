@@ -153,7 +153,7 @@ class Optimizer:
         for a, b in flat.chains(self.params, self._lib,
                                 [not m for m in self._is_mixed]):
             self._chain_of.update((i, (a, b)) for i in range(a, b))
-        self._runs: dict[int, tuple[int, Callable, list]] | None = None
+        self._runs: dict[int, tuple[int, list[tuple[Callable, list]]]] | None = None
         self._runs_for: list | None = None
         self._grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
         # (weak references to the gradients, their span, their addresses)
@@ -508,17 +508,21 @@ class Optimizer:
     # -- flat runs (runtime/flat.py) ----------------------------------------------------
     def _fusable(self, i: int) -> bool:
         """Whether parameter ``i``'s kernel is one elementwise launch over the flat view,
-        so it may share a call with its neighbours (scalar states, such as SGD's
-        buffer_started, are checked equal per step)."""
+        or passes that each have a segmented variant (whole-tensor reductions: LAMB,
+        LARS), so it may share a call per pass with its neighbours (scalar states, such as
+        SGD's buffer_started, are checked equal per step)."""
         k = self._prepared[i]
+        if self.artifact.inputs:
+            return False
+        if all("seg_symbol" in ln for ln in k.launches):
+            return not k.param_scalars
         return (len(k.launches) == 1 and k.launches[0]["view"] == "flat" and not k.workspaces
-                and not self.artifact.inputs
                 and all(k.buffer_axes[b] == views.AXES for b in k.launches[0]["buffers"]))
 
-    def _find_runs(self) -> dict[int, tuple[int, Callable, list]]:
-        """start -> (end, kernel, arguments): stretches of a chain that one call can
-        update: one group, one kernel, equal multipliers, every persistent array back
-        to back (the gradient's span, ``GRAD``, is filled in per step)."""
+    def _find_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]]]]:
+        """start -> (end, [(kernel, arguments), ...]): stretches of a chain that one call
+        per pass can update: one group, one kernel, equal multipliers, every persistent
+        array back to back (the gradient's span, ``GRAD``, is filled in per step)."""
         runs = {}
         for a, b in sorted(set(self._chain_of.values())):
             i = a
@@ -532,25 +536,44 @@ class Optimizer:
                             self._wd_mult[j]):
                         j += 1
                 if j - i > 1:
-                    plan = self._run_plan(i, j)
-                    if plan is not None:
-                        runs[i] = (j, *plan)
+                    calls = self._run_plan(i, j)
+                    if calls is not None:
+                        runs[i] = (j, calls)
                 i = j
         return runs
 
-    def _run_plan(self, i: int, j: int) -> tuple[Callable, list] | None:
+    def _run_plan(self, i: int, j: int) -> list[tuple[Callable, list]] | None:
+        """The calls that update parameters ``i:j`` together: the kernel's one launch
+        over the span, or each pass's segmented variant with the run's offsets (``_seg``)
+        and reduction buffers (one per tensor, kept with the run); None when some
+        persistent array is not back to back."""
         k, lib = self._prepared[i], self._lib[i]
         parts = [self._arrays(x, k, None, {}) for x in range(i, j)]
-        args = []
-        for name in k.launches[0]["buffers"]:
-            if name == "grad":
-                args.append(GRAD)
-                continue
-            arrays = [p[name] for p in parts]
-            if not flat.adjacent(arrays, lib):
-                return None
-            args.append(flat.span(arrays, lib))
-        return self.artifact.function(k.launches[0]["symbol"]), args
+        spans: dict[str, Any] = {"grad": GRAD}
+        segmented = "seg_symbol" in k.launches[0]
+        if segmented:
+            size = self.artifact.reduction_buffer_size * (j - i)
+            spans.update((n, tensors.full_like(self.params[i], lib, (size,), 0.0,
+                                               self.artifact.reduction_dtype))
+                         for n in k.workspaces)
+            offsets = np.cumsum([0] + [self._numel[x] for x in range(i, j)])
+            spans["_seg"] = tensors.aligned_full((j - i + 1,), 0, "int64")
+            spans["_seg"][:] = offsets
+        calls = []
+        for ln in k.launches:
+            args = []
+            for name in ln["buffers"]:
+                if name not in spans:
+                    arrays = [p[name] for p in parts]
+                    if not flat.adjacent(arrays, lib):
+                        return None
+                    spans[name] = flat.span(arrays, lib)
+                args.append(spans[name])
+            if segmented:
+                args.append(spans["_seg"])
+            calls.append((self.artifact.function(ln["seg_symbol" if segmented else "symbol"]),
+                          args))
+        return calls
 
     def _same_scalar_states(self, i: int, j: int) -> bool:
         names = self._prepared[i].scalar_state_updates
@@ -793,7 +816,8 @@ class Optimizer:
                 continue
             run = runs.get(i)
             if run is not None and self._same_scalar_states(i, run[0]):
-                gspan = self._grad_span(i, run[0], grads, run[2])
+                gspan = self._grad_span(i, run[0], grads, [a for _, args in run[1]
+                                                           for a in args])
                 if gspan is not None:           # one call for parameters i .. end - 1
                     end = run[0]
                     for x in range(i + 1, end):
@@ -829,7 +853,8 @@ class Optimizer:
                 for x in range(i + 1, end):     # the run's parameters had the same values
                     self.state[x].update((n, st[n]) for n in k.scalar_state_updates)
             if i < end:
-                run[1](*[gspan if a is GRAD else a for a in run[2]], scalars)
+                for fn, args in run[1]:
+                    fn(*[gspan if a is GRAD else a for a in args], scalars)
             elif isinstance(g, RowSparse):
                 if len(g.indices) and self.params[i].size:
                     self._run_lazy(i, k, g, scalars)
@@ -913,7 +938,7 @@ class Optimizer:
             tensors.copy_into(st[name], lib, value)
         self._refreshed[i] = self._steps[i]
 
-    def _current_runs(self) -> dict[int, tuple[int, Callable, list]]:
+    def _current_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]]]]:
         """The flat runs under the current kernels (found again after a flag, state or
         multiplier change); none for the reference backend, which is the oracle."""
         if self.backend != "compiled" or not self._chain_of:

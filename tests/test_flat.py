@@ -203,17 +203,55 @@ def test_a_gradient_overlapping_the_run_is_not_fused(calls):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)   # FMA vs numpy rounding
 
 
-def test_reduction_specs_step_flat_parameters_per_tensor():
-    """LAMB's trust ratio is per tensor: flat parameters are stepped one by one."""
-    flat = optgen.create("lamb", optgen.flatten(data(np.float64)), weight_decay=0.01)
-    ref = optgen.create("lamb", data(np.float64), weight_decay=0.01, backend="reference")
-    grads = optgen.flatten(grads_for(0, np.float64))
-    for _ in range(5):
-        flat.step(grads)
-        ref.step(grads)
-    assert flat._current_runs() == {}
-    for x, y in zip(flat.params, ref.params):
-        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+REDUCING = [("lamb", {"weight_decay": 0.01}), ("lamb", {"bias_correction": False}),
+            ("lars", {"momentum": 0.9, "weight_decay": 1e-4}),
+            ("lars", {"base": "adam", "weight_decay": 1e-4})]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,hyper", REDUCING, ids=["lamb", "lamb-no-bc", "lars", "lars-adam"])
+def test_reduction_specs_take_one_call_per_pass_with_per_tensor_norms(name, hyper, dtype,
+                                                                       calls):
+    """LAMB's and LARS's norms are per tensor: a flat run takes each pass's segmented
+    variant (offsets of the tensors, one reduction buffer each), one call per pass, and
+    equals the per-tensor optimizer bit for bit over 100 steps (the same chunks in the
+    same order per tensor) and the reference within rounding."""
+    shapes = SHAPES + [(100_003,), (2, 40_000)]      # some above the parallel threshold
+    per_tensor = optgen.create(name, data(dtype, shapes=shapes), **hyper)
+    reference = optgen.create(name, data(dtype, shapes=shapes), backend="reference", **hyper)
+    fused = optgen.create(name, optgen.flatten(data(dtype, shapes=shapes)), **hyper)
+    grads = optgen.flatten(grads_for(0, dtype, shapes))
+    passes = len(fused._param_kernel(0).launches)
+    for step in range(100):
+        for dst, src in zip(grads, grads_for(step % 7, dtype, shapes)):
+            dst[...] = src
+        before = calls["n"]
+        fused.step(grads)
+        assert calls["n"] - before == passes
+        per_tensor.step(grads)
+        reference.step(grads)
+    for a, b, r in zip(fused.params, per_tensor.params, reference.params):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, r, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                   atol=1e-6 if dtype == np.float32 else 1e-13)
+    for sa, sb in zip(fused.state, per_tensor.state):
+        for n in sa:
+            np.testing.assert_array_equal(sa[n], sb[n])
+
+
+def test_segmented_run_falls_back_when_a_gradient_moves(calls):
+    fused = optgen.create("lamb", optgen.flatten(data(np.float32)))
+    per = optgen.create("lamb", data(np.float32))
+    grads = optgen.flatten(grads_for(0, np.float32))
+    fused.step(grads)
+    per.step(grads)
+    grads[2] = grads[2].copy()                     # no longer back to back
+    before = calls["n"]
+    fused.step(grads)
+    assert calls["n"] - before == 2 * (len(SHAPES) - 1)   # per tensor (not the empty one)
+    per.step(grads)
+    for x, y in zip(fused.params, per.params):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_torch_tensors_flat(calls):

@@ -113,23 +113,31 @@ def narrow(value: str, dtype: str) -> str:
     return f'T.Cast("{dtype}", {value})'
 
 
-def lower(kir: KernelIR, dtype: str, symbol: str,
-          acc_dtype: str = ACC_DTYPE) -> list[LoweredKernel]:
+def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
+          red_stride: int | None = None) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
 
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
     in launch order. ``acc_dtype`` is the wide type of reductions and ``pow``: float64,
-    or float32 on targets without doubles (Metal, WebGPU)."""
+    or float32 on targets without doubles (Metal, WebGPU). ``red_stride`` (CPU targets:
+    the reduction buffer size) also lowers each pass of a segmentable IR in the
+    segmented view, suffixed ``_seg``: many tensors back to back, bounded by an offsets
+    array ``_seg``, with segment ``s``'s reduction results at ``s * red_stride``."""
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
     multi = len(kir.launches) > 1
-    out = [_lower_launch(kir, ln, dtype, f"{symbol}_p{k}" if multi else symbol, acc_dtype)
-           for k, ln in enumerate(kir.launches) if ln.kind != "repeat"]
+    names = [f"{symbol}_p{k}" if multi else symbol for k in range(len(kir.launches))]
+    out = [_lower_launch(kir, ln, dtype, name, acc_dtype)
+           for ln, name in zip(kir.launches, names) if ln.kind != "repeat"]
     if kir.lazy is not None:
         out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy", acc_dtype))
+    if red_stride is not None and kir.segmentable:
+        out += [_lower_launch(kir, ln, dtype, f"{name}_seg", acc_dtype, red_stride)
+                for ln, name in zip(kir.launches, names)]
     return out
 
 
-def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> LoweredKernel:
+def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
+                  red_stride: int | None = None) -> LoweredKernel:
     """Scalars (hyperparameters, host scalars) are read inline as ``S[j]`` from one
     array argument. As scalar parameters or let-bound values, TVM 0.27's simplifier
     crashes on shapes such as ``lr * min(max(g, -c), c)`` (it tries to bound a float
@@ -143,7 +151,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
     stop = {**red_of, **early_of}
     names: dict[int, str] = {}
     body: list[str] = []
-    view = ln.view
+    view = ln.view if red_stride is None else "seg"
 
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
@@ -159,6 +167,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
     def slot_of(name: str, transposed: bool = False) -> str:
         if view == "lazy":  # gradient rows are packed; parameter rows are looked up
             return f"{buffer_var(name)}[{'ri, j' if name == 'grad' else 'pi'}]"
+        if view == "seg":   # element i of the span; segment s's reduction results
+            axes = kir.buffer_axes[name]
+            return f"{buffer_var(name)}[{'i' if axes else f's * T.int64({red_stride})'}]"
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
     def load(name: str, transposed: bool = False) -> str:
@@ -246,11 +257,12 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
             body.append(f"v{k}: T.let = {render(e)}")
 
     def lbuf(name: str) -> LoweredBuffer:
-        if name == "_indices":
+        if name in ("_indices", "_seg"):
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))
 
+    buffers = [*ln.buffers, "_seg"] if view == "seg" else ln.buffers
     if ln.kind == "matmul":
         return LoweredKernel(symbol, dtype, "matmul", view, ln.space,
                              [lbuf(b) for b in ln.buffers], list(kir.scalars), [],
@@ -262,7 +274,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
             body.append(store(out, ref(kir.early[out])))
         accs = [(ref(node.args[0]), lbuf(red), node.value) for node, red in pairs]
         return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
-                             [lbuf(b) for b in ln.buffers], list(kir.scalars), body,
+                             [lbuf(b) for b in buffers], list(kir.scalars), body,
                              acc=accs[0][0], red=accs[0][1], op=accs[0][2],
                              reduced=ln.node.name, also=accs[1:],
                              writes=[*ln.outputs, *(r for _, r in pairs)])
@@ -274,6 +286,6 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str) -> Lowe
     for out, e in outs.items():  # a value with fewer axes is broadcast
         body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
-                         [lbuf(b) for b in ln.buffers], list(kir.scalars), body,
+                         [lbuf(b) for b in buffers], list(kir.scalars), body,
                          writes=list(outs))
 

@@ -154,7 +154,8 @@ def front_end(spec_path: str, tg: targets.Target, base: str | None = None):
     kirs = kernel_irs(spec, traces, tg)                              # 3 IR
     _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
     lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)        # 4 lower
-               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags), tg.acc_dtype)]
+               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags), tg.acc_dtype,
+                              RED_SCALAR_SIZE if tg.family == "cpu" else None)]
     scheduled = {k.symbol: schedule(k, tg) for k in lowered}          # 5 schedule
     _debug("schedule", "\n\n".join(text for text, _ in scheduled.values()))
     return spec, kirs, lowered, scheduled
@@ -313,10 +314,13 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
         sym = symbol_for(spec.name, pdt, kir.flags)
         entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
         multi = len(entry["launches"]) > 1
+        seg = tg.family == "cpu" and kir.segmentable
         for j, ln in enumerate(entry["launches"]):
             if ln["kind"] != "repeat":
-                ln["symbol"] = f"{sym}_p{j}" if multi else sym
-                ln["symbol"] = (same or {}).get(ln["symbol"], ln["symbol"])
+                own = f"{sym}_p{j}" if multi else sym
+                ln["symbol"] = (same or {}).get(own, own)
+                if seg:       # the same pass over a flat run of tensors (lower, "_seg")
+                    ln["seg_symbol"] = (same or {}).get(f"{own}_seg", f"{own}_seg")
         if entry["lazy"] is not None:
             entry["lazy"]["symbol"] = (same or {}).get(f"{sym}_lazy", f"{sym}_lazy")
         kernels.append(entry)
@@ -353,7 +357,11 @@ def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, 
                "buffer_axes names (kernel dtype); a 'repeat' launch runs the next 'length' "
                "launches 'count' times (a hyperparameter); 'refresh' rules run on the host. "
                "A 'reduce' launch fills its 'red' buffer and those of 'also', and stores "
-               "its 'outputs' (states that later launches read back). "
+               "its 'outputs' (states that later launches read back). A launch's 'seg_symbol' "
+               "is the same pass over a run of parameters whose buffers lie back to back: "
+               "kernel(*buffers, _seg, scalars) with _seg the int64 offsets of the run's "
+               "tensors (len = tensors + 1) and each '_red' buffer holding one reduction "
+               "buffer per tensor. "
                "A kernel whose param_dtype "
                "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
                "is the float32 master, 'w_low' (written, never read) receives the new w "

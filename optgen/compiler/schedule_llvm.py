@@ -36,7 +36,9 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
-    if k.view == "lazy":
+    if k.view == "seg":
+        name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"
+    elif k.view == "lazy":
         name = "kernel_llvm_lazy.py.j2"
     elif k.view == "3d":
         name = "kernel_llvm_3d.py.j2"
@@ -45,4 +47,5 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     else:
         name = "kernel_llvm.py.j2"
     return render(name, k=k, vec=vec, align=itemsize, chunks=REDUCE_CHUNKS, chains=REDUCE_CHAINS,
-                  parallel_min_vectors=max(1, PARALLEL_MIN_ELEMENTS // vec))
+                  parallel_min_vectors=max(1, PARALLEL_MIN_ELEMENTS // vec),
+                  parallel_min=PARALLEL_MIN_ELEMENTS, stride=RED_SCALAR_SIZE)

@@ -110,6 +110,16 @@ class KernelIR:
     def scalars(self) -> list[str]:
         return self.hypers + list(self.host_scalars)
 
+    @property
+    def segmentable(self) -> bool:
+        """Whether every pass is over the flat view with whole-tensor reductions only,
+        so that a run of parameters in one buffer can take each pass as one call with an
+        offsets array (the ``_seg`` variants: runtime/flat.py). Single-pass elementwise
+        rules need none: their body does not care where a tensor ends."""
+        return len(self.launches) > 1 and all(
+            ln.kind in ("reduce", "update") and ln.view == "flat" and ln.space == "brc"
+            and (ln.kind == "update" or not ln.node.axes) for ln in self.launches)
+
     def to_json(self) -> dict:
         ir, index = serialize(self.tensor_updates, self.reductions)
         return {"flags": self.flags, "buffers": self.buffers, "scalars": self.scalars,
