@@ -57,6 +57,7 @@ WORKLOADS = ("stream", "adam-10m", "adam-100m", "bert-adam", "bert-lamb", "lamb-
 FUSED, FOREACH, OPTGEN = "torch fused", "torch foreach", "optgen adam"
 OPTGEN_FLAT = "optgen adam (flatten)"
 LAMB_OPTGEN, LAMB_TORCH, LAMB_OPTAX = "optgen lamb", "torch foreach LAMB", "optax.lamb jit"
+LAMB_FLAT = "optgen lamb (flatten)"
 TRIAD_TVM, TRIAD_TORCH = "triad optgen-tvm", "triad torch (add out=)"
 
 
@@ -365,6 +366,8 @@ def build_workload(name: str, torch, sz: Sizes) -> Workload:
         ps = (bert_params(sz.bert_layers, sz.bert_vocab) if name == "bert-lamb"
               else flat_params(sz.lamb, wd=WD))
         rows = [make_optgen(ps, "lamb", LAMB_OPTGEN), make_torch_lamb(torch, ps)]
+        if name == "bert-lamb":   # segmented passes: one call per pass per decay group
+            rows.insert(1, make_optgen(ps, "lamb", LAMB_FLAT, flat=True))
         rows += _optax_or_note(ps, notes)
         title = (f"BERT-base list, LAMB, wd {WD} on weights" if name == "bert-lamb"
                  else f"LAMB fp32, {sz.lamb / 1e6:g}M params, 1 tensor, wd {WD}")
