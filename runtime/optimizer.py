@@ -556,9 +556,9 @@ class Optimizer:
             spans.update((n, tensors.full_like(self.params[i], lib, (size,), 0.0,
                                                self.artifact.reduction_dtype))
                          for n in k.workspaces)
-            offsets = np.cumsum([0] + [self._numel[x] for x in range(i, j)])
-            spans["_seg"] = tensors.aligned_full((j - i + 1,), 0, "int64")
-            spans["_seg"][:] = offsets
+            offsets = np.cumsum([0] + [self._numel[x] for x in range(i, j)], dtype=np.int64)
+            spans["_seg"] = tensors.full_like(self.params[i], lib, (j - i + 1,), 0, "int64")
+            tensors.copy_into(spans["_seg"], lib, offsets)
         calls = []
         for ln in k.launches:
             args = []

@@ -274,6 +274,22 @@ def test_torch_tensors_flat(calls):
         np.testing.assert_array_equal(x.numpy(), y)
 
 
+def test_torch_tensors_flat_lamb_segmented(calls):
+    torch = pytest.importorskip("torch", reason="torch tensors need torch")
+    shapes = SHAPES + [(100_003,)]
+    params = optgen.flatten([torch.from_numpy(a) for a in data(np.float32, shapes=shapes)])
+    grads = optgen.flatten([torch.from_numpy(a) for a in grads_for(0, np.float32, shapes)])
+    flat = optgen.create("lamb", params, weight_decay=0.01)
+    per = optgen.create("lamb", data(np.float32, shapes=shapes), weight_decay=0.01)
+    for _ in range(5):
+        before = calls["n"]
+        flat.step(grads)
+        assert calls["n"] - before == 2
+        per.step([g.numpy() for g in grads])
+    for x, y in zip(flat.params, per.params):
+        np.testing.assert_array_equal(x.numpy(), y)
+
+
 def test_torch_drop_in_flat_adopts_the_model(calls):
     """flat=True: the model's Parameter objects move into one buffer per group (same
     objects, same values), backward accumulates into .grad views of another buffer,

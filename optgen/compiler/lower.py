@@ -136,6 +136,25 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     return out
 
 
+def _branch_only_powers(order: list[Expr], roots: list[Expr], stop) -> set[int]:
+    """The general ``pow`` nodes (a float64 libm call per element) used only as a branch
+    of ``where`` nodes whose condition is one value for all elements: those are rendered
+    inside a ``T.if_then_else``, which evaluates the chosen branch only."""
+    users: dict[int, list[Expr]] = {}
+    for e in order:
+        if id(e) in stop:
+            continue
+        for a in e.args:
+            users.setdefault(id(a), []).append(e)
+    root_ids = {id(r) for r in roots}
+    return {id(e) for e in order
+            if e.op == "pow" and not (e.args[1].op == "const" and e.args[1].value in
+                                      (1.0, 2.0, 0.5))
+            and id(e) not in root_ids and id(e) not in stop and users.get(id(e))
+            and all(u.op == "where" and u.args[0].kind == "scalar"
+                    and u.args[0] is not e for u in users[id(e)])}
+
+
 def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
                   red_stride: int | None = None) -> LoweredKernel:
     """Scalars (hyperparameters, host scalars) are read inline as ``S[j]`` from one
@@ -233,8 +252,20 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return f"{_CALL[e.op]}({', '.join(a)})"
 
     def emit(roots: list[Expr]) -> None:
-        for k, e in enumerate(walk(roots, stop=stop)):
+        order = list(walk(roots, stop=stop))
+        lazy = _branch_only_powers(order, roots, stop)
+        for k, e in enumerate(order):
             if e.op in ("const", "hyper") or id(e) in names:
+                continue
+            if id(e) in lazy:     # rendered inside its where's branch (see below)
+                names[id(e)] = render(e)
+                continue
+            if e.op == "where" and (id(e.args[1]) in lazy or id(e.args[2]) in lazy):
+                # a condition that is the same for every element picks one branch, and
+                # only that branch runs: FTRL's where(lr_power == -0.5, sqrt(x), x ** p)
+                # computes no float64 pow (scalar libm calls) unless p is used
+                names[id(e)] = f"v{k}"
+                body.append(f"v{k}: T.let = T.if_then_else({', '.join(ref(a) for a in e.args)})")
                 continue
             if id(e) in early_of:
                 names[id(e)] = f"e{k}"
