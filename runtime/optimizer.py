@@ -153,7 +153,7 @@ class Optimizer:
         for a, b in flat.chains(self.params, self._lib,
                                 [not m for m in self._is_mixed]):
             self._chain_of.update((i, (a, b)) for i in range(a, b))
-        self._runs: dict[int, tuple[int, list[tuple[Callable, list]]]] | None = None
+        self._runs: dict[int, tuple[int, list[tuple[Callable, list]], list]] | None = None
         self._runs_for: list | None = None
         self._grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
         # (weak references to the gradients, their span, their addresses)
@@ -519,10 +519,11 @@ class Optimizer:
         return (len(k.launches) == 1 and k.launches[0]["view"] == "flat" and not k.workspaces
                 and all(k.buffer_axes[b] == views.AXES for b in k.launches[0]["buffers"]))
 
-    def _find_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]]]]:
-        """start -> (end, [(kernel, arguments), ...]): stretches of a chain that one call
-        per pass can update: one group, one kernel, equal multipliers, every persistent
-        array back to back (the gradient's span, ``GRAD``, is filled in per step)."""
+    def _find_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]], list]]:
+        """start -> (end, [(kernel, arguments), ...], every argument): stretches of a
+        chain that one call per pass can update: one group, one kernel, equal
+        multipliers, every persistent array back to back (the gradient's span, ``GRAD``,
+        is filled in per step)."""
         runs = {}
         for a, b in sorted(set(self._chain_of.values())):
             i = a
@@ -538,7 +539,7 @@ class Optimizer:
                 if j - i > 1:
                     calls = self._run_plan(i, j)
                     if calls is not None:
-                        runs[i] = (j, calls)
+                        runs[i] = (j, calls, [a for _, args in calls for a in args])
                 i = j
         return runs
 
@@ -816,8 +817,7 @@ class Optimizer:
                 continue
             run = runs.get(i)
             if run is not None and self._same_scalar_states(i, run[0]):
-                gspan = self._grad_span(i, run[0], grads, [a for _, args in run[1]
-                                                           for a in args])
+                gspan = self._grad_span(i, run[0], grads, run[2])
                 if gspan is not None:           # one call for parameters i .. end - 1
                     end = run[0]
                     for x in range(i + 1, end):
@@ -938,7 +938,7 @@ class Optimizer:
             tensors.copy_into(st[name], lib, value)
         self._refreshed[i] = self._steps[i]
 
-    def _current_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]]]]:
+    def _current_runs(self) -> dict[int, tuple[int, list[tuple[Callable, list]], list]]:
         """The flat runs under the current kernels (found again after a flag, state or
         multiplier change); none for the reference backend, which is the oracle."""
         if self.backend != "compiled" or not self._chain_of:

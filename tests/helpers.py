@@ -49,3 +49,21 @@ def statistics(opt, rng) -> dict:
     when ``opt``'s next step refreshes (THOR); {} otherwise."""
     from optgen.commands import random_statistics
     return random_statistics(opt, rng)
+
+
+def finite_differences(loss, params: dict, h: float = 1e-6) -> dict:
+    """Central differences of ``loss()`` (a float) in every entry of every array of
+    ``params``, which it reads; each entry is restored after its two evaluations."""
+    out = {}
+    for name, p in params.items():
+        numeric = np.empty_like(p)
+        for idx in np.ndindex(p.shape):
+            saved = p[idx]
+            p[idx] = saved + h
+            up = loss()
+            p[idx] = saved - h
+            down = loss()
+            p[idx] = saved
+            numeric[idx] = (up - down) / (2 * h)
+        out[name] = numeric
+    return out

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import finite_differences
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_mlp_matrix.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,18 +38,9 @@ def test_backprop_matches_finite_differences(example):
     _, grads, A, G = example.loss_and_grads(params, X, y)
     assert A is None and G is None
     assert [g.shape for g in grads] == [p.shape for p in params.values()]
-    h = 1e-6
-    for (name, p), g in zip(params.items(), grads):
-        numeric = np.empty_like(p)
-        for idx in np.ndindex(p.shape):
-            saved = p[idx]
-            p[idx] = saved + h
-            up = example.loss_and_grads(params, X, y)[0]
-            p[idx] = saved - h
-            down = example.loss_and_grads(params, X, y)[0]
-            p[idx] = saved
-            numeric[idx] = (up - down) / (2 * h)
-        np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-9, err_msg=name)
+    numeric = finite_differences(lambda: example.loss_and_grads(params, X, y)[0], params)
+    for name, g in zip(params, grads):
+        np.testing.assert_allclose(g, numeric[name], rtol=1e-6, atol=1e-9, err_msg=name)
 
 
 def test_thor_statistics(example):

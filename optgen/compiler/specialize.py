@@ -295,11 +295,10 @@ def plan(kir: KernelIR, merge: bool = False) -> None:
         kir.early = early
     early_ids = {id(e): s for s, e in early.items()}
     stop = red_ids | set(early_ids)
-    for ln in launches[1:]:
-        if early:
-            roots = [node.args[0] for node, _ in ln.reduced_pairs]
-            _, bufs = view(roots, ln.space, stop, early_ids)
-            ln.buffers = bufs + [r for _, r in ln.reduced_pairs]
+    for ln in launches[1:] if early else ():   # later reductions read the stored states
+        roots = [node.args[0] for node, _ in ln.reduced_pairs]
+        _, bufs = view(roots, ln.space, stop, early_ids)
+        ln.buffers = bufs + [r for _, r in ln.reduced_pairs]
     for space in ("brc", "br", "bc"):
         outs = [n for n in kir.tensor_updates if kir.buffer_axes[n] == space and n not in early]
         if not outs:

@@ -4,6 +4,7 @@ Keeping every TVM name here means the next TVM rename touches one file.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import os
@@ -71,10 +72,8 @@ def parse_tvmscript(text: str, symbol: str):
     anything else through TVM's parser. A failure here is a bug in lowering or
     scheduling."""
     tvm = _tvm()
-    try:
+    with contextlib.suppress(tvmscript_fast.Unsupported):
         return tvmscript_fast.load_prim_func(tvm, text)
-    except tvmscript_fast.Unsupported:
-        pass
     try:
         return tvm.script.from_source(text)
     except Exception as e:

@@ -157,30 +157,25 @@ class _Runtime:
         raise Unsupported(f"assignment of a {type(value).__name__} to {var_name!r}")
 
     def expr_stmt(self, res) -> None:
-        """visit_expr_stmt."""
-        if res is None:
-            pass
-        elif isinstance(res, self.Frame):
+        """visit_expr_stmt. Nothing, a docstring, a variable or a buffer on its own
+        emits nothing."""
+        if res is None or isinstance(res, (self.Var, str)) or self.is_buffer_var(res):
+            return
+        if isinstance(res, self.Frame):
             res.add_callback(functools.partial(res.__exit__, None, None, None))
             res.__enter__()
         elif hasattr(res, "frames") and hasattr(res, "__enter__"):
             for f in res.frames:
                 f.add_callback(functools.partial(f.__exit__, None, None, None))
                 f.__enter__()
-        elif isinstance(res, self.Var):
-            pass
         elif self.is_prim_expr(res):
             self.evaluate(res)
         elif isinstance(res, (int, bool)):
             self.evaluate(self.const(res))
         elif isinstance(res, self.Call) and not self.is_prim_expr(res):
             self.evaluate(res)
-        elif isinstance(res, str):
-            pass
         elif isinstance(res, self.BufferStore):
             self.buffer_store(res.buffer, res.value, res.indices)
-        elif self.is_buffer_var(res):
-            pass
         else:
             raise Unsupported(f"expression statement of type {type(res).__name__}")
 
@@ -287,15 +282,20 @@ class _Loader:
     def attribute(self, e: ast.Attribute):
         return getattr(self.ev(e.value), e.attr)
 
-    def call(self, e: ast.Call, func=_MISSING):
-        if func is _MISSING:
-            func = self.ev(e.func)
+    def arguments(self, e: ast.Call) -> tuple[list, dict]:
+        """A call's positional and keyword arguments, evaluated."""
         args = [self.elt(a) for a in e.args]
         kwargs = {}
         for kw in e.keywords:
             if kw.arg is None or kw.arg in kwargs:
                 raise Unsupported("** argument")
             kwargs[kw.arg] = self.ev(kw.value)
+        return args, kwargs
+
+    def call(self, e: ast.Call, func=_MISSING):
+        if func is _MISSING:
+            func = self.ev(e.func)
+        args, kwargs = self.arguments(e)
         return func(*args, **kwargs)
 
     def binop(self, e: ast.BinOp):
@@ -435,12 +435,7 @@ class _Loader:
         it = s.iter
         rt = self.rt
         if type(it) is ast.Call and type(it.func) is ast.Name and it.func.id == "range":
-            args = [self.elt(a) for a in it.args]
-            kwargs = {}
-            for kw in it.keywords:
-                if kw.arg is None or kw.arg in kwargs:
-                    raise Unsupported("** argument")
-                kwargs[kw.arg] = self.ev(kw.value)
+            args, kwargs = self.arguments(it)
             if len(args) == 1:
                 frame = rt.B.serial(0, args[0], **kwargs)
             elif len(args) == 2:
@@ -497,7 +492,7 @@ class _Loader:
             self._with_items(items, k + 1, body)
 
     def pass_(self, s: ast.Pass) -> None:
-        pass
+        """A ``pass`` statement builds nothing."""
 
     def function(self, f: ast.FunctionDef) -> None:
         """visit_function_def for a bare ``@T.prim_func`` (not private, not s_tir, not
