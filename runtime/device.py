@@ -11,103 +11,25 @@ drives every target the same way.
   cubin built for the device's architecture, else the newest PTX not above it (the
   driver JIT-compiles PTX). Kernels run on the current CuPy stream, or on torch's
   current stream when the parameters are torch tensors.
-* OpenCL: the arrays are host numpy arrays, copied to the device and the written ones
-  back on every call — a way to execute and check the GPU schedules (PoCL runs them on
-  the CPU), not a fast path.
+* OpenCL (runtime/opencl.py): the arrays are host numpy arrays, copied to the device and
+  the written ones back on every call — a way to execute and check the GPU schedules
+  (PoCL runs them on the CPU, Oclgrind in a simulator), not a fast path.
+
+Imports: device_abi (errors, grids, binaries) and opencl; CuPy and torch inside functions.
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 from typing import Any
 
 import numpy as np
 
-_DIM_TYPES = {"int64_t": np.int64, "long": np.int64, "int": np.int32, "int32_t": np.int32}
+from .device_abi import DIM_TYPES, DeviceError, DeviceWarning, blocks, pick_binary, shape_values
+from .opencl import OpenCLBackend
 
-
-class DeviceError(RuntimeError):
-    """The device kernels cannot be loaded or launched here."""
-
-
-def blocks(grid: dict, dims: dict[str, int]) -> int:
-    total = math.prod(dims[d] for d in grid["extent"])
-    count = -(-total // grid["per_block"])
-    return min(count, grid["max_blocks"]) if grid["max_blocks"] else count
-
-
-def shape_values(spec: dict, arrays: dict[str, Any]) -> dict[str, int]:
-    """Each shape variable's value, read off the arrays passed (see abi.shape_vars)."""
-    return {name: int(arrays[buf].shape[axis]) for name, (buf, axis) in spec["dims"].items()}
-
-
-def pick_binary(binaries: dict[str, dict[str, str]], cc: int) -> str:
-    """The file to load on a GPU of compute capability ``cc`` (e.g. 90): the cubin built
-    for exactly that architecture, else the PTX of the newest architecture below it
-    (the driver compiles PTX forward, never backward)."""
-    archs = {int(a[3:].rstrip("af")): files for a, files in binaries.items()
-             if not a.endswith(("a", "f"))}  # sm_90a code runs on sm_90 only: exact match
-    exact = [files for a, files in binaries.items() if int(a[3:].rstrip("af")) == cc]
-    if exact:
-        return exact[0]["cubin"]
-    lower = [a for a in archs if a <= cc]
-    if not lower:
-        raise DeviceError(f"the artifact has code for {', '.join(sorted(binaries))} only; this "
-                          f"GPU is sm_{cc}: rebuild with --arch sm_{cc}")
-    return archs[max(lower)]["ptx"]
-
-
-class _OpenCL:
-    """pyopencl on the first OpenCL device (``OPTGEN_OPENCL_DEVICE=<index>`` picks another)."""
-    name = "opencl"
-
-    def __init__(self, source: str):
-        try:
-            import pyopencl as cl
-        except ImportError:
-            raise DeviceError("running OpenCL kernels needs pyopencl "
-                              "(pip install 'pyopencl[pocl]' for a CPU device)") from None
-        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-        if not devices:
-            raise DeviceError("no OpenCL device found (pip install 'pyopencl[pocl]' for one "
-                              "that runs on the CPU)")
-        device = devices[int(os.environ.get("OPTGEN_OPENCL_DEVICE", "0"))]
-        self.cl = cl
-        self.ctx = cl.Context([device])
-        self.queue = cl.CommandQueue(self.ctx)
-        try:
-            self.program = cl.Program(self.ctx, source).build()
-        except cl.RuntimeError as e:
-            raise DeviceError(f"the OpenCL program did not build on {device.name}: {e}") from None
-
-    def kernel(self, name: str) -> Any:
-        return getattr(self.program, name)
-
-    def run(self, spec: dict, arrays: dict[str, Any], scalars: np.ndarray,
-            launches: list[tuple[Any, dict]]) -> None:
-        cl, mf = self.cl, self.cl.mem_flags
-        dims = shape_values(spec, arrays)
-        bufs = {n: cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR,
-                             hostbuf=np.ascontiguousarray(a).view(np.uint8))
-                for n, a in arrays.items() if a.size}
-        sbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=scalars)
-        for kern, entry in launches:
-            nb = blocks(entry["grid"], dims)
-            if nb == 0:
-                continue
-            args = [bufs.get(p["buffer"]) if "buffer" in p else sbuf if "scalars" in p
-                    else _DIM_TYPES[p["type"]](dims[p["dim"]]) for p in entry["params"]]
-            if any(a is None for a in args):  # an empty buffer: nothing to compute
-                continue
-            threads = entry["grid"]["threads"]
-            kern(self.queue, (nb * threads,), (threads,), *args)
-        for n in spec["writes"]:
-            if n in bufs:
-                out = np.empty(arrays[n].nbytes, np.uint8)
-                cl.enqueue_copy(self.queue, out, bufs[n])
-                arrays[n].reshape(-1).view(np.uint8)[...] = out
-        self.queue.finish()
+__all__ = ["DeviceError", "DeviceWarning", "DeviceProgram", "DeviceFunction", "blocks",
+           "pick_binary", "shape_values"]
 
 
 class _CuPy:
@@ -154,7 +76,7 @@ class _CuPy:
                 if nb == 0:
                     continue
                 args = [devarrays[p["buffer"]] if "buffer" in p else sdev if "scalars" in p
-                        else _DIM_TYPES[p["type"]](dims[p["dim"]]) for p in entry["params"]]
+                        else DIM_TYPES[p["type"]](dims[p["dim"]]) for p in entry["params"]]
                 kern((nb,), (entry["grid"]["threads"],), tuple(args))
 
 
@@ -177,7 +99,7 @@ class DeviceProgram:
                 if self.target == "opencl":
                     path = os.path.join(self.folder, self.manifest["sources"]["opencl"])
                     with open(path, encoding="utf-8") as f:
-                        self._backend = _OpenCL(f.read())
+                        self._backend = OpenCLBackend(f.read())
                 else:
                     self._backend = _CuPy(self.folder, self.manifest["binaries"])
             return self._backend

