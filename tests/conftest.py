@@ -1,5 +1,6 @@
 """Shared test setup: a fresh artifact cache per test session, and misaligned arrays."""
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -13,6 +14,17 @@ os.environ.setdefault("OPTGEN_CACHE_DIR", tempfile.mkdtemp(prefix="optgen-test-c
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "pocl"))
 OCLGRIND_LOG = os.environ.setdefault(
     "OCLGRIND_LOG", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "oclgrind.log"))
+
+
+def pytest_sessionstart(session):
+    """Every kernel the suite builds is linked into kernels.so by a C compiler (TVM's
+    export_library); without one, stop at once with the cause instead of failing each test."""
+    names = [os.environ.get("CXX"), os.environ.get("CC"), "g++", "gcc", "clang++", "clang",
+             "c++", "cc"]
+    if not any(n and shutil.which(n) for n in names):
+        pytest.exit("no C/C++ compiler on PATH (g++, gcc, clang++, clang, c++ or cc, or $CXX/"
+                    "$CC): TVM links every kernel library with one; install one (apt install "
+                    "g++) and run the tests again", returncode=3)
 
 
 def offset_array(values: np.ndarray, rng: np.random.Generator, unit: int = 16) -> np.ndarray:

@@ -27,10 +27,13 @@ the (per-session) cache; the builder's per-artifact lock makes a test wait for a
 artifact a worker is still building. A build that fails in a worker is built again by
 the test, which reports the error.
 """
+import functools
 import itertools
 import multiprocessing
 import os
 import shutil
+import subprocess
+import tempfile
 
 import numpy as np
 import pytest
@@ -64,10 +67,29 @@ def _opencl_missing(runtime: str) -> str | None:
     return f"{opencl.label(found[0])}: {fault}" if fault else None
 
 
+@functools.lru_cache(maxsize=1)
+def _gcc_missing() -> str | None:
+    """Why gcc cannot compile the C target here: missing, or too old for _Float16 (the
+    C target's float16 and mixed-precision kernels: gcc 12 or newer), else None."""
+    gcc = shutil.which(os.environ.get("CC", "gcc"))
+    if gcc is None:
+        return "the C target needs gcc on PATH"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "probe.c")
+        with open(src, "w") as f:
+            f.write("_Float16 half_probe(_Float16 x) { return x + (_Float16)1; }\n")
+        p = subprocess.run([gcc, "-c", src, "-o", os.path.join(d, "probe.o")],
+                           capture_output=True, text=True)
+    if p.returncode:
+        return (f"{gcc} cannot compile _Float16 (the C target's float16 kernels need gcc 12 "
+                f"or newer): {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}")
+    return None
+
+
 def _missing(target: str) -> str | None:
     """Why ``target``'s kernels cannot run here, or None."""
     if target == "c":
-        return None if shutil.which("gcc") else "the C target needs gcc on PATH"
+        return _gcc_missing()
     if target.startswith("opencl:"):
         return _opencl_missing(target.partition(":")[2])
     return None
