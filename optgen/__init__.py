@@ -10,7 +10,7 @@ kernels, and step it from a trainer::
 ``import optgen`` does not import TVM; building a spec does (see optgen.compiler).
 ``optgen.torch`` holds drop-in ``torch.optim.Optimizer`` classes (imports torch).
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402

@@ -54,10 +54,10 @@ NOT_COMPILER = frozenset({"__init__.py", "cli.py", "commands.py", "torch.py"})
 @functools.lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
     """optgen's version plus a hash of the code that decides what a kernel computes."""
-    import optgen
     import optgen.templates
-    h = hashlib.sha256(optgen.__version__.encode())
-    top = os.path.dirname(optgen.__file__)
+    from optgen import _version
+    h = hashlib.sha256(_version.__version__.encode())
+    top = os.path.dirname(_version.__file__)
     roots = [top, os.path.dirname(optgen.templates.__file__)]
     for root in roots:
         for dirpath, dirnames, files in sorted(os.walk(root)):

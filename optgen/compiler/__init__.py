@@ -7,4 +7,11 @@
     schedule_llvm         statements -> loops/vectors/threads    (stage 5)
     tvm_backend           TVMScript -> shared library            (stage 6; the only TVM import)
     pipeline.build        runs them all and writes the artifact  (stage 7)
+
+Beside them: kernel_ir (the KernelIR and Launch types and their JSON form),
+plan_matrix (the passes of a matrix rule, stage 3), variants (which kernels a target
+gets, and their symbols), schedule_gpu, matmul and anchors (stage 5), tvmscript_fast
+with tvmscript_rules and tvmscript_walk (TVMScript -> PrimFunc without TVM's parser,
+stage 6), abi and nvcc (GPU targets, stage 6), manifest (the artifact's files,
+stage 7), targets and templates.
 """

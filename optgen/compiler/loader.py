@@ -1,7 +1,8 @@
 """Stage 1 — load: run a spec file and return its ``Spec``.
 
 Python errors raised while the spec runs (syntax errors, undefined names, ...) become a
-``SpecError`` pointing at the spec's own line.
+``SpecError`` pointing at the spec's own line. ``base_spec`` (spec files import it from
+optgen.dsl) loads a catalog spec that another one builds on.
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 import traceback
 import types
 
-from ..dsl import Spec
+from ..declarations import Spec
 from ..errors import SpecError
+from ..runtime import catalog
 
 
 def spec_line_error(exc: BaseException, path: str) -> SpecError:
@@ -65,10 +67,15 @@ def load_spec(path: str, base: str | None = None) -> Spec:
             raise SpecError(f"{os.path.basename(path)} is not a wrapper (it defines no "
                             "wrap(base)), so base= does not apply", file=path,
                             hint="drop --base/base=, which applies to wrapper specs such as lars")
-        from ..dsl import base_spec
         try:
             spec = wrap(base_spec(base))
         except Exception as e:
             raise spec_line_error(e, path) from None
     spec.file, spec.source = path, source
     return spec
+
+
+def base_spec(name: str) -> Spec:
+    """Load catalog spec ``name`` to build on (``Spec.extend``). The artifact key of a spec
+    that does this covers the base's source too (optgen.runtime.cache)."""
+    return load_spec(catalog.resolve(name))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
-from .specialize import MASTER_DTYPE, KernelIR
+from .kernel_ir import KernelIR
+from .specialize import MASTER_DTYPE
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
 # symbol tags by parameter dtype; float16 and bfloat16 kernels are mixed precision

@@ -4,6 +4,11 @@
          -> build (TVM) [-> device ABI (GPU targets) -> nvcc (cuda)] -> write artifact
 
 ``OPTGEN_DEBUG=1`` prints what each stage produced to stderr.
+
+Each stage is a module of optgen.compiler (its docstring lists them); ``variants`` says
+which kernels a target gets and ``manifest`` writes the artifact's files. This module
+runs the stages (``front_end`` for 1-5, which need no TVM; ``build`` for all) and
+publishes the artifact: a temporary folder renamed into place under a file lock.
 """
 from __future__ import annotations
 
@@ -23,16 +28,18 @@ from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
 from optgen.runtime import cache
-from optgen.runtime.artifact import Artifact, ArtifactError, runtime_files, warn_rebuild
+from optgen.runtime.artifact import Artifact, ArtifactError
+from optgen.runtime.manifest import warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
-from .lower import DTYPE_TAG, LoweredKernel, lower
+from .lower import LoweredKernel, lower
+from .manifest import name_of, write_artifact
+from .manifest import SOURCE_SUFFIX, class_name, render_wrapper  # noqa: F401 (their old home)
 from .schedule_llvm import RED_SCALAR_SIZE
-from .specialize import MASTER_DTYPE, MIXED_DTYPES, KernelIR, specialize
-from .templates import render
+from .specialize import MIXED_DTYPES
+from .variants import DTYPES, kernel_irs, symbol_for, variants
 from .verify import verify
 
-DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
 TARGETS = tuple(targets.TARGETS)
 BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
 
@@ -48,36 +55,6 @@ class BuildResult:
 def _debug(stage: str, text: str) -> None:
     if os.environ.get("OPTGEN_DEBUG"):
         print(f"--- optgen: after {stage} ---\n{text}", file=sys.stderr)
-
-
-def symbol_for(name: str, param_dtype: str, flags: dict[str, bool]) -> str:
-    return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on)])
-
-
-def variants(kirs: list[KernelIR], dtypes: tuple[str, ...] = DTYPES
-             ) -> list[tuple[KernelIR, str, str]]:
-    """(IR, compute dtype, parameter dtype) of every kernel: a plain IR compiles once per
-    ``dtypes``, a mixed-precision IR once, in float32 (MASTER_DTYPE)."""
-    return [(kir, dt, kir.param_dtype or dt) for kir in kirs
-            for dt in ((MASTER_DTYPE,) if kir.param_dtype else dtypes)]
-
-
-def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
-    """The IRs a target gets: every flag combination, plain and in each mixed dtype the
-    target has; without float16 on the target, no IR that stores float16; without
-    64-bit integers, no row-sparse variant."""
-    if tg.name != "llvm":
-        matrix = next((tr for tr in traces if tr.matrix), None)
-        if matrix is not None:
-            raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
-                             f"optgen compiles for the llvm target only so far, not {tg.name}")
-    kirs = [specialize(spec, tr, low, merge=tg.family == "cpu") for tr in traces
-            for low in (None, *(() if tr.matrix else tg.mixed))]
-    kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
-    if not tg.lazy:
-        for k in kirs:
-            k.lazy = None
-    return kirs
 
 
 def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
@@ -114,7 +91,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with _locked(dest + ".lock"):                    # one builder per artifact at a time
         if not force and _is_current(dest, key):
-            return BuildResult(dest, True, time.perf_counter() - start, _name_of(dest))
+            return BuildResult(dest, True, time.perf_counter() - start, name_of(dest))
         _remove_leftovers(dest)
         spec, kirs, lowered, scheduled = front_end(spec_path, tg, base)  # 1-5
         same = _same_functions(scheduled) if tg.family != "gpu" else {}
@@ -135,9 +112,9 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
             if tg.family == "gpu":                                   # 6b device ABI
                 device = abi.device_kernels(target, sources, lowered,
                                             {s: g for s, (_, g) in scheduled.items()})
-            _write_artifact(tmp, spec, kirs, scripts, sources, key, target,
-                            time.perf_counter() - start, tg, archs, device, binaries,
-                            base, same)                              # 7 write
+            write_artifact(tmp, spec, kirs, scripts, sources, key, target,
+                           time.perf_counter() - start, tg, archs, device, binaries,
+                           base, same)                               # 7 write
             _publish(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -284,128 +261,6 @@ def _publish(tmp: str, dest: str) -> None:
         os.rename(dest, os.path.join(aside, "old"))
         os.rename(tmp, dest)
         _rmtree(aside)
-
-
-def _name_of(dest: str) -> str:
-    with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as f:
-        return json.load(f)["name"]
-
-
-def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
-    if tg.name == "llvm":
-        return {"kind": "llvm", "mcpu": tvm_backend.host_cpu(), "machine": cache.machine()}
-    if tg.name == "c":
-        return {"kind": "c", "cc": os.environ.get("CC", "gcc"),
-                "options": tvm_backend.C_OPTIONS}
-    detail = {"kind": tg.name, "threads_per_block": schedule_gpu.THREADS}
-    if archs:
-        detail.update(archs=list(archs), nvcc=nvcc.version())
-    return detail
-
-
-def _write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
-                    sources: dict[str, str], key: str, target: str, seconds: float,
-                    tg: targets.Target, archs: tuple[str, ...], device: dict | None,
-                    binaries: dict[str, str], base: str | None = None,
-                    same: dict[str, str] | None = None) -> None:
-    import optgen
-    kernels = []
-    for kir, dt, pdt in variants(kirs, tg.dtypes):
-        sym = symbol_for(spec.name, pdt, kir.flags)
-        entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
-        multi = len(entry["launches"]) > 1
-        seg = tg.family == "cpu" and kir.segmentable
-        for j, ln in enumerate(entry["launches"]):
-            if ln["kind"] != "repeat":
-                own = f"{sym}_p{j}" if multi else sym
-                ln["symbol"] = (same or {}).get(own, own)
-                if seg:       # the same pass over a flat run of tensors (lower, "_seg")
-                    ln["seg_symbol"] = (same or {}).get(f"{own}_seg", f"{own}_seg")
-        if entry["lazy"] is not None:
-            entry["lazy"]["symbol"] = (same or {}).get(f"{sym}_lazy", f"{sym}_lazy")
-        kernels.append(entry)
-    hypers = [h.info for h in spec.hypers.values()]
-    manifest = {
-        "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
-        "spec_file": os.path.basename(spec.file), "base": base, "key": key, "target": target,
-        "target_detail": _target_detail(tg, archs),
-        "optgen_version": optgen.__version__, "tvm_version": cache.tvm_version(),
-        "hyperparameters": [h.to_json() for h in hypers],
-        "requirements": [r.to_json() for r, _ in spec.requirements],
-        "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc,
-                    "when": s.when, "half_when": s.half_when} for s in spec.states.values()],
-        "shape_flags": {n: {"rule": r, "doc": d} for n, (r, d) in spec.shape_flags.items()},
-        "name_flags": {n: {"exclude": list(x), "doc": d} for n, (x, d) in spec.name_flags.items()},
-        "inputs": spec.inputs,
-        "statistics": {n: {"shape": shape, "doc": doc}
-                       for n, (shape, doc) in spec.statistics.items()},
-        "accepted": spec.accepted,
-        "lazy_update_default": spec.lazy_update_default,
-        "reduction_buffer_size": RED_SCALAR_SIZE,
-        "reduction_dtype": tg.acc_dtype,
-        "abi": "each kernel runs its 'launches' in order; a launch is kernel(*buffers, "
-               "scalars): buffers are contiguous arrays, updated in place except grad, viewed "
-               "flat (n,) or as [B, R, C] (B = prod(shape[:-2]), R = shape[-2], C = "
-               "shape[-1]; [1, 1, n] below 2-D) with row states [B, R] and column states "
-               "[B, C]; '_red<k>' buffers are float64 workspaces (per-parameter values have "
-               "reduction_buffer_size elements); scalars is one 1-D array of the kernel "
-               "dtype holding the values named by 'scalars', in that order; a buffer named "
-               "in 'storage' has the dtype given there (read through a cast to the kernel "
-               "dtype, rounded to nearest even on store). A matrix rule's launches (view 'matrix') pass "
-               "2-D arrays: the parameter (R, C), 'rr'/'cc' states (R, R)/(C, C), "
-               "temporaries '_tmp<k>' and loop buffers '_loop<k>' of the shape their "
-               "buffer_axes names (kernel dtype); a 'repeat' launch runs the next 'length' "
-               "launches 'count' times (a hyperparameter); 'refresh' rules run on the host. "
-               "A 'reduce' launch fills its 'red' buffer and those of 'also', and stores "
-               "its 'outputs' (states that later launches read back). A launch's 'seg_symbol' "
-               "is the same pass over a run of parameters whose buffers lie back to back: "
-               "kernel(*buffers, _seg, scalars) with _seg the int64 offsets of the run's "
-               "tensors (len = tensors + 1) and each '_red' buffer holding one reduction "
-               "buffer per tensor. "
-               "A kernel whose param_dtype "
-               "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
-               "is the float32 master, 'w_low' (written, never read) receives the new w "
-               "rounded to param_dtype, and grad and the extra inputs are param_dtype",
-        "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
-        "sources": {"tvmscript": "kernels.tvmscript.py",
-                    **{k: f"kernels.{SOURCE_SUFFIX.get(k, k)}" for k in sources}},
-        "binaries": binaries,
-        "kernels": kernels, "build_seconds": round(seconds, 3),
-    }
-    if device is not None:
-        manifest["device_abi"] = abi.DOC
-        manifest["device_kernels"] = device
-    files = {
-        "kernels.tvmscript.py": "# TVMScript generated by optgen; one PrimFunc per kernel\n"
-                                "from tvm.script import tirx as T\n\n\n"
-                                + "\n\n".join(scripts.values()),
-        "spec.py": spec.source,
-        manifest["wrapper"]: render_wrapper(spec, hypers),
-        **{f"kernels.{SOURCE_SUFFIX.get(k, k)}": text for k, text in sources.items()},
-    }
-    for name, text in files.items():
-        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-            f.write(text)
-    # what the runtime reads, with size and sha256: Artifact.load verifies them
-    manifest["files"] = {n: cache.file_record(os.path.join(folder, n))
-                         for n in runtime_files(manifest)}
-    with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
-        f.write(json.dumps(manifest, indent=1))  # last: its presence marks completeness
-
-
-SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix
-
-
-def class_name(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
-
-
-def render_wrapper(spec, hypers) -> str:
-    def annotation(h):
-        base = {"float": "float", "int": "int", "bool": "bool"}[h.type]
-        return f"{base} | None" if h.optional else base
-    return render("wrapper.py.j2", spec=spec, cls=class_name(spec.name), hypers=hypers, pyrepr=repr,
-                  annotation=annotation)
 
 
 __all__ = ["BUILD_COUNT", "BuildResult", "DTYPES", "MIXED_DTYPES", "SpecError", "build"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..ir import Expr, matrix_shape, walk
-from .specialize import KernelIR, Launch
+from .kernel_ir import KernelIR, Launch
 
 LEAF_BUFFERS = ("param", "grad", "state")
 

@@ -20,115 +20,22 @@ same update with ``w`` as the float32 master copy: its gradients (``grad`` and t
 spec's extra inputs) are stored in the low dtype and read through a cast, and one more
 output, ``w_low``, receives the new master rounded to the low dtype.
 
-``KernelIR.to_json`` is what the manifest stores; the reference interpreter and the
-runtime read that form, so neither needs the compiler.
+The IR's types (``KernelIR``, ``Launch``) and its JSON form live in
+optgen.compiler.kernel_ir, below this module and the matrix planner
+(optgen.compiler.plan_matrix), which this module calls for matrix rules.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..dsl import SHAPE_NAMES, Spec, Trace
+from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
+from ..tracing import Trace
 from optgen.runtime import scalar_expr
 from optgen.runtime.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
+from .kernel_ir import KernelIR, Launch, serialize
+from .plan_matrix import plan_matrix
 
 MASTER_DTYPE = "float32"                 # the compute dtype of mixed-precision kernels
-
-
-@dataclass
-class Launch:
-    """One pass over the data: a reduction into ``_red<k>`` or the final update of the
-    outputs of one space ("brc": parameter and per-element states, "br" row states,
-    "bc" column states). ``view`` is "flat" when every value is per element or per
-    parameter (one loop over n elements), "3d" when rows or columns appear."""
-    kind: str                      # "reduce" | "update"; matrix rules also "matmul", "repeat"
-    space: str                     # the loop space (axes; a matrix shape for view "matrix")
-    view: str                      # "flat" | "3d" | "matrix" (optgen.compiler.plan_matrix)
-    buffers: list[str]             # array arguments in order
-    outputs: list[str] = field(default_factory=list)   # update: names written
-    node: Expr | None = None       # reduce: the reduce node
-    red: str | None = None         # reduce: its buffer name
-    values: dict[str, Expr] | None = None   # matrix update: pass-local value per output
-    matmul: dict | None = None     # matmul: a, b, out, trans_a, trans_b
-    count: str | int | None = None  # repeat: the hyperparameter (or number) of repetitions
-    length: int = 0                # repeat: how many of the following launches repeat
-    also: list[tuple[Expr, str]] = field(default_factory=list)  # reduce: more (node, buffer)
-                                   # pairs accumulated in the same pass (CPU, plan(merge=True))
-
-    @property
-    def reduced_pairs(self) -> list[tuple[Expr, str]]:
-        """reduce: every (node, buffer) the pass accumulates, its own first."""
-        return [(self.node, self.red), *self.also]
-
-    def to_json(self, index: dict[int, int]) -> dict:
-        d = {"kind": self.kind, "space": self.space, "view": self.view, "buffers": self.buffers}
-        if self.view == "matrix":
-            d.update(outputs=self.outputs, **({"matmul": self.matmul} if self.matmul else {}),
-                     **({"count": self.count, "length": self.length}
-                        if self.kind == "repeat" else {}),
-                     **({"red": self.red, "op": self.node.value} if self.kind == "reduce"
-                        else {}))
-        elif self.kind == "update":
-            d["outputs"] = self.outputs
-        else:
-            d.update(node=index[id(self.node)], red=self.red, op=self.node.value,
-                     reduced=self.node.name, out_axes=self.node.axes)
-            if self.also:
-                d["also"] = [{"node": index[id(e)], "red": r, "op": e.value} for e, r in self.also]
-            if self.outputs:
-                d["outputs"] = self.outputs
-        return d
-
-
-@dataclass
-class KernelIR:
-    """One flag combination's update, split for the host and the kernel passes.
-
-    ``storage`` names the buffers stored in a dtype other than the kernel's (loads cast
-    up, stores round): float16 states (compression) and, in a mixed-precision IR
-    (``param_dtype`` set), ``w_low``, ``grad`` and the extra inputs in ``param_dtype``."""
-    flags: dict[str, bool]
-    buffers: list[str]                  # array arguments: "w", ["w_low"], "grad", inputs,
-                                        # states, then "_red<k>"
-    hypers: list[str]                   # numeric hyperparameters, passed as scalars
-    host_scalars: dict[str, str]        # name -> Python expression, evaluated per step
-    scalar_state_updates: dict[str, str]
-    tensor_updates: dict[str, Expr]     # "w", ["w_low"], per-element/row/column states -> value
-    scalar_states: list[str] = field(default_factory=list)
-    launches: list[Launch] = field(default_factory=list)
-    reductions: dict[str, Expr] = field(default_factory=dict)   # "_red<k>" -> reduce node
-    buffer_axes: dict[str, str] = field(default_factory=dict)   # buffer -> axes
-    lazy: Launch | None = None          # the row-sparse variant, where the rule allows one
-    storage: dict[str, str] = field(default_factory=dict)  # buffer -> stored dtype
-    param_dtype: str | None = None      # mixed precision: float16 or bfloat16
-    refresh: dict | None = None         # the refresh rule (host, numpy): every, ir, reads
-    early: dict[str, Expr] = field(default_factory=dict)   # state -> new value, stored by
-                                        # the first (reduce) pass; later passes read it back
-
-    @property
-    def scalars(self) -> list[str]:
-        return self.hypers + list(self.host_scalars)
-
-    @property
-    def segmentable(self) -> bool:
-        """Whether every pass is over the flat view with whole-tensor reductions only,
-        so that a run of parameters in one buffer can take each pass as one call with an
-        offsets array (the ``_seg`` variants: runtime/flat.py). Single-pass elementwise
-        rules need none: their body does not care where a tensor ends."""
-        return len(self.launches) > 1 and all(
-            ln.kind in ("reduce", "update") and ln.view == "flat" and ln.space == "brc"
-            and (ln.kind == "update" or not ln.node.axes) for ln in self.launches)
-
-    def to_json(self) -> dict:
-        ir, index = serialize(self.tensor_updates, self.reductions)
-        return {"flags": self.flags, "buffers": self.buffers, "scalars": self.scalars,
-                "host_scalars": self.host_scalars,
-                "scalar_state_updates": self.scalar_state_updates,
-                "buffer_axes": self.buffer_axes, "storage": self.storage,
-                "launches": [ln.to_json(index) for ln in self.launches],
-                "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir,
-                "refresh": self.refresh}
 
 
 def _needs_host(e: Expr) -> bool:
@@ -209,7 +116,6 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         refresh=_refresh(spec, trace),
     )
     if matrix:
-        from .plan_matrix import plan_matrix   # (it builds on this module's types)
         plan_matrix(kir)
     else:
         plan(kir, merge)
@@ -346,25 +252,3 @@ def _early_states(kir: KernelIR, launches: list[Launch], level: dict[int, int],
             break
         cand = {s: e for s, e in cand.items() if s not in old}
     return cand
-
-
-def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None
-              ) -> tuple[dict, dict[int, int]]:
-    """A topologically ordered node list plus the node index of each output and reduction."""
-    nodes: list[dict] = []
-    index: dict[int, int] = {}
-    for n in walk(outputs.values()):
-        rec: dict = {"op": n.op, "dtype": n.dtype, "kind": n.kind, "axes": n.axes}
-        if n.args:
-            rec["args"] = [index[id(a)] for a in n.args]
-        if n.op in ("const", "reduce", "loop"):
-            rec["value"] = n.value
-        if n.mat is not None:
-            rec["mat"] = n.mat
-        if n.name is not None:
-            rec["name"] = n.name
-        index[id(n)] = len(nodes)
-        nodes.append(rec)
-    ir = {"nodes": nodes, "outputs": {k: index[id(v)] for k, v in outputs.items()},
-          "reductions": {k: index[id(v)] for k, v in (reductions or {}).items()}}
-    return ir, index

@@ -9,9 +9,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..dsl import Spec, Trace, constraint_names
+from ..declarations import Spec, constraint_names
 from ..errors import SpecError
 from ..ir import matrix_shape, walk
+from ..tracing import Trace
 from .loader import spec_line_error
 from optgen.runtime import hyper as hyper_rules
 from optgen.runtime import scalar_expr

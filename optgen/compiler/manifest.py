@@ -1,0 +1,142 @@
+"""Stage 7, the artifact's files: ``write_artifact`` fills a folder with the manifest (its
+kernels and launches, hyperparameters, states, ABI, and the size and sha256 of every
+file the runtime reads), the TVMScript, the spec source, the generated sources and the
+rendered wrapper. The pipeline then publishes the folder (optgen.compiler.pipeline).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from .._version import __version__
+from optgen.runtime import cache
+from optgen.runtime.manifest import runtime_files
+from . import abi, nvcc, schedule_gpu, targets, tvm_backend
+from .kernel_ir import KernelIR
+from .schedule_llvm import RED_SCALAR_SIZE
+from .templates import render
+from .variants import symbol_for, variants
+
+
+def name_of(dest: str) -> str:
+    """The spec name an artifact's manifest records."""
+    with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)["name"]
+
+
+def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
+    if tg.name == "llvm":
+        return {"kind": "llvm", "mcpu": tvm_backend.host_cpu(), "machine": cache.machine()}
+    if tg.name == "c":
+        return {"kind": "c", "cc": os.environ.get("CC", "gcc"),
+                "options": tvm_backend.C_OPTIONS}
+    detail = {"kind": tg.name, "threads_per_block": schedule_gpu.THREADS}
+    if archs:
+        detail.update(archs=list(archs), nvcc=nvcc.version())
+    return detail
+
+
+def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
+                   sources: dict[str, str], key: str, target: str, seconds: float,
+                   tg: targets.Target, archs: tuple[str, ...], device: dict | None,
+                   binaries: dict[str, str], base: str | None = None,
+                   same: dict[str, str] | None = None) -> None:
+    """Write an artifact's files into ``folder``; manifest.json last (its presence marks
+    a complete folder)."""
+    kernels = []
+    for kir, dt, pdt in variants(kirs, tg.dtypes):
+        sym = symbol_for(spec.name, pdt, kir.flags)
+        entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
+        multi = len(entry["launches"]) > 1
+        seg = tg.family == "cpu" and kir.segmentable
+        for j, ln in enumerate(entry["launches"]):
+            if ln["kind"] != "repeat":
+                own = f"{sym}_p{j}" if multi else sym
+                ln["symbol"] = (same or {}).get(own, own)
+                if seg:       # the same pass over a flat run of tensors (lower, "_seg")
+                    ln["seg_symbol"] = (same or {}).get(f"{own}_seg", f"{own}_seg")
+        if entry["lazy"] is not None:
+            entry["lazy"]["symbol"] = (same or {}).get(f"{sym}_lazy", f"{sym}_lazy")
+        kernels.append(entry)
+    hypers = [h.info for h in spec.hypers.values()]
+    manifest = {
+        "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
+        "spec_file": os.path.basename(spec.file), "base": base, "key": key, "target": target,
+        "target_detail": _target_detail(tg, archs),
+        "optgen_version": __version__, "tvm_version": cache.tvm_version(),
+        "hyperparameters": [h.to_json() for h in hypers],
+        "requirements": [r.to_json() for r, _ in spec.requirements],
+        "states": [{"name": s.name, "init": s.init, "shape": s.shape, "doc": s.doc,
+                    "when": s.when, "half_when": s.half_when} for s in spec.states.values()],
+        "shape_flags": {n: {"rule": r, "doc": d} for n, (r, d) in spec.shape_flags.items()},
+        "name_flags": {n: {"exclude": list(x), "doc": d} for n, (x, d) in spec.name_flags.items()},
+        "inputs": spec.inputs,
+        "statistics": {n: {"shape": shape, "doc": doc}
+                       for n, (shape, doc) in spec.statistics.items()},
+        "accepted": spec.accepted,
+        "lazy_update_default": spec.lazy_update_default,
+        "reduction_buffer_size": RED_SCALAR_SIZE,
+        "reduction_dtype": tg.acc_dtype,
+        "abi": "each kernel runs its 'launches' in order; a launch is kernel(*buffers, "
+               "scalars): buffers are contiguous arrays, updated in place except grad, viewed "
+               "flat (n,) or as [B, R, C] (B = prod(shape[:-2]), R = shape[-2], C = "
+               "shape[-1]; [1, 1, n] below 2-D) with row states [B, R] and column states "
+               "[B, C]; '_red<k>' buffers are float64 workspaces (per-parameter values have "
+               "reduction_buffer_size elements); scalars is one 1-D array of the kernel "
+               "dtype holding the values named by 'scalars', in that order; a buffer named "
+               "in 'storage' has the dtype given there (read through a cast to the kernel "
+               "dtype, rounded to nearest even on store). A matrix rule's launches (view 'matrix') pass "
+               "2-D arrays: the parameter (R, C), 'rr'/'cc' states (R, R)/(C, C), "
+               "temporaries '_tmp<k>' and loop buffers '_loop<k>' of the shape their "
+               "buffer_axes names (kernel dtype); a 'repeat' launch runs the next 'length' "
+               "launches 'count' times (a hyperparameter); 'refresh' rules run on the host. "
+               "A 'reduce' launch fills its 'red' buffer and those of 'also', and stores "
+               "its 'outputs' (states that later launches read back). A launch's 'seg_symbol' "
+               "is the same pass over a run of parameters whose buffers lie back to back: "
+               "kernel(*buffers, _seg, scalars) with _seg the int64 offsets of the run's "
+               "tensors (len = tensors + 1) and each '_red' buffer holding one reduction "
+               "buffer per tensor. "
+               "A kernel whose param_dtype "
+               "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
+               "is the float32 master, 'w_low' (written, never read) receives the new w "
+               "rounded to param_dtype, and grad and the extra inputs are param_dtype",
+        "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
+        "sources": {"tvmscript": "kernels.tvmscript.py",
+                    **{k: f"kernels.{SOURCE_SUFFIX.get(k, k)}" for k in sources}},
+        "binaries": binaries,
+        "kernels": kernels, "build_seconds": round(seconds, 3),
+    }
+    if device is not None:
+        manifest["device_abi"] = abi.DOC
+        manifest["device_kernels"] = device
+    files = {
+        "kernels.tvmscript.py": "# TVMScript generated by optgen; one PrimFunc per kernel\n"
+                                "from tvm.script import tirx as T\n\n\n"
+                                + "\n\n".join(scripts.values()),
+        "spec.py": spec.source,
+        manifest["wrapper"]: render_wrapper(spec, hypers),
+        **{f"kernels.{SOURCE_SUFFIX.get(k, k)}": text for k, text in sources.items()},
+    }
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    # what the runtime reads, with size and sha256: Artifact.load verifies them
+    manifest["files"] = {n: cache.file_record(os.path.join(folder, n))
+                         for n in runtime_files(manifest)}
+    with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(manifest, indent=1))  # last: its presence marks completeness
+
+
+SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix
+
+
+def class_name(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def render_wrapper(spec, hypers) -> str:
+    def annotation(h):
+        base = {"float": "float", "int": "int", "bool": "bool"}[h.type]
+        return f"{base} | None" if h.optional else base
+    return render("wrapper.py.j2", spec=spec, cls=class_name(spec.name), hypers=hypers, pyrepr=repr,
+                  annotation=annotation)

@@ -1,0 +1,177 @@
+"""An artifact directory's manifest checked before anything uses it: its format and keys,
+the optgen and TVM versions it was built with (they must be the running ones), and the
+size and sha256 of every file the runtime reads (``runtime_files``). A failure is an
+ArtifactError naming the file, what is wrong and the rebuild command (``rebuild_hint``).
+
+Imports: cache, catalog and optgen._version; nothing that loads a kernel.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import sys
+import warnings
+from typing import Any
+
+from optgen._version import __version__
+
+from . import cache, catalog
+from .cache import FORMAT
+
+
+class ArtifactError(RuntimeError):
+    """An artifact directory is missing, incomplete, corrupted or from another build
+    (format, optgen or TVM version). ``problem``: the message without the fix."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem or message
+
+
+def _broken(where: str, what: str, path: str, manifest: Any = None) -> ArtifactError:
+    """The error for a broken artifact: the file, what is wrong, the rebuild command."""
+    return ArtifactError(f"{where}: {what}; {rebuild_hint(path, manifest)}", f"{where}: {what}")
+
+
+class ArtifactWarning(RuntimeWarning):
+    """An artifact failed verification and is being rebuilt (get_artifact, build)."""
+
+
+# what Artifact and the optimizer read; a manifest without one of them is an ArtifactError
+MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_version",
+                 "library", "files", "sources", "binaries", "hyperparameters",
+                 "requirements", "states", "kernels", "shape_flags", "name_flags", "inputs",
+                 "statistics", "accepted",
+                 "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
+DEVICE_TARGETS = ("cuda", "opencl")   # run through the manifest's device ABI (device.py)
+
+
+def runtime_files(manifest: dict) -> list[str]:
+    """The files of an artifact the runtime reads, which the manifest's ``files`` records
+    (size, sha256): the library, spec.py (checkpoints hash it), the PTX and cubin files
+    (cuda) and the OpenCL source (opencl). The wrapper module and the other sources are
+    for people and are not verified."""
+    names = [manifest["library"], "spec.py"]
+    names += [f for files in manifest["binaries"].values() for f in files.values()]
+    if manifest["target"] == "opencl":
+        names.append(manifest["sources"]["opencl"])
+    return list(dict.fromkeys(names))
+
+
+def warn_rebuild(path: str, reason: str) -> None:
+    """Report a broken artifact that is rebuilt, pointing at the first caller outside
+    optgen (the trainer's get_artifact/create line)."""
+    roots = tuple(os.path.dirname(m.__file__) + os.sep for m in
+                  (sys.modules["optgen"], sys.modules[__package__]))
+    level, frame = 2, sys._getframe(1)   # level 1 is this function, 2 its caller
+    while frame is not None and frame.f_code.co_filename.startswith(roots):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(f"optgen: rebuilding the broken artifact {path}: {reason}", ArtifactWarning,
+                  stacklevel=level)
+
+
+def rebuild_hint(path: str, manifest: Any = None) -> str:
+    """How to rebuild the artifact at ``path``: the ``optgen build`` command."""
+    m = manifest if isinstance(manifest, dict) else {}
+    folder = os.path.basename(path)
+    in_cache = os.path.dirname(path) == cache.cache_dir()
+    stem, _, target = re.sub(r"-[0-9a-f]{16}$", "", folder).rpartition("-")
+    stem, _, base = (stem or folder).partition("+")
+    spec_file = m.get("spec_file") if isinstance(m.get("spec_file"), str) else stem + ".py"
+    target = m.get("target") if isinstance(m.get("target"), str) else target or "llvm"
+    base = m.get("base") if isinstance(m.get("base"), str) else base
+    detail = m.get("target_detail") if isinstance(m.get("target_detail"), dict) else {}
+    name = spec_file[:-3] if spec_file.endswith(".py") else spec_file
+    shipped = name in catalog.list_specs()
+    cmd = (f"optgen build {name if shipped else spec_file} --target {target}"
+           + (f" --base {base}" if base else "")
+           + (f" --arch {','.join(detail['archs'])}" if detail.get("archs") else ""))
+    if in_cache:
+        return f"rebuild it with `{cmd}` (optgen.get_artifact rebuilds it by itself)"
+    cmd += f" --out {os.path.dirname(path)}"
+    if shipped:
+        return f"rebuild it with `{cmd}`"
+    copy = os.path.join(path, "spec.py")
+    return (f"rebuild it from its spec file with `{cmd}`"
+            + (f" ({copy} is a copy of {spec_file})" if os.path.isfile(copy)
+               else " (the artifact holds no copy of the spec)"))
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _running_tvm() -> str | None:
+    try:
+        return cache.tvm_version()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def verify_manifest(path: str, manifest: Any) -> None:
+    """The manifest's format, keys and versions; ArtifactError naming what is wrong."""
+    mpath = os.path.join(path, "manifest.json")
+
+    def fail(what: str):
+        raise _broken(mpath, what, path, manifest)
+    if not isinstance(manifest, dict):
+        fail(f"the manifest is a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT:
+        fail(f"manifest format {manifest.get('format')!r}, this optgen reads format {FORMAT}")
+    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if manifest.get("target")
+                                            in DEVICE_TARGETS else ()) if k not in manifest]
+    if missing:
+        fail(f"the manifest lacks {', '.join(map(repr, missing))}")
+    if manifest["optgen_version"] != __version__:
+        fail(f"built by optgen {manifest['optgen_version']}, this is optgen {__version__}")
+    tvm = _running_tvm()
+    if tvm is None and manifest["target"] not in DEVICE_TARGETS:
+        raise ArtifactError(f"{path}: the kernels need TVM's runtime, and apache-tvm is not "
+                            f"installed (pip install apache-tvm=={manifest['tvm_version']})")
+    if tvm is not None and manifest["tvm_version"] != tvm:
+        fail(f"built with TVM {manifest['tvm_version']}, this is TVM {tvm}")
+
+
+def verify_files(path: str, manifest: dict) -> None:
+    """Every file the runtime reads exists with the size and sha256 the manifest records.
+    Hashes are computed once per process per file version (cache.file_record)."""
+    mpath = os.path.join(path, "manifest.json")
+    files = manifest["files"]
+    try:
+        names = runtime_files(manifest)
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (KeyError, TypeError, AttributeError) as e:
+        raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", path,
+                      manifest) from None
+    for name in names:
+        rec = files.get(name)
+        plain = isinstance(name, str) and name not in ("", ".", "..") and \
+            os.path.basename(name) == name
+        if not plain or not isinstance(rec, dict) or not isinstance(rec.get("size"), int) \
+                or not isinstance(rec.get("sha256"), str):
+            raise _broken(mpath, f"the manifest records no size and sha256 for {name!r}",
+                          path, manifest)
+        fpath = os.path.join(path, name)
+        try:
+            got = cache.file_record(fpath)
+        except FileNotFoundError:
+            problem = "missing"
+        except OSError as e:
+            problem = f"unreadable ({e.strerror})"
+        else:
+            problem = None
+            if got["size"] != rec["size"]:
+                problem = (f"{got['size']} bytes, the manifest records {rec['size']} "
+                           f"({'truncated' if got['size'] < rec['size'] else 'changed'})")
+            elif got["sha256"] != rec["sha256"]:
+                problem = (f"sha256 {got['sha256'][:16]}..., the manifest records "
+                           f"{rec['sha256'][:16]}... (corrupted, or the manifest is from "
+                           "another build)")
+        if problem:
+            raise _broken(fpath, problem, path, manifest)
