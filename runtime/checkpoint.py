@@ -5,6 +5,14 @@ plus ``meta.json``: the rest of the state_dict as JSON. Nothing is pickled, so l
 a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Writes are
 atomic: a temporary file in the same folder, fsynced, then ``os.replace`` (a crash
 mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file).
+
+``state_dict``, ``check`` and ``restore_states`` read an optimizer's parameters,
+states, groups, step counts and multipliers (``opt.params``, ``opt.state``, ``opt.t``,
+``opt._lib``, ``opt._groups``, ``opt._group_of``, ``opt._defaults``, ``opt._steps``,
+``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); the optimizer applies what
+``check`` returns.
+
+May import: numpy, hyper, tensors.
 """
 from __future__ import annotations
 
@@ -39,6 +47,37 @@ def spec_hash(artifact) -> str:
     return _hash_file(os.path.join(artifact.path, "spec.py"), artifact.name)
 
 
+def state_dict(opt) -> dict[str, Any]:
+    """``opt``'s state_dict: plain Python values and numpy copies (Optimizer.state_dict
+    says what it holds)."""
+    return {
+        "format": FORMAT, "optimizer": opt.name,
+        "spec_hash": spec_hash(opt.artifact), "key": opt.artifact.key,
+        "t": opt.t, "param_steps": list(opt._steps), "skipped_steps": opt.skipped_steps,
+        "hyper": dict(opt._defaults),
+        "groups": [{"hyper": dict(g.hyper), "lr_schedule": g.lr is not None,
+                    "params": [i for i, x in enumerate(opt._group_of) if x == gi]}
+                   for gi, g in enumerate(opt._groups)],
+        "params": [{"name": n, "shape": list(p.shape),
+                    "dtype": tensors.dtype_name(p, lib)}
+                   for n, p, lib in zip(opt.names, opt.params, opt._lib)],
+        "lr_mult": list(opt._lr_mult), "wd_mult": list(opt._wd_mult),
+        "refreshed": list(opt._refreshed),
+        "state": [{n: (float(v) if isinstance(v, np.floating) else
+                       tensors.to_numpy(v, lib)) for n, v in st.items()}
+                  for st, lib in zip(opt.state, opt._lib)]}
+
+
+def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -> None:
+    """Overwrite every state in place with its saved value (checked by ``check``)."""
+    for i, (mine, theirs) in enumerate(zip(states, saved)):
+        for n in list(mine):
+            if isinstance(mine[n], np.floating):
+                mine[n] = np.float64(theirs[n])
+            else:
+                tensors.copy_into(mine[n], libs[i], np.asarray(theirs[n]))
+
+
 def _fail(opt, message: str):
     raise ValueError(f"{opt.name}: {message}")
 
@@ -52,7 +91,10 @@ def _int(opt, value: Any, what: str) -> int:
 def check(opt, sd: Any) -> dict[str, Any]:
     """Validate ``sd`` against optimizer ``opt`` (same spec, parameters, groups and
     state layout) and return the hyperparameters to restore; raises ValueError or
-    TypeError naming the first mismatch, changing nothing."""
+    TypeError naming the first mismatch, changing nothing. The plan holds the
+    ``defaults`` and each group's hyperparameters (``groups``), and the counters and
+    multipliers as they are to be set (``t``, ``steps``, ``skipped_steps``, ``lr_mult``,
+    ``wd_mult``, ``refreshed``)."""
     if not isinstance(sd, Mapping):
         raise TypeError(f"{opt.name}: state_dict must be a dict, got {type(sd).__name__}")
     if sd.get("optimizer") != opt.name:
@@ -122,7 +164,13 @@ def check(opt, sd: Any) -> dict[str, Any]:
             if (src.dtype.name, list(src.shape)) != want:
                 _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
                            f"expected {want[0]}{want[1]}")
-    return {"defaults": defaults, "groups": restored}
+    return {"defaults": defaults, "groups": restored, "t": int(sd["t"]),
+            "steps": [int(s) for s in sd["param_steps"]],
+            "skipped_steps": int(sd.get("skipped_steps", 0)),
+            "lr_mult": [float(x) for x in sd["lr_mult"]],
+            "wd_mult": [float(x) for x in sd["wd_mult"]],
+            "refreshed": [None if r is None else int(r)
+                          for r in sd.get("refreshed", [None] * n)]}
 
 
 # -- the file format -----------------------------------------------------------------

@@ -17,14 +17,21 @@ The optimizer finds runs by looking at memory, not by trusting a mode:
 - at each step, a run is fused when its gradients are back to back too (checked by
   address, cached per gradient object) and every parameter in it takes this step;
   otherwise its parameters are stepped one by one, exactly as before.
+
+This module owns that memory logic (chains, runs, spans); runtime/launch.py keeps the
+runs it finds and makes the calls. May import: numpy, tensors, sparse.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import weakref
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from . import tensors
+from .sparse import RowSparse
+
+GRAD = object()   # a run's argument slot for the gradient span, filled in per step
 
 
 def flatten(arrays: Sequence[Any], dtype: Any = None) -> list[Any]:
@@ -129,6 +136,105 @@ def chains(params: Sequence[Any], libs: Sequence[str], eligible: Sequence[bool]
                 out.append((i, j))
         i = j
     return out
+
+
+# -- runs: stretches of a chain that one call per pass updates ----------------------------
+def fusable(k: Any, has_inputs: bool, flat_axes: str) -> bool:
+    """Whether kernel ``k`` is one elementwise launch over the flat view, or passes that
+    each have a segmented variant (whole-tensor reductions: LAMB, LARS), so a parameter
+    may share a call per pass with its neighbours (scalar states, such as SGD's
+    buffer_started, are checked equal per step). Specs with extra inputs never fuse."""
+    if has_inputs:
+        return False
+    if all("seg_symbol" in ln for ln in k.launches):
+        return not k.param_scalars
+    return (len(k.launches) == 1 and k.launches[0]["view"] == "flat" and not k.workspaces
+            and all(k.buffer_axes[b] == flat_axes for b in k.launches[0]["buffers"]))
+
+
+def find_runs(chains: Sequence[tuple[int, int]], same: Callable[[int], tuple | None],
+              calls: Callable[[int, int], list | None]
+              ) -> dict[int, tuple[int, list[tuple[Callable, list]], list]]:
+    """start -> (end, [(kernel, arguments), ...], every argument): the stretches of each
+    chain whose parameters have one ``same(i)`` key (group, kernel, multipliers; None:
+    not fusable) and whose ``calls(i, j)`` exist (every persistent array back to back;
+    the gradient's span, ``GRAD``, is filled in per step)."""
+    runs = {}
+    for a, b in chains:
+        i = a
+        while i < b:
+            j = i + 1
+            key = same(i)
+            if key is not None:
+                while j < b and same(j) == key:
+                    j += 1
+            if j - i > 1:
+                found = calls(i, j)
+                if found is not None:
+                    runs[i] = (j, found, [x for _, args in found for x in args])
+            i = j
+    return runs
+
+
+def run_calls(artifact: Any, k: Any, lib: str, like: Any, parts: Sequence[Mapping[str, Any]],
+              sizes: Sequence[int]) -> list[tuple[Callable, list]] | None:
+    """The calls that update a run's parameters together (``parts``: each one's kernel
+    arguments by buffer name, ``sizes`` their element counts): the kernel's one launch
+    over the span, or each pass's segmented variant with the run's offsets (``_seg``)
+    and reduction buffers (one per tensor, kept with the run); None when some
+    persistent array is not back to back."""
+    spans: dict[str, Any] = {"grad": GRAD}
+    segmented = "seg_symbol" in k.launches[0]
+    if segmented:
+        size = artifact.reduction_buffer_size * len(parts)
+        spans.update((n, tensors.full_like(like, lib, (size,), 0.0, artifact.reduction_dtype))
+                     for n in k.workspaces)
+        offsets = np.cumsum([0] + list(sizes), dtype=np.int64)
+        spans["_seg"] = tensors.full_like(like, lib, (len(parts) + 1,), 0, "int64")
+        tensors.copy_into(spans["_seg"], lib, offsets)
+    calls = []
+    for ln in k.launches:
+        args = []
+        for name in ln["buffers"]:
+            if name not in spans:
+                arrays = [p[name] for p in parts]
+                if not adjacent(arrays, lib):
+                    return None
+                spans[name] = span(arrays, lib)
+            args.append(spans[name])
+        if segmented:
+            args.append(spans["_seg"])
+        calls.append((artifact.function(ln["seg_symbol" if segmented else "symbol"]), args))
+    return calls
+
+
+def grad_span(cache: dict, i: int, gs: Sequence[Any], lib: str, steps: Sequence[int],
+              args: Sequence[Any]) -> Any:
+    """The span of a run's gradients ``gs`` (its first parameter is ``i``) if they lie
+    back to back (apart from the run's arguments ``args``: parameters and states) and
+    every one takes this step (their ``steps`` counts agree); else None. The verdict is
+    kept in ``cache`` per gradient object, rechecked by address for torch tensors."""
+    hit = cache.get(i)
+    if hit is not None and all(r() is g for r, g in zip(hit[0], gs)) and \
+            (lib == "numpy" or hit[2] == [tensors.address_range(g, lib)[0] for g in gs]):
+        return hit[1]
+    cache.pop(i, None)
+    if any(g is None or isinstance(g, RowSparse) for g in gs) or \
+            any(steps[x] != steps[i] for x in range(i, i + len(gs))) or \
+            not adjacent(gs, lib):
+        return None
+    whole = span(gs, lib)
+    full = [g for g in gs if _numel(g)]
+    where = (tensors.address_range(full[0], lib)[0], tensors.address_range(full[-1], lib)[1])
+    if any(a is not GRAD and tensors.overlaps(where, tensors.address_range(a, lib))
+           for a in args):
+        return None
+    try:
+        refs = tuple(weakref.ref(g) for g in gs)
+    except TypeError:           # an array type without weak references: no caching
+        return whole
+    cache[i] = (refs, whole, [tensors.address_range(g, lib)[0] for g in gs])
+    return whole
 
 
 __all__ = ["flatten"]

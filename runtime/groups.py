@@ -12,13 +12,23 @@ Hyperparameters may be given by their spec names or by the aliases of MXNet
 (``learning_rate``, ``wd``, ``lr_scheduler``), MindSpore (``learning_rate``,
 ``weight_decay``) and torch (``betas=(b1, b2)``, ``eps``/``epsilon``, ``nesterov``/
 ``use_nesterov``). ``alias`` maps them to the spec's names.
+
+Once parsed, a group is a ``RuntimeGroup``: its validated hyperparameters (``resolve``,
+where an lr may be a schedule) and where its lr comes from. Per parameter come the
+lr/wd multipliers (``multipliers``), the weight-decay filter (``decay_filter``) and the
+name flags of a spec such as LARS (``name_flags``).
+
+May import: hyper, schedules, tensors.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from . import tensors
+from . import hyper as hyper_rules
+from . import schedules, tensors
 
 # alias -> spec name; used only when the spec has no hyperparameter of the alias's name
 ALIASES = {"learning_rate": "lr", "lr_scheduler": "lr", "wd": "weight_decay",
@@ -197,4 +207,134 @@ def _reorder(owner: str, entries: list[Entry], gi: int, order: Any) -> list[Entr
         e = missing[0]
         raise ValueError(f"{owner}: {where} misses {len(missing)} parameter(s) of the groups, "
                          f"first one{f' {e.name!r}' if e.name else ''} in group {e.group}")
+    return out
+
+
+# -- groups at run time: hyperparameters and lr schedules --------------------------------
+class RuntimeGroup:
+    """A parameter group: its hyperparameters and where its lr comes from."""
+    __slots__ = ("hyper", "lr", "explicit", "grad_centralization")
+
+    def __init__(self, hyper: dict, lr: Callable[[int], float] | None, explicit: set,
+                 grad_centralization: bool):
+        self.hyper = hyper            # validated values; hyper["lr"] is the constant lr
+        self.lr = lr                  # a schedule (step -> lr), or None for a constant
+        self.explicit = explicit      # hyperparameters the group set itself
+        self.grad_centralization = grad_centralization
+
+
+def resolve(owner: str, artifact: Any, t: int, current: Mapping[str, Any], current_lr,
+            changes: Mapping[str, Any]) -> tuple[dict[str, Any], Callable | None]:
+    """``current`` updated by ``changes`` (spec names), validated; an lr that is a
+    schedule, sequence or callable becomes the group's lr schedule (its value at step
+    ``t`` is checked)."""
+    changes = dict(changes)
+    lr = current_lr
+    if "lr" in changes:
+        value = changes["lr"]
+        if value is None or isinstance(value, (numbers.Real, str)) or \
+                getattr(value, "ndim", None) == 0:   # a number, or a 0-d array of one
+            lr = None
+        else:
+            lr = schedules.as_schedule(value, owner=owner)
+            changes["lr"] = current.get("lr")
+    new = hyper_rules.resolve(owner, artifact.hypers, artifact.requirements, current, changes)
+    if lr is not None and "lr" in artifact.hypers:
+        check_lr(owner, artifact.hypers["lr"], lr(t), new)
+    return new, lr
+
+
+def check_lr(owner: str, info: Any, value: Any, hyper: Mapping[str, Any]) -> float:
+    """A schedule's lr for one step, checked as the lr hyperparameter is."""
+    value = hyper_rules.coerce(owner, info, value)
+    hyper_rules.check_constraint(owner, info, value, hyper)
+    return value
+
+
+def lr_value(owner: str, hypers: Mapping[str, Any], g: RuntimeGroup, step: int) -> float | None:
+    """Group ``g``'s lr at ``step``: its schedule's value, or its constant lr."""
+    if g.lr is None:
+        return g.hyper.get("lr")
+    return check_lr(owner, hypers["lr"], g.lr(step), g.hyper)
+
+
+# -- per parameter: multipliers, the weight-decay filter, name flags -----------------------
+DEFAULT_NO_DECAY = ("beta", "gamma", "bias")
+
+
+def default_decay_filter(name: str) -> bool:
+    """MindSpore's and MXNet's default: no weight decay on normalization scales/shifts
+    and biases (names containing beta, gamma or bias)."""
+    return not any(s in name for s in DEFAULT_NO_DECAY)
+
+
+def multipliers(owner: str, what: str, mults: Any, names: Sequence[str | None]
+                ) -> dict[int, float]:
+    """MXNet's lr_mult / wd_mult (``what``): parameter index -> multiplier, from a dict
+    keyed by parameter name or index."""
+    if not isinstance(mults, Mapping):
+        raise TypeError(f"{owner}: {what} must be a dict name or index -> float")
+    by_name = {n: i for i, n in enumerate(names) if n is not None}
+    out = {}
+    for key, value in mults.items():
+        if isinstance(key, str):
+            if key not in by_name:
+                raise ValueError(f"{owner}: {what} names {key!r}, which is not a "
+                                 f"parameter name" + ("" if by_name else
+                                                      " (the parameters have no names)"))
+            i = by_name[key]
+        elif isinstance(key, numbers.Integral) and not isinstance(key, bool) \
+                and 0 <= key < len(names):
+            i = int(key)
+        else:
+            raise ValueError(f"{owner}: {what} key {key!r} is neither a parameter name "
+                             f"nor an index below {len(names)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{owner}: {what}[{key!r}] must be a finite float >= 0, "
+                             f"got {value!r}")
+        out[i] = float(value)
+    return out
+
+
+def decay_filter(owner: str, flt: Any, names: Sequence[str | None],
+                 group_of: Sequence[int], groups: Sequence[RuntimeGroup],
+                 wd_mult: list[float]) -> None:
+    """wd_mult 0 for named parameters the filter leaves out, in groups that did not
+    set weight_decay themselves (MindSpore's rule)."""
+    if flt == "default":
+        flt = default_decay_filter
+    elif flt is None or flt is False:
+        return
+    elif not callable(flt):
+        raise TypeError(f"{owner}: decay_filter must be 'default', None or a callable "
+                        f"name -> bool, got {flt!r}")
+    for i, name in enumerate(names):
+        if name is not None and "weight_decay" not in groups[group_of[i]].explicit \
+                and not flt(name):
+            wd_mult[i] = 0.0
+
+
+def name_flags(owner: str, flags: Mapping[str, Sequence[str]], filters: Any,
+               names: Sequence[str | None]) -> list[dict[str, bool]]:
+    """Per-parameter name flags (LARS's filter) from names/``name_filters``: a flag is
+    on unless the name contains one of the spec's exclusions, or as a filter says."""
+    filters = dict(filters or {})
+    unknown = sorted(set(filters) - set(flags))
+    if unknown:
+        raise ValueError(f"{owner}: name_filters has {unknown[0]!r}; this optimizer's "
+                         f"name flags are {sorted(flags) or 'none'}")
+    for n, f in filters.items():
+        if not callable(f):
+            raise TypeError(f"{owner}: name_filters[{n!r}] must be a callable "
+                            f"name -> bool, got {type(f).__name__}")
+    out = []
+    for name in names:
+        row = {}
+        for n, exclude in flags.items():
+            if n in filters:
+                row[n] = bool(filters[n](name if name is not None else ""))
+            else:
+                row[n] = name is None or not any(x in name for x in exclude)
+        out.append(row)
     return out

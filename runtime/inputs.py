@@ -1,0 +1,319 @@
+"""Every check of what a trainer hands the optimizer: options, parameters, gradients,
+row-sparse gradients, the spec's extra inputs and a refresh rule's statistics.
+
+Each check is a function of what it checks (and the optimizer's name, ``owner``, for
+the message); it returns the validated value or raises the typed error of
+docs/reliability.md (TypeError for a wrong kind, ValueError for a wrong value) and
+changes nothing. The optimizer runs them all before any kernel does.
+
+May import: numpy, tensors, sparse. Imports no other runtime module.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import tensors
+from .sparse import RowSparse
+
+NONFINITE = (None, "skip", "raise")
+
+
+def label(i: int, names: Sequence[str | None] | None = None) -> str:
+    """``parameter 3 (fc.weight)``: a parameter as messages name it."""
+    name = names[i] if names is not None else None
+    return f"parameter {i}" + (f" ({name})" if name else "")
+
+
+# -- options ---------------------------------------------------------------------------
+def check_bool(owner: str, what: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {what} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def check_positive(owner: str, what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {what} must be a float, got "
+                        f"{type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: invalid {what}={value!r}: must be finite and > 0")
+    return float(value)
+
+
+def check_nonfinite(owner: str, value: Any) -> str | None:
+    if value not in NONFINITE:
+        raise ValueError(f"{owner}: nonfinite must be None, 'skip' or 'raise', "
+                         f"got {value!r}")
+    return value
+
+
+def check_scaling(owner: str, hypers: Mapping[str, Any], loss_scale: float,
+                  clip_global_norm: float | None) -> None:
+    """loss_scale and clip_global_norm act through the spec's rescale_grad."""
+    if "rescale_grad" not in hypers:
+        for what, off in (("loss_scale", loss_scale == 1.0),
+                          ("clip_global_norm", clip_global_norm is None)):
+            if not off:
+                raise ValueError(f"{owner}: {what} needs a spec with rescale_grad "
+                                 "(the runtime scales gradients through it; use "
+                                 "gradient_preprocessing or rescale_and_clip in the spec)")
+
+
+def check_begin_num_update(owner: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{owner}: begin_num_update must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+# -- parameters ------------------------------------------------------------------------
+def check_params(owner: str, artifact: Any, params: Sequence[Any],
+                 multi_precision: bool) -> list[str]:
+    """Each parameter's library, after checking it is an array on the artifact's
+    device, of a supported dtype, contiguous, writeable, aligned and not sharing memory
+    with another."""
+    device = tensors.TARGET_DEVICE.get(artifact.target, "cpu")
+    plain, mixed = artifact.dtypes, artifact.mixed_dtypes
+    libs, ranges = [], []
+    for i, p in enumerate(params):
+        lib = tensors.library(p)
+        if lib is None:
+            raise TypeError(f"{owner}: parameter {i} must be an array (numpy.ndarray, "
+                            f"torch.Tensor or cupy.ndarray), got {type(p).__name__}")
+        dev = tensors.device(p, lib)
+        if dev.split(":")[0] != device:
+            raise TypeError(f"{owner}: parameter {i} is on {dev}, but this optimizer's "
+                            f"kernels are built for {artifact.target} ({device}); "
+                            f"build for a matching target or move the parameter")
+        if lib == "numpy" and not p.dtype.isnative:
+            raise TypeError(f"{owner}: parameter {i} has dtype {p.dtype.str} in "
+                            "non-native byte order; the kernels read native byte order "
+                            "(convert with .astype(p.dtype.newbyteorder('=')))")
+        dt = tensors.dtype_name(p, lib)
+        if dt in tensors.LOW_PRECISION and dt in mixed:
+            if not multi_precision:
+                raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
+                                "parameters need multi_precision=True (a float32 master "
+                                "copy and float32 states)")
+        elif dt not in plain:
+            raise TypeError(f"{owner}: parameter {i} has dtype {dt}; the kernels "
+                            f"support {', '.join(plain + list(mixed))}"
+                            + (" (low precision with multi_precision=True)" if mixed else ""))
+        if not tensors.is_contiguous(p, lib):
+            raise ValueError(f"{owner}: parameter {i} is not C-contiguous "
+                             "(pass a contiguous copy and keep that array)")
+        if not tensors.is_writeable(p, lib):
+            raise ValueError(f"{owner}: parameter {i} is read-only; "
+                             "parameters are updated in place")
+        if lib == "numpy" and not p.flags.aligned:
+            raise ValueError(f"{owner}: parameter {i} is not aligned to its "
+                             f"{p.itemsize}-byte elements (data at address "
+                             f"{p.ctypes.data:#x}); copy it into an aligned array "
+                             "(optgen.aligned_full) and keep that array")
+        r = tensors.address_range(p, lib)
+        for j, q in enumerate(ranges):
+            if tensors.overlaps(r, q):
+                raise ValueError(f"{owner}: parameters {j} and {i} share memory")
+        libs.append(lib)
+        ranges.append(r)
+    return libs
+
+
+def check_names(owner: str, names: list[str | None], param_names: Sequence[str] | None,
+                n: int) -> list[str | None]:
+    """The parameters' names: the dict keys of ``params`` or ``param_names``."""
+    if param_names is None:
+        return names
+    if any(x is not None for x in names):
+        raise TypeError(f"{owner}: param_names given, but params already names its "
+                        "parameters (dict keys)")
+    param_names = list(param_names)
+    if len(param_names) != n or not all(isinstance(x, str) for x in param_names):
+        raise ValueError(f"{owner}: param_names must be {n} strings, one per parameter")
+    return param_names
+
+
+def check_centralization(owner: str, params: Sequence[Any], group_of: Sequence[int],
+                         centralized: Sequence[bool], names: Sequence[str | None]) -> None:
+    """grad_centralization applies to 4-D convolution weights only."""
+    for i, gi in enumerate(group_of):
+        if centralized[gi] and len(params[i].shape) != 4:
+            raise ValueError(f"{owner}: {label(i, names)} has shape "
+                             f"{tuple(params[i].shape)}; grad_centralization applies "
+                             f"only to 4-D convolution weights (group {gi})")
+
+
+def check_matrix_params(owner: str, artifact: Any, params: Sequence[Any],
+                        libs: Sequence[str], flags_of: Callable[[int], dict],
+                        names: Sequence[str | None]) -> None:
+    """A matrix rule (products) needs a 2-D parameter; specs pick it by a shape flag
+    (``ndim == 2``), so this only fails for a spec that does not."""
+    if not any(k.matrix for k in artifact.kernels):
+        return
+    for i, p in enumerate(params):
+        k = artifact.kernel_for(tensors.dtype_name(p, libs[i]), flags_of(i))
+        if k is not None and k.matrix and len(p.shape) != 2:
+            raise ValueError(f"{owner}: {label(i, names)} has shape {tuple(p.shape)}; "
+                             f"its rule (flags {k.flags}) multiplies matrices and needs a "
+                             "2-D parameter")
+
+
+# -- gradients and extra inputs ----------------------------------------------------------
+def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: Any,
+                what: str, checked: list | None, guarded: Callable[[int], list],
+                row_sparse: Callable[[int, Any, RowSparse], Any]) -> list[Any]:
+    """``grads`` (or the extra input ``what``) as a list, each one checked against its
+    parameter. ``checked`` (gradients only) remembers the numpy arrays that passed,
+    by parameter: (weakref, shape, dtype, strides), so the same array in the same form
+    is not checked again; ``guarded(i)`` are parameter i's state arrays (a gradient
+    must not overlap them); ``row_sparse(i, p, g)`` checks a RowSparse gradient."""
+    if tensors.library(grads) is not None:
+        raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
+    grads = list(grads)
+    if len(grads) != len(params):
+        raise ValueError(f"{owner}: got {len(grads)} "
+                         f"{'gradients' if what == 'grads' else what + ' arrays'} for "
+                         f"{len(params)} parameters")
+    label_ = "gradient" if what == "grads" else what
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
+            continue
+        if isinstance(g, RowSparse) and what == "grads":
+            grads[i] = row_sparse(i, p, g)
+            continue
+        lib = libs[i]
+        seen = checked[i] if checked is not None else None
+        if seen is not None and seen[0]() is g and g.shape == seen[1] and \
+                g.dtype == seen[2] and g.strides == seen[3] and g.flags.writeable:
+            continue        # the numpy array checked last step, still in that form
+        if type(g) is not type(p) and tensors.library(g) != lib:
+            kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
+                    "cupy": "cupy.ndarray"}[lib]
+            raise TypeError(f"{owner}: {label_} {i} must be a {kind} like parameter {i}, "
+                            f"got {type(g).__name__}")
+        if g.shape != p.shape:
+            raise ValueError(f"{owner}: {label_} {i} has shape {tuple(g.shape)}, "
+                             f"parameter {i} has shape {tuple(p.shape)}")
+        if lib == "numpy" and not g.dtype.isnative:
+            raise TypeError(f"{owner}: {label_} {i} has dtype {g.dtype.str} in "
+                            "non-native byte order; the kernels read native byte order")
+        if g.dtype != p.dtype:
+            raise TypeError(f"{owner}: {label_} {i} has dtype "
+                            f"{tensors.dtype_name(g, lib)}, parameter {i} has dtype "
+                            f"{tensors.dtype_name(p, lib)}")
+        if lib == "numpy":
+            if not g.flags.c_contiguous:
+                raise ValueError(f"{owner}: {label_} {i} is not C-contiguous")
+            if not g.flags.aligned:
+                raise ValueError(f"{owner}: {label_} {i} is not aligned to its "
+                                 f"{g.itemsize}-byte elements (data at address "
+                                 f"{g.ctypes.data:#x}); pass an aligned copy (np.array(g))")
+            if not g.flags.writeable:
+                raise ValueError(f"{owner}: {label_} {i} is read-only; the kernels "
+                                 "take arrays through DLPack, which cannot pass read-only "
+                                 "numpy arrays: pass a writeable copy (np.array(g)); the "
+                                 "optimizer never writes to it")
+            shared = np.may_share_memory(g, p) or any(
+                np.may_share_memory(g, s) for s in guarded(i))
+            if not shared and checked is not None:   # (its memory cannot move)
+                checked[i] = (weakref.ref(g), g.shape, g.dtype, g.strides)
+        else:
+            if tensors.device(g, lib) != tensors.device(p, lib):
+                raise TypeError(f"{owner}: {label_} {i} is on {tensors.device(g, lib)}, "
+                                f"parameter {i} is on {tensors.device(p, lib)}")
+            if not tensors.is_contiguous(g, lib):
+                raise ValueError(f"{owner}: {label_} {i} is not C-contiguous")
+            r = tensors.address_range(g, lib)
+            shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
+                tensors.overlaps(r, tensors.address_range(s, lib)) for s in guarded(i))
+        if shared:
+            raise ValueError(f"{owner}: {label_} {i} shares memory with parameter {i} "
+                             "or its state; pass a separate gradient array")
+    return grads
+
+
+def check_row_sparse(owner: str, i: int, p: Any, lib: str, g: RowSparse,
+                     centralized: bool) -> None:
+    """A RowSparse gradient of numpy parameter ``i``: integer indices in range, rows of
+    the parameter's row shape and dtype."""
+    if lib != "numpy":
+        raise TypeError(f"{owner}: gradient {i} is a RowSparse (numpy) gradient, but "
+                        f"parameter {i} is a {lib} array")
+    if centralized:
+        raise TypeError(f"{owner}: gradient {i} is row-sparse, but its group uses "
+                        "grad_centralization (dense gradients only)")
+    idx, rows = g.indices, g.rows
+    if p.ndim == 0:
+        raise ValueError(f"{owner}: gradient {i} is row-sparse but parameter {i} is "
+                         "a 0-d array (it has no rows)")
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"{owner}: gradient {i}: RowSparse indices must be a 1-D "
+                        f"integer array, got {idx.dtype}{list(idx.shape)}")
+    if rows.shape != (len(idx),) + p.shape[1:]:
+        raise ValueError(f"{owner}: gradient {i}: RowSparse rows have shape "
+                         f"{rows.shape}, expected {(len(idx),) + p.shape[1:]}")
+    if rows.dtype != p.dtype:
+        raise TypeError(f"{owner}: gradient {i}: RowSparse rows have dtype "
+                        f"{rows.dtype}, parameter {i} has dtype {p.dtype}")
+    if len(idx) and (idx.min() < 0 or idx.max() >= p.shape[0]):
+        bad = idx[(idx < 0) | (idx >= p.shape[0])][0]
+        raise ValueError(f"{owner}: gradient {i}: row index {bad} is out of range "
+                         f"for parameter {i} with {p.shape[0]} rows")
+
+
+def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any],
+                 grads: list, check: Callable[[Any, str], list]) -> list[dict[str, Any]]:
+    """The spec's extra per-element inputs (e.g. SVRG's grad_snapshot), per parameter;
+    ``check(arrays, name)`` checks one input's arrays as gradients are checked."""
+    want = set(wanted)
+    if set(inputs) != want:
+        missing, extra = sorted(want - set(inputs)), sorted(set(inputs) - want)
+        raise TypeError(f"{owner}: step() " + (f"needs {' and '.join(m + '=[...]' for m in missing)}"
+                        if missing else f"got unexpected input {extra[0]!r}")
+                        + (f" ({'; '.join(f'{n}: {d}' for n, d in wanted.items())})"
+                           if want else ""))
+    per_param: list[dict[str, Any]] = [{} for _ in grads]
+    for name, arrays in inputs.items():
+        checked = check(arrays, name)
+        for i, (a, g) in enumerate(zip(checked, grads)):
+            if isinstance(g, RowSparse):
+                raise TypeError(f"{owner}: gradient {i} is row-sparse, but {name} "
+                                "inputs need dense gradients")
+            if g is not None and a is None:
+                raise TypeError(f"{owner}: {name} {i} is None but gradient {i} is not")
+            per_param[i][name] = a
+    return per_param
+
+
+# -- a refresh rule's statistics ---------------------------------------------------------
+def check_statistic_lists(owner: str, stats: Mapping[str, Any], n: int) -> None:
+    """Each statistic is a list with one matrix (or None) per parameter."""
+    for name, arrays in stats.items():
+        if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
+            raise TypeError(f"{owner}: {name} must be a list with one matrix (or "
+                            "None) per parameter")
+        if len(arrays) != n:
+            raise ValueError(f"{owner}: got {len(arrays)} {name} matrices for "
+                             f"{n} parameters")
+
+
+def check_statistic(what: str, a: Any, n: int, reads: Sequence[str]) -> np.ndarray:
+    """One statistic matrix (``what`` names it for the message) as a float64 numpy
+    ``n x n`` copy, present, finite; ``reads`` are the statistics its rule reads."""
+    if a is None:
+        raise ValueError(f"{what}, which is missing: pass step(grads, "
+                         f"{', '.join(f'{s}=[...]' for s in reads)}) "
+                         "on steps where opt.refresh_due is True")
+    lib = tensors.library(a)
+    if lib is None:
+        raise TypeError(f"{what}; got {type(a).__name__}, not an array")
+    host = np.asarray(tensors.to_numpy(a, lib), dtype=np.float64)
+    if host.shape != (n, n):
+        raise ValueError(f"{what}; got shape {tuple(host.shape)}")
+    if not np.isfinite(host).all():
+        raise ValueError(f"{what}; it has NaN or Inf values")
+    return host

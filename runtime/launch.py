@@ -1,0 +1,231 @@
+"""Kernel launches: the only place that calls a kernel (or, with backend="reference",
+the reference interpreter in its place).
+
+A ``Launcher`` keeps what the calls of an optimizer's parameters need between steps:
+
+- kernel selection: the artifact's kernel for a dtype and flags, cached;
+- plans: a parameter's launches with its persistent arguments (parameter, states,
+  workspaces) viewed once; per-step arrays (the gradient, extra inputs) are named by a
+  ``(name, axes, view)`` placeholder filled in per call;
+- workspaces: reduction buffers and a matrix rule's temporaries, kept per parameter;
+- flat runs: stretches of parameters one call per pass updates (found by
+  runtime/flat.py), and their gradient spans.
+
+It shares the optimizer's lists of parameters and states (the same list objects), and
+is told the rest (kernels prepared, groups, multipliers, step counts) when it needs it.
+
+May import: numpy, artifact, flat, reference, sparse, tensors, views.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import flat, reference, tensors, views
+from .artifact import KernelInfo, bfloat16_tensor
+from .flat import GRAD
+from .reference import LOW_COPY
+from .sparse import RowSparse
+
+REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
+Run = tuple[int, list[tuple[Callable, list]], list]   # (end, [(kernel, args)], every arg)
+
+
+class Launcher:
+    """The launches of one optimizer's parameters."""
+
+    def __init__(self, owner: str, artifact: Any, backend: str, params: list, libs: list,
+                 state: list[dict[str, Any]], mixed: list[bool],
+                 dims: list[tuple[int, int, int]]):
+        self.owner, self.artifact = owner, artifact
+        self.compiled = backend == "compiled"
+        self.params, self.libs, self.state, self.mixed, self.dims = \
+            params, libs, state, mixed, dims
+        self.kargs = [tensors.kernel_arg(p, lib) for p, lib in zip(params, libs)]
+        self.numel = [int(np.prod(tuple(p.shape), dtype=np.int64)) for p in params]
+        self.bf16_numpy = [lib == "numpy" and p.dtype.name == "bfloat16"
+                           for p, lib in zip(params, libs)]
+        self.kernels: dict[tuple, KernelInfo] = {}
+        self.plans: list[list | None] = [None] * len(params)
+        self.work: list[dict[str, dict[str, Any]]] = [{} for _ in params]
+        self.runs: dict[int, Run] = {}
+        self.runs_for: list | None = None   # the prepared kernels the runs were found for
+        self.grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
+        # (weak references to the gradients, their span, their addresses)
+
+    # -- kernels and plans ---------------------------------------------------------------
+    def select(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
+        """The artifact's kernel for ``dtype`` and ``flags`` (cached)."""
+        key = (dtype, tuple(sorted(flags.items())))
+        k = self.kernels.get(key)
+        if k is None:
+            k = self.artifact.kernel_for(dtype, flags)
+            if k is None:
+                raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}")
+            self.kernels[key] = k
+        return k
+
+    def prepare(self, i: int, k: KernelInfo) -> None:
+        """Parameter ``i`` launches ``k`` from now on (its states are ready for it)."""
+        self.plans[i] = self._plan(i, k) if self.compiled else None
+
+    def arrays(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Kernel arguments by buffer name (without the gradient when ``g`` is None)."""
+        st, lib = self.state[i], self.libs[i]
+        arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
+                  **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
+                  **{n: st[n] for n in k.buffers if n in st}}
+        if self.mixed[i]:
+            arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
+        else:
+            arrays["w"] = self.kargs[i]
+        return arrays
+
+    def workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
+        """Parameter ``i``'s workspaces for kernel ``k``, kept between steps: float64
+        reduction buffers, and a matrix rule's temporaries in the kernel dtype."""
+        ws = self.work[i].get(k.symbol)
+        if ws is None:
+            ws = self.work[i][k.symbol] = {
+                n: tensors.full_like(self.params[i], self.libs[i],
+                                     (self.artifact.reduction_buffer_size,) if not axes
+                                     else views.extents(d, axes), 0.0,
+                                     self.artifact.reduction_dtype if n.startswith("_red")
+                                     else k.dtype)
+                for n, axes in k.workspaces.items()}
+        return ws
+
+    def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
+        d = self.dims[i]
+        persistent = {**self.arrays(i, k, None, {}), **self.workspace(i, k, d)}
+        plan = []
+        for ln in k.launches:
+            if ln["kind"] == "repeat":   # the next ln["length"] entries, count times
+                count = ln["count"]   # a hyperparameter's slot in the scalars, or a number
+                plan.append((REPEAT, ((k.scalars.index(count), None) if isinstance(count, str)
+                                      else (None, count), ln["length"])))
+                continue
+            args = [bfloat16_tensor(views.as_kernel(persistent[b], k.buffer_axes[b], d,
+                                                    ln["view"]))
+                    if b in persistent else (b, k.buffer_axes[b], ln["view"])
+                    for b in ln["buffers"]]
+            plan.append((self.artifact.function(ln["symbol"]), args))
+        return plan
+
+    # -- flat runs (runtime/flat.py) ----------------------------------------------------
+    def find_runs(self, prepared: Sequence[KernelInfo], chains: Sequence[tuple[int, int]],
+                  group_of: Sequence[int], lr_mult: Sequence[float],
+                  wd_mult: Sequence[float]) -> dict[int, Run]:
+        """The runs under the kernels ``prepared`` (every parameter's): stretches of a
+        chain with one group, one kernel and equal multipliers whose persistent arrays
+        are back to back."""
+        has_inputs, libs = bool(self.artifact.inputs), self.libs
+
+        def same(i: int) -> tuple | None:
+            k = prepared[i]
+            if not flat.fusable(k, has_inputs, views.AXES):
+                return None
+            return group_of[i], k.symbol, lr_mult[i], wd_mult[i]
+
+        def calls(i: int, j: int) -> list | None:
+            k = prepared[i]
+            return flat.run_calls(self.artifact, k, libs[i], self.params[i],
+                                  [self.arrays(x, k, None, {}) for x in range(i, j)],
+                                  self.numel[i:j])
+
+        self.runs, self.runs_for = flat.find_runs(chains, same, calls), prepared
+        self.grad_spans.clear()
+        return self.runs
+
+    def forget_runs(self) -> None:
+        """Find the runs again before the next step (a multiplier changed)."""
+        self.runs_for = None
+
+    def fused(self, i: int, run: Run, k: KernelInfo, grads: Sequence[Any],
+              steps: Sequence[int]) -> Any:
+        """The gradient span that steps ``run`` (from parameter ``i``, kernel ``k``) with
+        one call per pass this step, or None: its scalar states differ, or its gradients
+        are not back to back or do not all take this step."""
+        end, state = run[0], self.state
+        names = k.scalar_state_updates
+        if names and not all(state[x][n] == state[i][n] for x in range(i + 1, end)
+                             for n in names):
+            return None
+        return flat.grad_span(self.grad_spans, i, grads[i:end], self.libs[i], steps, run[2])
+
+    # -- calls ---------------------------------------------------------------------------
+    @staticmethod
+    def run_fused(run: Run, gspan: Any, scalars: np.ndarray) -> None:
+        """One call per pass for every parameter of ``run``."""
+        for fn, args in run[1]:
+            fn(*[gspan if a is GRAD else a for a in args], scalars)
+
+    def run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+            extra: Mapping[str, Any]) -> None:
+        """Parameter ``i``'s update with dense gradient ``g``, in place."""
+        d = self.dims[i]
+        if self.compiled:
+            step = {"grad": tensors.kernel_arg(g, self.libs[i]),
+                    **{n: tensors.kernel_arg(a, self.libs[i]) for n, a in extra.items()}}
+            wrap = bfloat16_tensor if self.bf16_numpy[i] else _same
+
+            def call(fn, args):
+                fn(*[a if type(a) is not tuple else
+                     wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
+            if k.matrix:                 # its plan may hold loops
+                run_loops(self.plans[i], call, scalars)
+            else:
+                for fn, args in self.plans[i]:
+                    call(fn, args)
+            return
+        arrays = self.arrays(i, k, g, extra)
+        lib = self.libs[i]
+        host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
+        new = reference.evaluate(k.ir, k.dtype, host, k.buffer_axes,
+                                 dict(zip(k.scalars, scalars)), d)
+        for name, value in new.items():
+            host[name][...] = value
+
+    def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
+        """The rule on the rows ``g`` names only (indices unique and in range)."""
+        p = self.params[i]
+        rows = g.rows.reshape(len(g.indices), -1)
+        full = self.arrays(i, k, rows, {})
+        full.pop("grad")
+        if self.compiled:
+            arrays = {"grad": rows, "_indices": g.indices,
+                      **{n: a.reshape(-1) for n, a in full.items()}}
+            self.artifact.function(k.lazy["symbol"])(
+                *(bfloat16_tensor(arrays[b]) for b in k.lazy["buffers"]), scalars)
+            return
+        sub = {"grad": rows.reshape(-1),
+               **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
+        new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
+                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size))
+        for name, value in new.items():
+            full[name].reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
+
+
+def run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
+    """A matrix rule's plan: ``(REPEAT, ((slot, times), length))`` runs the next
+    ``length`` entries ``times`` times (or the value of scalar ``slot``: Newton-Schulz
+    iterations); other entries are calls."""
+    j = 0
+    while j < len(plan):
+        fn, args = plan[j]
+        if fn is not REPEAT:
+            call(fn, args)
+            j += 1
+            continue
+        (slot, times), length = args
+        if slot is not None:
+            times = round(float(scalars[slot]))
+        for _ in range(times):
+            for body in plan[j + 1:j + 1 + length]:
+                call(*body)
+        j += 1 + length
+
+
+def _same(x: Any) -> Any:
+    return x

@@ -1,0 +1,75 @@
+"""Refresh rules of matrix optimizers (THOR's inverses): when they run and what they read.
+
+A kernel with a refresh rule recomputes some states on the host (numpy, float64, the
+reference interpreter) from the parameter, its states and statistics the trainer
+passes (THOR's ``A`` and ``G``), on a parameter's first step and then every ``every``
+steps (a number or a hyperparameter). The statistics are read, and checked, only on
+the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
+
+May import: numpy, inputs, reference, tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import inputs, reference, tensors
+
+
+def every(k: Any, hyper: Mapping[str, Any]) -> int:
+    """How many steps apart kernel ``k``'s refreshes are, under a group's ``hyper``."""
+    n = k.refresh["every"]
+    return int(hyper[n]) if isinstance(n, str) else int(n)
+
+
+def due(k: Any, refreshed: int | None, step: int, hyper: Mapping[str, Any]) -> bool:
+    """Whether a parameter's next step runs kernel ``k``'s refresh rule: its first step
+    (``refreshed`` None), and then every ``every`` steps (its steps 1, 1 + every, ...);
+    ``step`` is its step count so far."""
+    return k.refresh is not None and (refreshed is None or step % every(k, hyper) == 0)
+
+
+def collect(owner: str, kinds: Mapping[str, str], stats: Mapping[str, Any], grads: Sequence[Any],
+            kernel_of: Callable[[int], Any], is_due: Callable[[int, Any], bool],
+            dims: Sequence[tuple[int, int, int]], steps: Sequence[int],
+            names: Sequence[str | None]) -> dict[int, dict[str, np.ndarray]]:
+    """Parameter -> its statistics (numpy float64) for the parameters this step
+    refreshes (``kinds``: each statistic's shape, "rr" or "cc"); every statistic is
+    checked before anything changes."""
+    n = len(grads)
+    inputs.check_statistic_lists(owner, stats, n)
+    out = {}
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        k = kernel_of(i)
+        if not is_due(i, k):
+            continue
+        d = dims[i]
+        out[i] = {}
+        reads = k.refresh["reads"]
+        for name in reads:
+            m = d[1] if kinds[name] == "rr" else d[2]
+            what = (f"{owner}: step {steps[i] + 1} of {inputs.label(i, names)} refreshes "
+                    f"and reads statistic {name!r} ({m} x {m})")
+            out[i][name] = inputs.check_statistic(what, stats.get(name, [None] * n)[i], m,
+                                                  reads)
+    return out
+
+
+def run(k: Any, kinds: Mapping[str, str], env: Mapping[str, Any],
+        stats: Mapping[str, np.ndarray], st: dict[str, Any], w: Any, lib: str,
+        d: tuple[int, int, int]) -> None:
+    """Run kernel ``k``'s refresh rule for a parameter ``w`` with states ``st`` on the
+    host (numpy, float64) and store the new states in their dtype."""
+    arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
+              if not isinstance(v, np.floating)}
+    arrays["w"] = tensors.to_numpy(w, lib)
+    arrays.update(stats)
+    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats}}
+    scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
+               "rows": d[1], "cols": d[2]}
+    new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)
+    for name, value in new.items():
+        tensors.copy_into(st[name], lib, value)

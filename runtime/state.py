@@ -1,0 +1,86 @@
+"""Optimizer states: which states a parameter has, their initial values, dtypes and
+shapes, where they are allocated, and their storage dtype when a kernel changes it.
+
+A parameter's states are a dict name -> array (kernel states, in the compute dtype or
+float16 where the spec's ``half_when`` says so), ``np.float64`` (scalar states, kept on
+the host) and, under mixed precision, ``"master"``: the float32 copy the kernels update.
+An elementwise state new to every parameter of a flat chain (runtime/flat.py), with one
+init and dtype, is one buffer for the chain, so states are back to back wherever
+parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
+belong here.
+
+May import: numpy, flat, scalar_expr, tensors, views.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import flat, scalar_expr, tensors, views
+
+MASTER = "master"   # the float32 master copy of a mixed-precision parameter
+
+
+def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
+               env: Callable[[], Mapping[str, Any]], compute_dtype: str
+               ) -> tuple[float, str] | None:
+    """(init value, dtype) of state ``s`` new to a parameter with states ``st`` and
+    ``flags``; None if it has it or its flags leave it out. An init expression reads
+    the group's environment ``env()``."""
+    if s.name in st or not s.exists(flags):
+        return None
+    init = scalar_expr.evaluate(s.init, env()) if isinstance(s.init, str) else s.init
+    half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
+    return init, "float16" if half else compute_dtype
+
+
+def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
+             state: Sequence[dict[str, Any]], chain: tuple[int, int],
+             new: Callable[[int, Any], tuple[float, str] | None]) -> None:
+    """Allocate the states parameter ``i`` has under its current flags (a state that
+    appears when a flag is switched on starts at its init value); ``new(j, s)`` is
+    ``init_value`` for parameter ``j`` and ``chain`` the [start, end) of i's chain."""
+    p, st = params[i], state[i]
+    for s in specs:
+        found = new(i, s)
+        if found is None:
+            continue
+        init, dtype = found
+        if s.shape == "scalar":
+            st[s.name] = np.float64(init)
+            continue
+        a, b = chain
+        if s.shape == "param" and b - a > 1 and all(new(j, s) == found for j in range(a, b)):
+            for j, v in zip(range(a, b), flat.split_full(
+                    params[a:b], lib, [tuple(q.shape) for q in params[a:b]], init, dtype)):
+                state[j][s.name] = v
+            continue
+        st[s.name] = tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
+                                       init, dtype)
+
+
+def master_copy(p: Any, lib: str) -> Any:
+    """The float32 master copy of a low-precision parameter (mixed precision)."""
+    return tensors.cast_copy(p, lib, "float32")
+
+
+def convert(st: dict[str, Any], lib: str, k: Any) -> None:
+    """Store each of kernel ``k``'s buffers in the dtype ``k`` wants (a storage flag
+    changed: the state is converted, rounding once)."""
+    for n in k.buffers:
+        want = k.storage.get(n, k.dtype)
+        v = st.get(n)
+        if v is not None and not isinstance(v, np.floating) and \
+                tensors.dtype_name(v, lib) != want:
+            st[n] = tensors.cast_copy(v, lib, want)
+
+
+def arrays(st: Mapping[str, Any]) -> list[Any]:
+    """The state arrays of a parameter (its scalar states left out)."""
+    return [s for s in st.values() if not isinstance(s, np.floating)]
+
+
+def scalar_states(st: Mapping[str, Any]) -> dict[str, Any]:
+    """The scalar states of a parameter (host float64 values)."""
+    return {n: v for n, v in st.items() if isinstance(v, np.floating)}
