@@ -1,6 +1,6 @@
 """Random optimizer calls against every catalog spec, driven by hypothesis.
 
-The generators and the checks are bench/fuzz.py's (the standalone fuzzer runs the same
+The generators and the checks are tests/fuzz's (the standalone fuzzer runs the same
 code from a numpy RNG for 10,000 calls); here hypothesis makes the choices through a
 ``Draw`` whose ``integer`` is ``st.integers``. One example is one call: random
 parameters (shapes, dtypes, memory layouts), hyperparameters and runtime options (valid
@@ -9,9 +9,9 @@ random gradients. Every phase must succeed or raise a TypeError/ValueError (a
 FloatingPointError where ``nonfinite``/``clip_global_norm`` ask for it); a failure must
 leave parameters, states and step counts bit-identical and the optimizer usable; a
 success must equal the reference interpreter (the same states, dtypes and shapes; in
-calls whose numbers stay in [1e-30, 1e12], bench/fuzz.py TAME, NaN and inf at the same
+calls whose numbers stay in [1e-30, 1e12], tests/fuzz TAME, NaN and inf at the same
 places and values within helpers.assert_close, float32 rounding noise judged against a
-float64 run, bench/fuzz.py compare); inputs that the rules call invalid must be rejected
+float64 run, tests/fuzz compare); inputs that the rules call invalid must be rejected
 and valid ones accepted.
 
 Bounded for CI: ``EXAMPLES`` calls per spec (about 30 s for all of them on a 2-core VM,
@@ -20,9 +20,7 @@ fresh cache), derandomized (the same calls every run), no example database, no
 shrinking (a failure prints the whole call instead). ``OPTGEN_FUZZ_EXAMPLES=500`` runs
 more; ``OPTGEN_FUZZ_SHRINK=1`` lets hypothesis shrink a failure to a smaller call.
 """
-import importlib.util
 import os
-import sys
 import tempfile
 
 import pytest
@@ -32,11 +30,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from helpers import assert_close
 
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench", "fuzz.py")
-_mod = importlib.util.spec_from_file_location("optgen_bench_fuzz", _PATH)
-fuzz = importlib.util.module_from_spec(_mod)
-sys.modules[_mod.name] = fuzz          # dataclasses look their module up
-_mod.loader.exec_module(fuzz)
+import fuzz   # tests/fuzz/, the fuzzer's package (tests/ is on sys.path under pytest)
 
 # hypothesis keeps caches in ./.hypothesis even without an example database; keep the
 # repository clean (HYPOTHESIS_STORAGE_DIRECTORY still wins when set)
@@ -49,7 +43,7 @@ PHASES = [Phase.explicit, Phase.generate] + (
 
 
 class HypothesisDraw(fuzz.Draw):
-    """bench/fuzz.py's choices, made by hypothesis."""
+    """tests/fuzz's choices, made by hypothesis."""
 
     def __init__(self, data):
         self.data = data
