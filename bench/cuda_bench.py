@@ -4,6 +4,7 @@ and a device-to-device copy (the bandwidth anchor).
 
     python bench/cuda_bench.py                   # 10^7 and 10^8 fp32 parameters, 20 reps
     python bench/cuda_bench.py --sizes 10000000 --reps 50 --json gpu.json
+    python bench/cuda_bench.py --bert            # + BERT-base's 199 tensors: flat vs torch fused
 
 Needs an NVIDIA GPU, CuPy (pip install 'optgen[cuda]'), nvcc for the build, and a CUDA
 build of torch for the torch row (skipped without one). Each contender updates its own
@@ -13,7 +14,7 @@ g, m, v; write w, m, v); LAMB 48 (pass 1 reads w for ||w||, pass 2 reads w, g, m
 ||update||, pass 3 is Adam's 28); copy 8 (read 4, write 4).
 This is a script, not a test: it asserts no timings.
 
-Not yet run: no GPU was lent to the session that wrote it (see docs/targets.md).
+Run on an H100 on 2026-11-25: docs/performance.md has the table.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000000,100000000")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--bert", action="store_true",
+                    help="also BERT-base's tensor list: optgen flat (one launch) vs torch fused")
     args = ap.parse_args()
     import cupy as cp
     import optgen
@@ -84,9 +87,62 @@ def main() -> None:
             print(f"  {k:18} {ms:10.3f} {bw / 1e9:8.1f} {bw / copy_bw:10.2f} {ratio}")
             results.append({"n": n, "contender": k, "median_ms": ms, "samples_ms": rows[k],
                             "bytes_per_param": contenders[k][1]})
+    if args.bert:
+        results += bert(timed, args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def bert_shapes() -> list[tuple[int, ...]]:
+    """BERT-base (uncased) parameter shapes: embeddings, 12 layers, pooler (199 tensors)."""
+    h, f = 768, 3072
+    shapes = [(30522, h), (512, h), (2, h), (h,), (h,)]
+    for _ in range(12):
+        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
+    return shapes + [(h, h), (h,)]
+
+
+def bert(timed, reps: int) -> list[dict]:
+    """AdamW over BERT-base's tensors: optgen on one flat buffer (one kernel call) and
+    on the loose tensors (one call each), torch fused AdamW (multi_tensor_apply)."""
+    import torch
+    import optgen
+    shapes = bert_shapes()
+    n = sum(int(np.prod(s)) for s in shapes)
+    rng = np.random.default_rng(0)
+    init = [torch.from_numpy(rng.standard_normal(s, dtype=np.float32)).cuda() for s in shapes]
+    grads = [torch.from_numpy(rng.standard_normal(s, dtype=np.float32)).cuda() for s in shapes]
+    flat_w = optgen.flatten([x.clone() for x in init])
+    flat_g = optgen.flatten([g.clone() for g in grads])
+    loose_w = [x.clone() for x in init]
+    a = optgen.create("adamw", flat_w, target="cuda", lr=1e-3, weight_decay=0.01)
+    b = optgen.create("adamw", loose_w, target="cuda", lr=1e-3, weight_decay=0.01)
+    ps = [torch.nn.Parameter(x.clone()) for x in init]
+    for p, g in zip(ps, grads):
+        p.grad = g.clone()
+    t = torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True)
+    contenders = {"optgen adamw flat": lambda: a.step(flat_g),
+                  "optgen adamw loose": lambda: b.step(grads),
+                  "torch fused adamw": t.step}
+    for fn in contenders.values():
+        fn()
+    torch.cuda.synchronize()
+    names = list(contenders)
+    rows = {k: [] for k in names}
+    for r in range(reps):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            rows[k].append(timed(contenders[k]))
+    torch_ms = statistics.median(rows["torch fused adamw"])
+    print(f"BERT-base AdamW: {len(shapes)} tensors, {n:,} parameters")
+    print(f"  {'contender':20} {'median ms':>10} {'GB/s':>8} {'x torch':>8}")
+    out = []
+    for k in names:
+        ms = statistics.median(rows[k])
+        print(f"  {k:20} {ms:10.3f} {28 * n / (ms * 1e-3) / 1e9:8.1f} {ms / torch_ms:8.2f}")
+        out.append({"n": n, "tensors": len(shapes), "contender": k, "median_ms": ms,
+                    "samples_ms": rows[k], "bytes_per_param": 28})
+    return out
 
 
 if __name__ == "__main__":

@@ -19,14 +19,18 @@ Imports: device_abi (errors, grids, binaries) and opencl; CuPy and torch inside 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
 
 from .device_abi import DIM_TYPES, DeviceError, DeviceWarning, blocks, pick_binary, shape_values
 from .opencl import OpenCLBackend
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 __all__ = ["DeviceError", "DeviceWarning", "DeviceProgram", "DeviceFunction", "blocks",
            "pick_binary", "shape_values"]
@@ -49,35 +53,67 @@ class _CuPy:
             raise DeviceError(f"no usable CUDA device: {e}") from None
         self.path = os.path.join(folder, pick_binary(binaries, cc))
         self.module = cupy.RawModule(path=self.path)
+        self._streams: dict[tuple[int, int], Any] = {}
+        self._scalar_cache: dict[tuple, Any] = {}
 
     def kernel(self, name: str) -> Any:
         return self.module.get_function(name)
 
     def run(self, spec: dict, arrays: dict[str, Any], scalars: np.ndarray,
             launches: list[tuple[Any, dict]]) -> None:
+        """One kernel pass. A torch CUDA tensor goes to the kernel as its data pointer (the
+        kernel's parameter is a pointer: the same bits, without a CuPy view per call), on
+        torch's current stream of its device; CuPy arrays as they are, on CuPy's stream."""
         cp = self.cp
-        stream = None
-        devarrays = {}
+        device, stream = None, None
+        args_of = {}
         for n, a in arrays.items():
             if type(a).__module__.startswith("torch"):
-                import torch
-                stream = stream or cp.cuda.ExternalStream(
-                    torch.cuda.current_stream(a.device).cuda_stream)
-                a = a.detach()
-                if a.dtype == torch.bfloat16:  # CuPy has no bfloat16; the kernel needs the bits
-                    a = a.view(torch.int16)
-                a = cp.from_dlpack(a)
-            devarrays[n] = a
-        dims = shape_values(spec, devarrays)
-        with (stream or cp.cuda.get_current_stream()):
-            sdev = cp.asarray(scalars)
-            for kern, entry in launches:
-                nb = blocks(entry["grid"], dims)
-                if nb == 0:
-                    continue
-                args = [devarrays[p["buffer"]] if "buffer" in p else sdev if "scalars" in p
-                        else DIM_TYPES[p["type"]](dims[p["dim"]]) for p in entry["params"]]
-                kern((nb,), (entry["grid"]["threads"],), tuple(args))
+                if device is None:
+                    device = a.device.index or 0
+                    stream = self._torch_stream(a.device)
+                args_of[n] = np.uint64(a.data_ptr())
+            else:
+                args_of[n] = a
+        dims = shape_values(spec, arrays)
+        with cp.cuda.Device(device) if device is not None else _NO_CONTEXT:
+            with stream or cp.cuda.get_current_stream():
+                sdev = self._scalars(scalars)
+                for kern, entry in launches:
+                    nb = blocks(entry["grid"], dims)
+                    if nb == 0:
+                        continue
+                    args = [args_of[p["buffer"]] if "buffer" in p else sdev if "scalars" in p
+                            else DIM_TYPES[p["type"]](dims[p["dim"]]) for p in entry["params"]]
+                    kern((nb,), (entry["grid"]["threads"],), tuple(args))
+
+    def _torch_stream(self, device: Any) -> Any:
+        """CuPy's handle on torch's current stream of ``device`` (one per stream, kept)."""
+        import torch
+        ts = torch.cuda.current_stream(device)
+        key = (device.index or 0, ts.cuda_stream)
+        stream = self._streams.get(key)
+        if stream is None:
+            with warnings.catch_warnings():   # (CuPy 14 prefers Stream.from_external)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = self.cp.cuda.ExternalStream(ts.cuda_stream, key[0])
+            self._streams[key] = stream
+        return stream
+
+    def _scalars(self, scalars: np.ndarray) -> Any:
+        """The pass's host scalars on the device. Every tensor of a group takes the same
+        values in a step, so one copy per distinct value set and stream is kept (a small
+        cache) instead of a host-to-device copy per kernel call; a copy from pageable
+        memory waits for the stream, so fewer copies also mean fewer host stalls."""
+        stream = self.cp.cuda.get_current_stream()
+        key = (scalars.tobytes(), scalars.dtype.str, stream.ptr, self.cp.cuda.Device().id)
+        sdev = self._scalar_cache.pop(key, None)
+        if sdev is None:
+            sdev = self.cp.asarray(scalars)
+            if len(self._scalar_cache) >= 64:
+                self._scalar_cache.pop(next(iter(self._scalar_cache)))
+        self._scalar_cache[key] = sdev     # (most recent last)
+        return sdev
 
 
 class DeviceProgram:

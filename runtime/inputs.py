@@ -179,6 +179,9 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
                          f"{len(params)} parameters")
     label_ = "gradient" if what == "grads" else what
+
+    def layout_p(i: int) -> tuple:
+        return tensors.layout(params[i], libs[i])[:1]   # (the parameter's address)
     for i, (p, g) in enumerate(zip(params, grads)):
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             continue
@@ -187,9 +190,10 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
             continue
         lib = libs[i]
         seen = checked[i] if checked is not None else None
-        if seen is not None and seen[0]() is g and g.shape == seen[1] and \
-                g.dtype == seen[2] and g.strides == seen[3] and g.flags.writeable:
-            continue        # the numpy array checked last step, still in that form
+        if seen is not None and seen[0]() is g and (
+                seen[1:] == (g.shape, g.dtype, g.strides) and g.flags.writeable
+                if lib == "numpy" else seen[1] == tensors.layout(g, lib) + layout_p(i)):
+            continue        # the array checked last step, still in that form and place
         if type(g) is not type(p) and tensors.library(g) != lib:
             kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
                     "cupy": "cupy.ndarray"}[lib]
@@ -230,6 +234,8 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
             r = tensors.address_range(g, lib)
             shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
                 tensors.overlaps(r, tensors.address_range(s, lib)) for s in guarded(i))
+            if not shared and checked is not None:   # (skipped while g and p stay put)
+                checked[i] = (weakref.ref(g), tensors.layout(g, lib) + layout_p(i))
         if shared:
             raise ValueError(f"{owner}: {label_} {i} shares memory with parameter {i} "
                              "or its state; pass a separate gradient array")

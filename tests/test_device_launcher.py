@@ -52,3 +52,57 @@ def test_source_only_target_cannot_step_and_says_why():
     with pytest.raises(ArtifactError, match=r"cannot run metal kernels; the artifact has "
                                             r"their source only"):
         art.function(art.kernels[0].launches[0]["symbol"])
+
+
+# -- the CUDA launcher's arguments, with a stand-in for CuPy (the kernels run on a GPU only) --
+class _Ctx:
+    def __init__(self, ptr=0):
+        self.ptr, self.id = ptr, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _FakeCuPy:
+    """What _CuPy.run touches of CuPy: devices, streams, host-to-device copies."""
+    def __init__(self):
+        self.copies = []
+        current = _Ctx(ptr=0)
+        self.cuda = type("cuda", (), {"Device": staticmethod(lambda i=None: _Ctx()),
+                                      "get_current_stream": staticmethod(lambda: current)})
+
+    def asarray(self, x):
+        self.copies.append(np.array(x))
+        return ("device scalars", len(self.copies))
+
+
+def test_cuda_launcher_passes_torch_pointers_and_copies_scalars_once_per_value_set():
+    """A torch CUDA tensor reaches the kernel as its data pointer (an 8-byte unsigned
+    integer: the bits of the kernel's pointer parameter), with its storage offset; the
+    host scalars are copied to the device once per distinct value set, not per call."""
+    torch = pytest.importorskip("torch", reason="the launcher's torch branch")
+    from optgen.runtime import device
+    be = device._CuPy.__new__(device._CuPy)
+    be.cp, be._streams, be._scalar_cache = _FakeCuPy(), {}, {}
+    be._torch_stream = lambda dev: None          # (torch's stream: CUDA only)
+    calls = []
+    kernel = lambda grid, block, args: calls.append((grid, block, args))   # noqa: E731
+    spec = {"dims": {"n": ("w", 0)}}
+    entry = {"grid": {"extent": ["n"], "per_block": 256, "max_blocks": None, "threads": 256},
+             "params": [{"buffer": "w"}, {"buffer": "g"}, {"scalars": True},
+                        {"dim": "n", "type": "int64_t"}]}
+    base = torch.zeros(1000)
+    w, g = base[100:400], torch.ones(300)                # w: a view at an offset
+    for scalars in ([0.5, 2.0], [0.5, 2.0], [0.25, 2.0]):
+        be.run(spec, {"w": w, "g": g}, np.array(scalars), [(kernel, entry)])
+    assert len(calls) == 3 and all(c[0] == (2,) and c[1] == (256,) for c in calls)
+    wp, gp, sdev, n = calls[0][2]
+    assert type(wp) is np.uint64 and int(wp) == base.data_ptr() + 100 * 4
+    assert int(gp) == g.data_ptr() and type(n) is np.int64 and n == 300
+    assert [list(c) for c in be.cp.copies] == [[0.5, 2.0], [0.25, 2.0]]   # one copy each
+    assert calls[1][2][2] == sdev and calls[2][2][2] != sdev
+    be.run(spec, {"w": w[:0], "g": g[:0]}, np.array([0.5, 2.0]), [(kernel, entry)])
+    assert len(calls) == 3                                # an empty tensor: no launch
