@@ -147,16 +147,24 @@ def check_centralization(owner: str, params: Sequence[Any], group_of: Sequence[i
                              f"only to 4-D convolution weights (group {gi})")
 
 
-def check_matrix_params(owner: str, artifact: Any, params: Sequence[Any],
-                        libs: Sequence[str], flags_of: Callable[[int], dict],
-                        names: Sequence[str | None]) -> None:
-    """A matrix rule (products) needs a 2-D parameter; specs pick it by a shape flag
-    (``ndim == 2``), so this only fails for a spec that does not."""
-    if not any(k.matrix for k in artifact.kernels):
-        return
+def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequence[str],
+                  flags_of: Callable[[int], dict], names: Sequence[str | None]) -> None:
+    """Each parameter has a kernel for its dtype under its flags (a matrix rule has
+    float32/float64 kernels only: no mixed precision), and a matrix rule (products) gets
+    a 2-D parameter (specs pick it by a shape flag, so that fails only for a spec that
+    does not)."""
     for i, p in enumerate(params):
-        k = artifact.kernel_for(tensors.dtype_name(p, libs[i]), flags_of(i))
-        if k is not None and k.matrix and len(p.shape) != 2:
+        dt, flags = tensors.dtype_name(p, libs[i]), flags_of(i)
+        k = artifact.kernel_for(dt, flags)
+        if k is None:
+            have = [x for x in artifact.kernels if x.flags == flags]
+            matrix = " (matrix products run in float32 or float64: pass float32 " \
+                "parameters)" if any(x.matrix for x in have) else ""
+            raise TypeError(f"{owner}: {label(i, names)} has dtype {dt}; its rule (flags "
+                            f"{flags}) has kernels for "
+                            f"{', '.join(sorted({x.param_dtype for x in have})) or 'no dtype'}"
+                            f" only{matrix}")
+        if k.matrix and len(p.shape) != 2:
             raise ValueError(f"{owner}: {label(i, names)} has shape {tuple(p.shape)}; "
                              f"its rule (flags {k.flags}) multiplies matrices and needs a "
                              "2-D parameter")

@@ -124,13 +124,13 @@ class Optimizer:
         # flat chains (runtime/flat.py): parameters back to back get back-to-back states
         self._chains = flat.chains(self.params, self._lib, [not m for m in self._is_mixed])
         self._chain_of = {i: (a, b) for a, b in self._chains for i in range(a, b)}
-        # numpy gradients that passed the checks, by parameter: (weakref, shape, dtype,
-        # strides); forgotten when states change (a new state must be checked against)
+        # gradients that passed the checks, by parameter (see inputs.check_grads);
+        # forgotten when states change (a new state must be checked against)
         self._checked: list[tuple | None] = [None] * n
         self._refreshed: list[int | None] = [None] * n  # step of the last refresh
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
-        checks.check_matrix_params(name, artifact, self.params, self._lib, self._flags,
-                                   self.names)
+        checks.check_kernels(name, artifact, self.params, self._lib, self._flags,
+                             self.names)
         for i in range(n):
             self._ensure_state(i)
 
@@ -238,14 +238,15 @@ class Optimizer:
     def step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
         """One update of every parameter that has a gradient, in place. Returns False
         when the step was skipped for a non-finite gradient (``nonfinite="skip"``).
-        Specs with extra inputs (SVRG) take them by name: ``step(grads,
-        grad_snapshot=[...], full_grad=[...])``, and so do statistics (THOR: ``A=[...],
-        G=[...]``, one per parameter, None where there is none), which are read on the
-        steps that refresh (``refresh_due``) and ignored on the others."""
+        Extra inputs (SVRG: ``step(grads, grad_snapshot=[...], full_grad=[...])``) and
+        statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
+        ``refresh_due``) are passed by name. Kernels are found before anything changes."""
         art = self.artifact
         stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
         grads = self._check_grads(grads, "grads", self._checked)           # check
         extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
+        for i in (i for i, g in enumerate(grads) if g is not None and not self._prepared[i]):
+            self._launch.select(tensors.dtype_name(self.params[i], self._lib[i]), self._flags(i))
         due = self._refresh_due(grads, stats)
         used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
         lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess

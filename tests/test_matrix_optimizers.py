@@ -583,3 +583,23 @@ def test_newton_schulz_singular_values():
         # the cubic iteration 1.5 X - 0.5 X X^T X with many steps converges to U V^T
         X = newton_schulz(u, steps=60, coeffs=(1.5, -0.5, 0.0))
         np.testing.assert_allclose(X, U @ Vt, atol=1e-9, err_msg=str(shape))
+
+
+@pytest.mark.parametrize("name", ["muon", "thor"])
+@pytest.mark.parametrize("low", ["float16", "bfloat16"])
+def test_low_precision_matrix_parameter_is_refused_at_construction(name, low):
+    """Matrix products have float32/float64 kernels only: a float16/bfloat16 2-D parameter
+    under multi_precision is a TypeError when the optimizer is made (found by the fuzzer:
+    it used to pass construction, then fail in the first step after counting it), while
+    a low-precision 1-D parameter (Muon's AdamW fallback) is fine."""
+    from optgen.runtime import tensors
+    dt = tensors.numpy_dtype(low)
+    w = np.zeros((4, 3), dt)
+    with pytest.raises(TypeError, match=rf"parameter 0 has dtype {low}; its rule \(flags .*"
+                                        r"'matrix': True.*\) has kernels for float32, "
+                                        r"float64 only \(matrix products"):
+        optgen.create(name, [w], multi_precision=True)
+    if name == "muon":
+        b = np.zeros(5, dt)
+        opt = optgen.create(name, [b], multi_precision=True)
+        assert opt.step([np.ones(5, dt)]) and opt.t == 1
