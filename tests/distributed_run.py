@@ -1,0 +1,77 @@
+"""One training run of a small model under torch.distributed (gloo), for
+tests/test_distributed.py: the test runs this file in ``world`` processes and compares
+what each writes with a single-process run of ``train`` in the test process.
+
+    python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz   # MODE: ddp | zero
+
+Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
+of equal values divided by the world size) and ZeRO-1's ranks, which step only their
+partition of the parameters and broadcast it, see the gradients of the unsharded run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import torch
+
+import optgen.torch as ot
+
+# catalog drop-in -> its hyperparameters (momentum, weight decay and clipping moved off
+# their defaults where the optimizer has them)
+OPTIMIZERS = {
+    "adam": ("Adam", dict(lr=1e-2, weight_decay=0.01)),
+    "adamw": ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+    "sgd": ("SGD", dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+    "lion": ("Lion", dict(lr=1e-3, weight_decay=0.1)),
+    "lamb": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
+    "lars": ("LARS", dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+    "adafactor": ("Adafactor", dict(lr=1e-2, relative_step=False)),
+}
+STEPS = 20
+
+
+def optimizer_class(name: str) -> type:
+    cls = OPTIMIZERS[name][0]
+    return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot, cls)
+
+
+def train(name: str, mode: str = "single") -> list[np.ndarray]:
+    """``STEPS`` steps of a 2-layer MLP (float32) with optimizer ``name``; the
+    parameters afterwards. ``mode``: single (no process group), ddp, zero."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 8))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 8, generator=g)
+    net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
+    cls, kw = optimizer_class(name), OPTIMIZERS[name][1]
+    if mode == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kw)
+    else:
+        opt = cls(model.parameters(), **kw)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def main() -> None:
+    mode, world, rank, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
+        sys.argv[4], sys.argv[5]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = {f"{name}/{i}": p for name in OPTIMIZERS
+                   for i, p in enumerate(train(name, mode))}
+        np.savez(out, **results)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
