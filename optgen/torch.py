@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from optgen import torch_format
 from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.runtime import hyper as hyper_rules
@@ -199,13 +200,22 @@ class OptgenOptimizer(torch.optim.Optimizer):
         return loss
 
     # -- checkpoints ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, format: str = "optgen") -> dict[str, Any]:
+        """torch's state_dict with the spec's state names, or (``format="torch"``) the
+        one torch.optim's optimizer of the same algorithm loads (optgen/torch_format.py)."""
+        if format not in ("optgen", "torch"):
+            raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         self._mirror()
-        return super().state_dict()
+        sd = super().state_dict()
+        return torch_format.to_torch(self._artifact.name, sd) if format == "torch" else sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, with every state checked against this optimizer's layout first
-        (a wrong shape or a missing state is a ValueError and changes nothing)."""
+        (a wrong shape or a missing state is a ValueError and changes nothing). A
+        torch.optim checkpoint of the same algorithm is converted first (Adam, AdamW)."""
+        if torch_format.is_torch(self._artifact.name, state_dict):
+            state_dict = torch_format.to_optgen(self._artifact.name, self.param_groups,
+                                                state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
         if len(saved_groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"])
