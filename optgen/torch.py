@@ -212,8 +212,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
-        torch.optim checkpoint of the same algorithm is converted first (Adam, AdamW)."""
-        if torch_format.is_torch(self._artifact.name, state_dict):
+        torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
+        if torch_format.is_torch(state_dict):
             state_dict = torch_format.to_optgen(self._artifact.name, self.param_groups,
                                                 state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]

@@ -4,105 +4,142 @@ A job that trains with ``torch.optim.AdamW`` saves ``opt.state_dict()``: per par
 ``step`` (a float32 tensor), ``exp_avg`` and ``exp_avg_sq``; per group torch's
 hyperparameters and switches (``amsgrad``, ``maximize``, ``foreach``, ...). The drop-ins
 name the same quantities after their spec (``m``, ``v``) and keep the spec's
-hyperparameters. This module converts between the two, exactly, for the optimizers whose
-states are the same quantities under both names:
+hyperparameters. This module converts between the two, exactly (states are renamed,
+never recomputed), for the optimizers whose states are the same quantities under both
+names and whose rules agree (FORMATS; each is checked by a 20-step continuation against
+torch.optim in tests/test_torch_checkpoints.py):
 
-* ``adam`` (torch.optim.Adam): ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v``. The states are
-  the same moving averages; the rule differs in where eps enters (optgen's Adam, the seeds'
-  rule, adds eps to sqrt(v) before the bias correction of the step size; torch adds it to
-  the bias-corrected sqrt(v)), a difference of order eps in each update, not a state
-  conversion.
-* ``adamw`` (torch.optim.AdamW): the same names; the rule is torch's.
+* adam, adamw, adamax, nadam, radam, adadelta, adagrad, sgd. optgen's Adam (the seeds'
+  rule) adds eps to sqrt(v) before the step size's bias correction, torch after it: a
+  difference of order eps per update, not a state conversion. torch's SGD checkpoint has
+  no step count: the drop-in counts on from 0 (SGD's rule does not read it).
 
-What cannot be carried over is refused with a ValueError that says why: ``amsgrad=True``
-(a ``max_exp_avg_sq`` state optgen's rules do not have), ``maximize=True``, Adam with
-``decoupled_weight_decay=True`` (that is AdamW: load it into optgen.torch.AdamW), and any
-optimizer not in the table. Group values (lr, betas, eps, weight_decay) are taken from
-the checkpoint; torch's implementation switches (foreach, fused, capturable, ...) are
-dropped. Imports: torch.
+What cannot be carried over is refused with a ValueError that says why: a switch whose
+value optgen's rule does not implement (``amsgrad=True``: a ``max_exp_avg_sq`` state the
+rules lack; ``maximize=True``; ``decoupled_weight_decay=True`` except for AdamW; Adagrad's
+``lr_decay``), and optimizers not in the table (RMSprop: torch adds eps outside the square
+root and keeps the momentum buffer without lr, optgen inside and with it). Group values
+named alike on both sides (lr, betas, eps, weight_decay, momentum, rho, ...) are taken
+from the checkpoint; torch's implementation switches (foreach, fused, ...) are dropped
+on the way in and set to torch's defaults on the way out. Imports: torch.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 
-# catalog name -> torch.optim class name, torch state name -> spec state name
-FORMATS: dict[str, tuple[str, dict[str, str]]] = {
-    "adam": ("Adam", {"exp_avg": "m", "exp_avg_sq": "v"}),
-    "adamw": ("AdamW", {"exp_avg": "m", "exp_avg_sq": "v"}),
+# catalog name -> (torch.optim class, torch state -> spec state, torch group key -> spec's)
+FORMATS: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {
+    "adam": ("Adam", {"exp_avg": "m", "exp_avg_sq": "v"}, {}),
+    "adamw": ("AdamW", {"exp_avg": "m", "exp_avg_sq": "v"}, {}),
+    "adamax": ("Adamax", {"exp_avg": "m", "exp_inf": "u"}, {}),
+    "nadam": ("NAdam", {"exp_avg": "m", "exp_avg_sq": "v", "mu_product": "mu_product"}, {}),
+    "radam": ("RAdam", {"exp_avg": "m", "exp_avg_sq": "v"}, {}),
+    "adadelta": ("Adadelta", {"square_avg": "acc_grad", "acc_delta": "acc_delta"}, {}),
+    "adagrad": ("Adagrad", {"sum": "accum"}, {"initial_accumulator_value": "initial_accum"}),
+    "sgd": ("SGD", {"momentum_buffer": "momentum_buffer"}, {}),
 }
-GROUP_VALUES = ("lr", "betas", "eps", "weight_decay")   # taken over, both ways
-# torch switches that change the algorithm: the value optgen's rule corresponds to
-SWITCHES = {"amsgrad": False, "maximize": False}
+# torch switches that change the algorithm, at the value optgen's rules implement
+SWITCHES = {"amsgrad": False, "maximize": False, "lr_decay": 0}
+SGD_STARTED = "buffer_started"   # sgd's scalar state: 1 once the buffer holds a value
 
 
-def is_torch(name: str, sd: dict[str, Any]) -> bool:
-    """Whether ``sd`` is in torch.optim's format (its states carry torch's names)."""
-    torch_names = {n for _, names in FORMATS.values() for n in names}
-    return any(set(rec) & torch_names - {"step"} for rec in sd.get("state", {}).values()) \
-        or any("amsgrad" in g or "maximize" in g for g in sd.get("param_groups", []))
+def is_torch(sd: dict[str, Any]) -> bool:
+    """Whether ``sd`` is in torch.optim's format: its groups carry torch's switches, or
+    its states torch's names."""
+    names = {n for _, states, _ in FORMATS.values() for n in states} - {"mu_product"}
+    return any("maximize" in g or "foreach" in g for g in sd.get("param_groups", [])) or \
+        any(set(rec) & (names - {"momentum_buffer"}) for rec in sd.get("state", {}).values())
 
 
-def _format(name: str, what: str) -> tuple[str, dict[str, str]]:
+def _format(name: str, what: str) -> tuple[str, dict[str, str], dict[str, str]]:
     if name not in FORMATS:
-        raise ValueError(f"{name}: {what} is implemented for "
-                         f"{', '.join(f'{n} (torch.optim.{c})' for n, (c, _) in FORMATS.items())}"
-                         f" only; {name}'s states have no torch.optim counterpart here")
+        known = ", ".join(f"{n} (torch.optim.{c})" for n, (c, _, _) in FORMATS.items())
+        raise ValueError(f"{name}: {what} is implemented for {known} only; {name}'s "
+                         "states have no exact torch.optim counterpart here")
     return FORMATS[name]
+
+
+def _check_switches(name: str, gi: int, sg: dict[str, Any]) -> None:
+    for key, ours in SWITCHES.items():
+        if key in sg and sg[key] != ours:
+            raise ValueError(f"{name}: group {gi} of the torch.optim checkpoint has "
+                             f"{key}={sg[key]}; optgen's {name} rule has no {key} variant, "
+                             "so its states cannot continue that run")
+    if bool(sg.get("decoupled_weight_decay", name == "adamw")) != (name == "adamw"):
+        hint = ": load it into optgen.torch.AdamW" if name == "adam" else \
+            f"; optgen's {name} couples weight decay to the gradient"
+        raise ValueError(f"{name}: group {gi} of the torch.optim checkpoint has "
+                         f"decoupled_weight_decay={sg['decoupled_weight_decay']}"
+                         + (", which is AdamW" if name == "adam" else "") + hint)
 
 
 def to_optgen(name: str, groups: list[dict], sd: dict[str, Any]) -> dict[str, Any]:
     """A torch.optim state_dict of ``name``'s algorithm as the drop-in's state_dict, for
     a drop-in whose param_groups are ``groups`` (their keys and current values are the
-    base; the checkpoint's values of GROUP_VALUES replace them)."""
-    cls, names = _format(name, "loading a torch.optim checkpoint")
+    base; the checkpoint's values of keys both sides have replace them)."""
+    cls, states, keys = _format(name, "loading a torch.optim checkpoint")
     saved = sd["param_groups"]
     if len(saved) != len(groups):
         raise ValueError(f"{name}: the torch.optim checkpoint has {len(saved)} parameter "
                          f"groups, this optimizer {len(groups)}")
     out_groups = []
     for gi, (sg, g) in enumerate(zip(saved, groups)):
-        for key, ours in SWITCHES.items():
-            if bool(sg.get(key, ours)) != ours:
-                raise ValueError(f"{name}: group {gi} of the torch.optim checkpoint has "
-                                 f"{key}={sg[key]}; optgen's {name} rule has no {key} "
-                                 "variant, so its states cannot continue that run")
-        if name == "adam" and sg.get("decoupled_weight_decay"):
-            raise ValueError(f"{name}: group {gi} of the torch.optim checkpoint has "
-                             "decoupled_weight_decay=True, which is AdamW: load it into "
-                             "optgen.torch.AdamW")
+        _check_switches(name, gi, sg)
         new = {k: v for k, v in g.items() if k != "params"}
-        new.update({k: sg[k] for k in GROUP_VALUES if k in sg and k in g})
+        new.update({keys.get(k, k): v for k, v in sg.items()
+                    if keys.get(k, k) in g and k != "params"})
         new["params"] = list(sg["params"])
         out_groups.append(new)
+    param_of = {pid: p for sg, g in zip(saved, groups)
+                for pid, p in zip(sg["params"], g["params"])}
     state = {}
     for pid, rec in sd["state"].items():
-        unknown = sorted(set(rec) - set(names) - {"step"})
-        if unknown or "step" not in rec:
+        unknown = sorted(set(rec) - set(states) - {"step"})
+        if unknown or ("step" not in rec and name != "sgd"):
             raise ValueError(f"{name}: state of parameter {pid} in the torch.optim checkpoint "
-                             f"has {sorted(rec)}; torch.optim.{cls} without amsgrad keeps "
-                             f"{sorted(set(names) | {'step'})}")
-        state[pid] = {names.get(k, k): v for k, v in rec.items()}
+                             f"has {sorted(rec)}; torch.optim.{cls} (as optgen converts it) "
+                             f"keeps {sorted(set(states) | {'step'})}")
+        new = {states.get(k, k): v for k, v in rec.items()}
+        if name == "sgd":   # (torch keeps None where momentum was off: no buffer yet)
+            buf = new.get("momentum_buffer")
+            new[SGD_STARTED] = torch.tensor(0.0 if buf is None else 1.0, dtype=torch.float64)
+            if buf is None and pid in param_of:
+                new["momentum_buffer"] = torch.zeros_like(param_of[pid])
+            new.setdefault("step", torch.tensor(0.0))
+        state[pid] = new
     return {"state": state, "param_groups": out_groups}
 
 
 def to_torch(name: str, sd: dict[str, Any]) -> dict[str, Any]:
     """The drop-in's state_dict ``sd`` in torch.optim's format: ``torch.optim.<cls>``
     loads it and continues the run."""
-    _, names = _format(name, "writing a torch.optim checkpoint")
-    back = {ours: theirs for theirs, ours in names.items()}
+    cls, states, keys = _format(name, "writing a torch.optim checkpoint")
+    back = {ours: theirs for theirs, ours in states.items()}
+    back_keys = {ours: theirs for theirs, ours in keys.items()}
+    defaults = {k: p.default for k, p in
+                list(inspect.signature(getattr(torch.optim, cls).__init__).parameters.items())[2:]
+                if p.default is not inspect.Parameter.empty}
     state = {}
     for pid, rec in sd["state"].items():
         # copies: torch.optim's load keeps tensors of the right dtype and device as they
         # are, and two optimizers stepping one state tensor in place would corrupt both
-        state[pid] = {back[k]: torch.as_tensor(v).detach().clone()
-                      for k, v in rec.items() if k in back}
-        state[pid]["step"] = torch.tensor(float(rec.get("step", 0)), dtype=torch.float32)
+        new = {back[k]: torch.as_tensor(v).detach().clone() for k, v in rec.items() if k in back}
+        if name == "sgd":
+            if not float(rec.get(SGD_STARTED, 0.0)):
+                new["momentum_buffer"] = None
+        else:
+            new["step"] = torch.tensor(float(rec.get("step", 0)), dtype=torch.float32)
+        state[pid] = new
     groups = []
     for g in sd["param_groups"]:
-        new = {k: g[k] for k in GROUP_VALUES if k in g}
-        new.update(SWITCHES, foreach=None, capturable=False, differentiable=False, fused=None,
-                   decoupled_weight_decay=name == "adamw", params=list(g["params"]))
+        new = dict(defaults)
+        new.update({back_keys.get(k, k): v for k, v in g.items()
+                    if back_keys.get(k, k) in defaults})
+        if name in ("adam", "adamw", "nadam", "radam"):   # (AdamW's is not an argument)
+            new["decoupled_weight_decay"] = name == "adamw"
+        new["params"] = list(g["params"])
         groups.append(new)
     return {"state": state, "param_groups": groups}

@@ -1,5 +1,6 @@
 """torch.optim checkpoints into the drop-ins and back (optgen/torch_format.py): a run
-saved by torch.optim.Adam/AdamW continues in optgen.torch.Adam/AdamW, and the reverse,
+saved by torch.optim.X continues in optgen.torch.X, and the reverse, for Adam, AdamW,
+Adamax, NAdam, RAdam, Adadelta, Adagrad and SGD,
 with the same parameters as the run that stayed (float32 rounding; optgen's Adam adds
 eps before the step-size bias correction, torch after it: a difference of order eps)."""
 import copy
@@ -11,6 +12,22 @@ torch = pytest.importorskip("torch", reason="torch.optim checkpoints need torch"
 import optgen.torch as ot  # noqa: E402
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=1e-3)
+# drop-in -> torch.optim keyword arguments (busy: momentum, decay and eps off defaults)
+CASES = {
+    "Adam": HYPER, "AdamW": HYPER,
+    "Adamax": dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-7, weight_decay=1e-3),
+    "NAdam": dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-3, momentum_decay=0.005),
+    "RAdam": dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-3),
+    "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=1e-3),
+    "Adagrad": dict(lr=0.05, eps=1e-9, weight_decay=1e-3, initial_accumulator_value=0.1),
+    "SGD": dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3),
+}
+STATES = {"Adam": {"m": "exp_avg", "v": "exp_avg_sq"}, "AdamW": {"m": "exp_avg", "v": "exp_avg_sq"},
+          "Adamax": {"m": "exp_avg", "u": "exp_inf"},
+          "NAdam": {"m": "exp_avg", "v": "exp_avg_sq", "mu_product": "mu_product"},
+          "RAdam": {"m": "exp_avg", "v": "exp_avg_sq"},
+          "Adadelta": {"acc_grad": "square_avg", "acc_delta": "acc_delta"},
+          "Adagrad": {"accum": "sum"}, "SGD": {"momentum_buffer": "momentum_buffer"}}
 
 
 def _model():
@@ -33,39 +50,58 @@ def _close(a, b, what):
                                    atol=1e-6, err_msg=f"{what}: parameter {i}")
 
 
-@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_torch_checkpoint_continues_in_optgen(name):
     model = _model()
-    theirs = getattr(torch.optim, name)(model.parameters(), **HYPER)
+    theirs = getattr(torch.optim, name)(model.parameters(), **CASES[name])
     _run(model, theirs, 10, seed=1)
     twin = copy.deepcopy(model)
     mine = getattr(ot, name)(twin.parameters(), lr=0.5)        # values come from the file
     mine.load_state_dict(theirs.state_dict())
-    assert mine.param_groups[0]["lr"] == HYPER["lr"]
-    assert tuple(mine.param_groups[0]["betas"]) == HYPER["betas"]
+    assert mine.param_groups[0]["lr"] == CASES[name]["lr"]
     for p, q in zip(model.parameters(), twin.parameters()):   # the states, exactly
-        assert torch.equal(mine.state[q]["m"], theirs.state[p]["exp_avg"])
-        assert torch.equal(mine.state[q]["v"], theirs.state[p]["exp_avg_sq"])
-        assert int(mine.state[q]["step"]) == 10
+        for ours, their in STATES[name].items():
+            assert torch.equal(torch.as_tensor(mine.state[q][ours]).to(theirs.state[p][their]),
+                               theirs.state[p][their]), f"{name}: {ours} <- {their}"
     _run(model, theirs, 20, seed=2)
     _run(twin, mine, 20, seed=2)
     _close(twin, model, f"{name}: torch checkpoint, 20 steps in optgen vs in torch")
 
 
-@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_optgen_checkpoint_continues_in_torch(name):
     model = _model()
-    mine = getattr(ot, name)(model.parameters(), **HYPER)
+    kw = {("initial_accum" if k == "initial_accumulator_value" else k): v
+          for k, v in CASES[name].items()}
+    mine = getattr(ot, name)(model.parameters(), **kw)
     _run(model, mine, 10, seed=1)
     sd = mine.state_dict(format="torch")
-    assert set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert set(sd["state"][0]) == set(STATES[name].values()) | ({"step"} if name != "SGD"
+                                                               else set())
     twin = copy.deepcopy(model)
     theirs = getattr(torch.optim, name)(twin.parameters(), lr=0.5)
     theirs.load_state_dict(sd)
-    assert theirs.param_groups[0]["lr"] == HYPER["lr"]
+    assert theirs.param_groups[0]["lr"] == CASES[name]["lr"]
     _run(model, mine, 20, seed=2)
     _run(twin, theirs, 20, seed=2)
     _close(twin, model, f"{name}: optgen checkpoint, 20 steps in torch vs in optgen")
+
+
+def test_torch_sgd_without_momentum_has_no_buffer_and_continues():
+    """torch keeps momentum_buffer None while momentum is 0: the drop-in starts its
+    buffer on the first step with momentum, as torch does."""
+    model = _model()
+    theirs = torch.optim.SGD(model.parameters(), lr=0.05)
+    _run(model, theirs, 3, seed=1)
+    assert theirs.state_dict()["state"].get(0, {}).get("momentum_buffer") is None
+    twin = copy.deepcopy(model)
+    mine = ot.SGD(twin.parameters(), lr=0.05)
+    mine.load_state_dict(theirs.state_dict())
+    for o in (theirs, mine):
+        o.param_groups[0]["momentum"] = 0.9
+    _run(model, theirs, 10, seed=2)
+    _run(twin, mine, 10, seed=2)
+    _close(twin, model, "SGD: momentum switched on after a torch checkpoint without buffers")
 
 
 def _trained_torch(cls, **kw):
@@ -82,9 +118,13 @@ def _trained_torch(cls, **kw):
      r"maximize=True"),
     (lambda: _trained_torch(torch.optim.Adam, lr=1e-2, decoupled_weight_decay=True), ot.Adam,
      r"decoupled_weight_decay=True, which is AdamW: load it into optgen.torch.AdamW"),
-    (lambda: _trained_torch(torch.optim.SGD, lr=1e-2, momentum=0.9), ot.SGD,
-     r"sgd: loading a torch.optim checkpoint is implemented for adam \(torch.optim.Adam\), "
-     r"adamw \(torch.optim.AdamW\) only"),
+    (lambda: _trained_torch(torch.optim.RMSprop, lr=1e-2), ot.RMSprop,
+     r"rmsprop: loading a torch.optim checkpoint is implemented for adam \(torch.optim.Adam\), "
+     r"adamw \(torch.optim.AdamW\), .* only; rmsprop's states have no exact"),
+    (lambda: _trained_torch(torch.optim.Adagrad, lr=1e-2, lr_decay=0.01), ot.Adagrad,
+     r"lr_decay=0.01; optgen's adagrad rule has no lr_decay variant"),
+    (lambda: _trained_torch(torch.optim.NAdam, lr=1e-2, decoupled_weight_decay=True), ot.NAdam,
+     r"decoupled_weight_decay=True; optgen's nadam couples weight decay"),
 ])
 def test_unconvertible_torch_checkpoints_are_refused_and_change_nothing(make_sd, mine, message):
     sd = make_sd()
@@ -102,9 +142,9 @@ def test_unconvertible_torch_checkpoints_are_refused_and_change_nothing(make_sd,
 
 
 def test_state_dict_format_is_checked():
-    opt = ot.SGD(_model().parameters(), lr=0.1)
+    opt = ot.RMSprop(_model().parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"format must be 'optgen' or 'torch', got 'tf'"):
         opt.state_dict(format="tf")
-    with pytest.raises(ValueError, match=r"sgd: writing a torch.optim checkpoint is "
+    with pytest.raises(ValueError, match=r"rmsprop: writing a torch.optim checkpoint is "
                                          r"implemented for adam"):
         opt.state_dict(format="torch")
