@@ -158,12 +158,15 @@ def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequen
         k = artifact.kernel_for(dt, flags)
         if k is None:
             have = [x for x in artifact.kernels if x.flags == flags]
+            if not have:   # (e.g. float16 states on OpenCL: no kernel for these flags)
+                raise TypeError(f"{owner}: no kernel for dtype {dt} with flags {flags} "
+                                f"({label(i, names)}): the {artifact.target} build has "
+                                "none for these flags")
             matrix = " (matrix products run in float32 or float64: pass float32 " \
                 "parameters)" if any(x.matrix for x in have) else ""
             raise TypeError(f"{owner}: {label(i, names)} has dtype {dt}; its rule (flags "
                             f"{flags}) has kernels for "
-                            f"{', '.join(sorted({x.param_dtype for x in have})) or 'no dtype'}"
-                            f" only{matrix}")
+                            f"{', '.join(sorted({x.param_dtype for x in have}))} only{matrix}")
         if k.matrix and len(p.shape) != 2:
             raise ValueError(f"{owner}: {label(i, names)} has shape {tuple(p.shape)}; "
                              f"its rule (flags {k.flags}) multiplies matrices and needs a "

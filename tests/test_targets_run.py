@@ -272,7 +272,7 @@ def test_target_matches_reference(target, name, dtype, rng, monkeypatch, memchec
         kernels = matching_kernels(art, dtype, flags)
         halves = half_states(art, flags)
         if halves and tname == "opencl":
-            # no float16 storage on OpenCL: no kernel, and stepping it is a TypeError
+            # no float16 storage on OpenCL: no kernel, and making the optimizer is a TypeError
             assert not kernels, f"{label}: a kernel with float16 states {halves} on OpenCL"
             w = np.ones(8, dtype)   # (test_opencl_lacks_only_float16_storage_kernels)
             with pytest.raises(TypeError, match="no kernel for dtype"):
