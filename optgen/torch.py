@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optgen import torch_format
+from optgen import torch_format, torch_ops
 from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.runtime import hyper as hyper_rules
@@ -83,6 +83,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
         self._core: _Core | None = None
         self._synced: list[dict[str, Any]] = []
+        self._op_handle = torch_ops.register(self)   # torch.compile's view (optgen/torch_ops.py)
+        self._op_tensors: tuple[list, list] = ([], [])
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
 
     # -- the runtime optimizer behind the torch interface --------------------------------
@@ -91,6 +93,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
         if self._flat:
             self._adopt(self.param_groups[-1]["params"])
         self._core = self._rebuild(self._core)
+        self._op_tensors = self._op_lists()
+
+    def _op_lists(self) -> tuple[list, list]:
+        """The parameters and every state tensor, in a fixed order: what ``optgen::step``
+        takes and writes under torch.compile."""
+        states = [v for st in self._core.state for _, v in sorted(st.items())
+                  if isinstance(v, torch.Tensor)]
+        return list(self._core.params), states
 
     @torch.no_grad()
     def _adopt(self, params: list) -> None:
@@ -114,8 +124,16 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad; flat groups then zero their gradient buffer in place (one op)
-        and keep their views as ``.grad``, whatever ``set_to_none`` says."""
-        super().zero_grad(set_to_none=set_to_none)
+        and keep their views as ``.grad``, whatever ``set_to_none`` says. Under
+        torch.compile the same in traceable form (torch's zero_grad disables dynamo)."""
+        if torch.compiler.is_compiling():   # (param_groups would be guarded on lr)
+            for p in self._op_tensors[0]:
+                if p.grad is not None and set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+        else:
+            super().zero_grad(set_to_none=set_to_none)
         with torch.no_grad():
             for params, grads, buffer in self._flat_grads:
                 buffer.zero_()
@@ -166,6 +184,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 st.clear()
                 st.update((n, v) for n, v in core.items() if not isinstance(v, np.floating))
                 st["step"] = torch.tensor(0.0)
+                self._op_tensors = self._op_lists()
             for n, v in core.items():
                 if isinstance(v, np.floating):
                     st[n] = float(v)
@@ -187,17 +206,39 @@ class OptgenOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if torch.compiler.is_compiling():   # one opaque op (optgen/torch_ops.py)
+            if statistics:
+                raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
+                                " are not passed to a step under torch.compile; step "
+                                "eagerly on refresh steps")
+            params, states = self._op_tensors
+            torch.ops.optgen.step(self._op_handle, params, [p.grad for p in params], states)
+            return loss
+        self._step_now([p.grad for p in self._core.params], statistics)
+        return loss
+
+    # torch's lr schedulers wrap an optimizer's step (to record _opt_called, set above)
+    # unless it says it is wrapped already; dynamo skips their wrapper (it lives in
+    # torch/optim/lr_scheduler.py), which would break a compiled step's graph.
+    step._wrapped_by_lr_sched = True
+
+    def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
+        self._opt_called = True   # what torch's lr schedulers check (see below step)
         self._sync()
-        grads = []
-        for i, p in enumerate(self._core.params):
-            g = p.grad
+        for i, g in enumerate(grads):
             if g is not None and g.is_sparse:
                 raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
                                 "optgen.torch optimizers take dense gradients")
-            grads.append(g)
-        self._core.step(grads, **statistics)
+        self._core.step(list(grads), **statistics)
         self._mirror()
-        return loss
+
+    @torch.no_grad()
+    def _step_op(self, params: list, grads: list, states: list) -> None:
+        """``optgen::step``'s body: the eager step on this optimizer's own tensors, with
+        copies that functionalization passed taken in and given back."""
+        own_params, own_states = self._op_tensors
+        torch_ops.stepped([*params, *states], [*own_params, *own_states],
+                          lambda: self._step_now(grads, {}))
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, format: str = "optgen") -> dict[str, Any]:
