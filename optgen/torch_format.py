@@ -17,8 +17,8 @@ torch.optim in tests/test_torch_checkpoints.py):
 What cannot be carried over is refused with a ValueError that says why: a switch whose
 value optgen's rule does not implement (``amsgrad=True``: a ``max_exp_avg_sq`` state the
 rules lack; ``maximize=True``; ``decoupled_weight_decay=True`` except for AdamW; Adagrad's
-``lr_decay``), and optimizers not in the table (RMSprop: torch adds eps outside the square
-root and keeps the momentum buffer without lr, optgen inside and with it). Group values
+``lr_decay``), and optimizers not in the table (DIFFERENT says why for RMSprop and
+Adafactor, whose torch.optim rules differ from the specs'). Group values
 named alike on both sides (lr, betas, eps, weight_decay, momentum, rho, ...) are taken
 from the checkpoint; torch's implementation switches (foreach, fused, ...) are dropped
 on the way in and set to torch's defaults on the way out. Imports: torch.
@@ -41,6 +41,15 @@ FORMATS: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {
     "adagrad": ("Adagrad", {"sum": "accum"}, {"initial_accumulator_value": "initial_accum"}),
     "sgd": ("SGD", {"momentum_buffer": "momentum_buffer"}, {}),
 }
+# torch.optim has these too, but their rules differ from the specs': refused, with why
+DIFFERENT = {
+    "rmsprop": "torch.optim.RMSprop adds eps outside the square root and keeps its momentum "
+               "buffer without lr; optgen's rule (MXNet's) adds it inside and keeps lr in it",
+    "adafactor": "torch.optim.Adafactor's step size is min(lr, 1/sqrt(t)) and its weight "
+                 "decay lr * weight_decay (eps1 clamps the variance); optgen's rule (fairseq/"
+                 "MindSpore) uses lr or min(1e-2, 1/sqrt(t)), decay scaled by alpha, eps1 "
+                 "added to g*g: the states would carry over, the next steps would not match",
+}
 # torch switches that change the algorithm, at the value optgen's rules implement
 SWITCHES = {"amsgrad": False, "maximize": False, "lr_decay": 0}
 SGD_STARTED = "buffer_started"   # sgd's scalar state: 1 once the buffer holds a value
@@ -55,6 +64,8 @@ def is_torch(sd: dict[str, Any]) -> bool:
 
 
 def _format(name: str, what: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    if name in DIFFERENT:
+        raise ValueError(f"{name}: {what} is not offered: {DIFFERENT[name]}")
     if name not in FORMATS:
         known = ", ".join(f"{n} (torch.optim.{c})" for n, (c, _, _) in FORMATS.items())
         raise ValueError(f"{name}: {what} is implemented for {known} only; {name}'s "

@@ -119,8 +119,14 @@ def _trained_torch(cls, **kw):
     (lambda: _trained_torch(torch.optim.Adam, lr=1e-2, decoupled_weight_decay=True), ot.Adam,
      r"decoupled_weight_decay=True, which is AdamW: load it into optgen.torch.AdamW"),
     (lambda: _trained_torch(torch.optim.RMSprop, lr=1e-2), ot.RMSprop,
-     r"rmsprop: loading a torch.optim checkpoint is implemented for adam \(torch.optim.Adam\), "
-     r"adamw \(torch.optim.AdamW\), .* only; rmsprop's states have no exact"),
+     r"rmsprop: loading a torch.optim checkpoint is not offered: torch.optim.RMSprop adds "
+     r"eps outside the square root"),
+    (lambda: _trained_torch(torch.optim.Adafactor, lr=1e-2), ot.Adafactor,
+     r"adafactor: loading a torch.optim checkpoint is not offered: torch.optim.Adafactor's "
+     r"step size is min\(lr, 1/sqrt\(t\)\)"),
+    (lambda: _trained_torch(torch.optim.Adam, lr=1e-2), ot.Lion,
+     r"lion: loading a torch.optim checkpoint is implemented for adam \(torch.optim.Adam\), "
+     r"adamw \(torch.optim.AdamW\), .* only; lion's states have no exact"),
     (lambda: _trained_torch(torch.optim.Adagrad, lr=1e-2, lr_decay=0.01), ot.Adagrad,
      r"lr_decay=0.01; optgen's adagrad rule has no lr_decay variant"),
     (lambda: _trained_torch(torch.optim.NAdam, lr=1e-2, decoupled_weight_decay=True), ot.NAdam,
@@ -146,5 +152,8 @@ def test_state_dict_format_is_checked():
     with pytest.raises(ValueError, match=r"format must be 'optgen' or 'torch', got 'tf'"):
         opt.state_dict(format="tf")
     with pytest.raises(ValueError, match=r"rmsprop: writing a torch.optim checkpoint is "
-                                         r"implemented for adam"):
+                                         r"not offered: torch.optim.RMSprop"):
         opt.state_dict(format="torch")
+    with pytest.raises(ValueError, match=r"lion: writing a torch.optim checkpoint is "
+                                         r"implemented for adam"):
+        ot.Lion(_model().parameters(), lr=0.1).state_dict(format="torch")
