@@ -15,6 +15,7 @@ hyperparameter names, with ``betas=(beta1, beta2)`` where the spec has both.
 the Parameter objects stay the same) and gives them ``.grad`` views of a second buffer,
 which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
 then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
+``offload="cpu"`` keeps states and master copies in host memory (optgen/torch_offload.py).
 
 Classes: ``optgen.torch.Adam``, ``SGD``, ``AdamW``, ``LAMB``, ... (``optgen.torch.CLASSES``
 names them), or ``optgen.torch.make(spec, base=None)`` for any spec file or wrapper.
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optgen import torch_format, torch_ops
+from optgen import torch_format, torch_offload, torch_ops
 from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.runtime import hyper as hyper_rules
@@ -77,7 +78,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
         options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
         self._target = options.pop("target", "llvm")
         self._options = options
+        offload = kwargs.pop("offload", getattr(self, "offload", None))
+        torch_offload.check(os.path.basename(self.spec)[:-3], offload, self._target, flat)
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base)
+        self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
+        self._params: list = []   # the torch parameters, in the runtime's order
         given = grouping.alias(art.name, art.hypers, kwargs)
         spec_defaults = {n: h.default for n, h in art.hypers.items()}
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
@@ -100,7 +105,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         takes and writes under torch.compile."""
         states = [v for st in self._core.state for _, v in sorted(st.items())
                   if isinstance(v, torch.Tensor)]
-        return list(self._core.params), states
+        return list(self._params), states
 
     @torch.no_grad()
     def _adopt(self, params: list) -> None:
@@ -153,8 +158,13 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _rebuild(self, old: _Core | None) -> _Core:
         """A runtime optimizer over the current groups, keeping existing states."""
-        groups = [{"params": list(g["params"]), **self._group_hyper(g)} for g in self.param_groups]
+        host = self._offload.master if self._offload else (lambda p: p)
+        groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
+                  for g in self.param_groups]
         core = _Core(self._artifact, groups, **self._options)
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
+            raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
         if old is not None:
             where = {id(p): i for i, p in enumerate(old.params)}
             for j, p in enumerate(core.params):
@@ -177,7 +187,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _mirror(self) -> None:
         """``self.state[p]``: the runtime's state tensors (shared), scalar states as
         floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
-        for i, p in enumerate(self._core.params):
+        for i, p in enumerate(self._params):
             st, core = self.state[p], self._core.state[i]
             if "step" not in st or any(st.get(n) is not v for n, v in core.items()
                                        if not isinstance(v, np.floating)):
@@ -214,7 +224,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
             params, states = self._op_tensors
             torch.ops.optgen.step(self._op_handle, params, [p.grad for p in params], states)
             return loss
-        self._step_now([p.grad for p in self._core.params], statistics)
+        self._step_now([p.grad for p in self._params], statistics)
         return loss
 
     # torch's lr schedulers wrap an optimizer's step (to record _opt_called, set above)
@@ -229,7 +239,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
             if g is not None and g.is_sparse:
                 raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
                                 "optgen.torch optimizers take dense gradients")
-        self._core.step(list(grads), **statistics)
+        if self._offload is None:
+            self._core.step(list(grads), **statistics)
+        elif self._core.step(self._offload.grads_to_host(self._params, grads), **statistics):
+            self._offload.params_to_device(self._params, grads)
         self._mirror()
 
     @torch.no_grad()
@@ -264,7 +277,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{self._artifact.name}: state_dict has another group layout "
                              "(number of groups or parameters per group)")
         core = self._core
-        index = {id(p): i for i, p in enumerate(core.params)}
+        index = {id(p): i for i, p in enumerate(self._params)}
         plan = []
         for sg, g in zip(saved_groups, self.param_groups):
             for pid, p in zip(sg["params"], g["params"]):
@@ -281,6 +294,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                          f"shape {tuple(rec[n].shape)}, expected {tuple(v.shape)}")
                 plan.append((i, rec))
         super().load_state_dict(state_dict)
+        if self._offload is not None:   # the model's weights may have been loaded before
+            self._offload.refresh(self._params)
         for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
             for n, v in core.state[i].items():
                 if isinstance(v, np.floating):
@@ -345,7 +360,7 @@ class KFACStatistics:
         found, self._found = self._found, {}
         if not found:
             return {}
-        params = optimizer._core.params
+        params = optimizer._params
         return {name: [found.get(id(p), {}).get(name) for p in params] for name in ("A", "G")}
 
     def remove(self) -> None:
@@ -373,6 +388,8 @@ def make(spec: str | os.PathLike, base: str | None = None, name: str | None = No
 
 
 def __getattr__(attr: str) -> type:
+    if attr == "AdamOffload":   # the seeds' name (optgen/torch_offload.py)
+        return _made.setdefault(("AdamOffload",), torch_offload.seed_class(make("adam")))
     for stem, cls_name in CLASSES.items():
         if cls_name == attr:
             return make(stem)
@@ -380,4 +397,4 @@ def __getattr__(attr: str) -> type:
                          f"{', '.join(CLASSES.values())} (or optgen.torch.make(spec))")
 
 
-__all__ = ["CLASSES", "OptgenOptimizer", "make", *CLASSES.values()]
+__all__ = ["CLASSES", "OptgenOptimizer", "make", "AdamOffload", *CLASSES.values()]

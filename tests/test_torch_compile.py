@@ -94,6 +94,16 @@ def test_compiled_train_step_equals_eager(name):
     assert float(sd_c["state"][0]["step"]) == 50
 
 
+def test_compiled_offloaded_step():
+    """offload="cpu" (optgen/torch_offload.py) under a compiled train step: the op copies
+    gradients to the host and parameters back as it does eagerly."""
+    eager, _, _ = _train("AdamW", compiled=False, steps=20, offload="cpu")
+    comp, opt, counter = _train("AdamW", compiled=True, steps=20, offload="cpu")
+    assert counter.frame_count == 1
+    _same(comp, eager, "offloaded compiled vs eager")
+    assert opt._offload.copies["params_to_device"] == 20 * 4
+
+
 @pytest.mark.parametrize("name", ["AdamW", "LAMB"])
 def test_compiled_with_inductor(name):
     eager, _, _ = _train(name, compiled=False, steps=20)
