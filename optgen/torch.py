@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from optgen import torch_format, torch_offload, torch_ops
+from optgen import torch_format, torch_offload, torch_ops, torch_shards
+from optgen.torch_kfac import KFACStatistics
 from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.runtime import hyper as hyper_rules
@@ -158,11 +159,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _rebuild(self, old: _Core | None) -> _Core:
         """A runtime optimizer over the current groups, keeping existing states."""
-        host = self._offload.master if self._offload else (lambda p: p)
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        torch_shards.check(self._artifact.name, self._artifact, self._params,
+                           self._options.get("clip_global_norm"), self._offload, self._flat)
+        # the tensors the runtime steps: host copies (offload) or local shards (DTensor)
+        host = self._offload.master if self._offload else torch_shards.local
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
         core = _Core(self._artifact, groups, **self._options)
-        self._params = [p for g in self.param_groups for p in g["params"]]
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
             raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
         if old is not None:
@@ -189,10 +193,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
         floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
         for i, p in enumerate(self._params):
             st, core = self.state[p], self._core.state[i]
-            if "step" not in st or any(st.get(n) is not v for n, v in core.items()
-                                       if not isinstance(v, np.floating)):
+            if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
+                                       core.items() if not isinstance(v, np.floating)):
                 st.clear()
-                st.update((n, v) for n, v in core.items() if not isinstance(v, np.floating))
+                st.update((n, torch_shards.shown(p, v)) for n, v in core.items()
+                          if not isinstance(v, np.floating))
                 st["step"] = torch.tensor(0.0)
                 self._op_tensors = self._op_lists()
             for n, v in core.items():
@@ -240,7 +245,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
                                 "optgen.torch optimizers take dense gradients")
         if self._offload is None:
-            self._core.step(list(grads), **statistics)
+            self._core.step([torch_shards.local(g) for g in grads], **statistics)
         elif self._core.step(self._offload.grads_to_host(self._params, grads), **statistics):
             self._offload.params_to_device(self._params, grads)
         self._mirror()
@@ -288,10 +293,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 if set(rec) != want:
                     raise ValueError(f"{self._artifact.name}: state_dict state of parameter "
                                      f"{i} has {sorted(rec)}, expected {sorted(want)}")
-                for n, v in core.state[i].items():
-                    if not isinstance(v, np.floating) and tuple(rec[n].shape) != tuple(v.shape):
+                for n, v in core.state[i].items():   # (a DTensor state: its local shard)
+                    got = None if isinstance(v, np.floating) else torch_shards.local(rec[n])
+                    if got is not None and tuple(got.shape) != tuple(v.shape):
                         raise ValueError(f"{self._artifact.name}: state_dict state {i}.{n} has "
-                                         f"shape {tuple(rec[n].shape)}, expected {tuple(v.shape)}")
+                                         f"shape {tuple(got.shape)}, expected {tuple(v.shape)}")
                 plan.append((i, rec))
         super().load_state_dict(state_dict)
         if self._offload is not None:   # the model's weights may have been loaded before
@@ -301,7 +307,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 if isinstance(v, np.floating):
                     core.state[i][n] = np.float64(float(rec[n]))
                 else:
-                    v.copy_(rec[n])
+                    v.copy_(torch_shards.local(rec[n]))
             core._steps[i] = int(rec["step"])
         core.t = max(core._steps, default=0)
         core._prepared = [None] * len(core.params)
@@ -311,63 +317,6 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
 
 _made: dict[tuple, type] = {}
-
-
-class KFACStatistics:
-    """THOR's statistics from forward and backward hooks on ``nn.Linear`` layers.
-
-        stats = optgen.torch.KFACStatistics(model)
-        for x, y in batches:
-            stats.record = opt.refresh_due        # hooks compute only when needed
-            loss_fn(model(x), y).backward()
-            opt.step(**stats.collect(opt))
-
-    For each layer's weight (out x in): ``A`` = the sum over the batch of a a^T (a: the
-    layer's input rows, leading dimensions flattened) and ``G`` = the sum of d d^T (d: the
-    gradient of the loss with respect to the layer's output rows), divided by the squared
-    ``loss_scale`` when the loss was scaled. With a mean loss this is the spec's
-    convention (specs/thor.py normalizes by batch_size). ``collect`` returns them in the
-    optimizer's parameter order (None for every other parameter) and forgets them."""
-
-    def __init__(self, model: torch.nn.Module, loss_scale: float = 1.0):
-        self.record = True
-        self.loss_scale = float(loss_scale)
-        self._found: dict[int, dict[str, torch.Tensor]] = {}
-        self._handles = []
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                self._handles.append(module.register_forward_hook(self._forward))
-
-    def _forward(self, module, inputs, output) -> None:
-        """A from the input; G from the output's gradient, through a hook on the output
-        tensor (a module backward hook would also need the input to require grad)."""
-        if not self.record:
-            return
-        found = self._found.setdefault(id(module.weight), {})
-        with torch.no_grad():
-            a = inputs[0].detach().reshape(-1, module.in_features)
-            found["A"] = a.T @ a
-        if output.requires_grad:
-            def backward(grad: torch.Tensor) -> None:
-                with torch.no_grad():
-                    d = grad.detach().reshape(-1, module.out_features)
-                    found["G"] = (d.T @ d) / (self.loss_scale * self.loss_scale)
-            output.register_hook(backward)
-
-    def collect(self, optimizer: "OptgenOptimizer") -> dict[str, list]:
-        """``{"A": [...], "G": [...]}`` aligned with ``optimizer``'s parameters; empty
-        when nothing was recorded (steps that do not refresh)."""
-        found, self._found = self._found, {}
-        if not found:
-            return {}
-        params = optimizer._params
-        return {name: [found.get(id(p), {}).get(name) for p in params] for name in ("A", "G")}
-
-    def remove(self) -> None:
-        """Remove the hooks."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
 
 
 def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
@@ -397,4 +346,5 @@ def __getattr__(attr: str) -> type:
                          f"{', '.join(CLASSES.values())} (or optgen.torch.make(spec))")
 
 
-__all__ = ["CLASSES", "OptgenOptimizer", "make", "AdamOffload", *CLASSES.values()]
+__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "make", "AdamOffload",
+           *CLASSES.values()]

@@ -2,11 +2,15 @@
 tests/test_distributed.py: the test runs this file in ``world`` processes and compares
 what each writes with a single-process run of ``train`` in the test process.
 
-    python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz   # MODE: ddp | zero
+    python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz   # MODE: ddp | zero | fsdp
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
 partition of the parameters and broadcast it, see the gradients of the unsharded run.
+FSDP2 (``fully_shard`` per layer and on the model, a CPU mesh) averages by
+reduce-scatter and each rank steps its shards of every parameter; the full parameters
+are gathered after the run. An optimizer whose rule needs whole tensors is refused at
+construction on every rank: its message is written instead of parameters.
 """
 from __future__ import annotations
 
@@ -46,6 +50,12 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 16, generator=g), torch.randn(64, 8, generator=g)
     net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
+    if mode == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
     cls, kw = optimizer_class(name), OPTIMIZERS[name][1]
     if mode == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -57,7 +67,25 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
         loss = ((net(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
+    if mode == "fsdp":   # the states are shards of the parameters' shape and placement
+        p = next(model.parameters())
+        assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
+                   if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
+        return [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
     return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def run_all(mode: str) -> dict[str, np.ndarray]:
+    """Every optimizer's parameters, or (a refused optimizer) its error message."""
+    results = {}
+    for name in OPTIMIZERS:
+        try:
+            params = train(name, mode)
+        except ValueError as e:
+            results[f"{name}/error"] = np.array(str(e))
+            continue
+        results.update((f"{name}/{i}", p) for i, p in enumerate(params))
+    return results
 
 
 def main() -> None:
@@ -66,9 +94,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results = {f"{name}/{i}": p for name in OPTIMIZERS
-                   for i, p in enumerate(train(name, mode))}
-        np.savez(out, **results)
+        np.savez(out, **run_all(mode))
     finally:
         torch.distributed.destroy_process_group()
 
