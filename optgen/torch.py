@@ -232,13 +232,13 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._step_now([p.grad for p in self._params], statistics)
         return loss
 
-    # torch's lr schedulers wrap an optimizer's step (to record _opt_called, set above)
-    # unless it says it is wrapped already; dynamo skips their wrapper (it lives in
-    # torch/optim/lr_scheduler.py), which would break a compiled step's graph.
+    # torch's lr schedulers wrap an optimizer's step (to record _opt_called, which
+    # _step_now sets) unless it says it is wrapped already; dynamo skips their wrapper (it
+    # lives in torch/optim/lr_scheduler.py), which would break a compiled step's graph.
     step._wrapped_by_lr_sched = True
 
     def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
-        self._opt_called = True   # what torch's lr schedulers check (see below step)
+        self._opt_called = True   # what torch's lr schedulers check (see after step)
         self._sync()
         for i, g in enumerate(grads):
             if g is not None and g.is_sparse:
