@@ -266,6 +266,14 @@ def print_table(rows: list[dict], limits: dict) -> None:
               f" = {limits['axpy_limit_ms']:.3f} ms ('x axpy')")
 
 
+def quiet_pools() -> None:
+    """Idle thread pools sleep at once instead of spinning into the next contender's step:
+    OMP_WAIT_POLICY=passive and TVM_THREAD_POOL_SPIN_COUNT=0, unless already set. Call it
+    before torch and TVM start (libgomp reads it when torch loads, TVM when its pool starts)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=10_000_000, help="parameters (default 10M)")
@@ -290,9 +298,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.tensors <= args.n:
         ap.error("--tensors must be between 1 and --n")
-    if args.quiet_pools:  # read when libgomp loads (import torch) and when TVM's pool starts
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    if args.quiet_pools:
+        quiet_pools()
 
     import torch
     torch.set_num_threads(os.cpu_count())

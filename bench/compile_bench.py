@@ -23,10 +23,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adam_bench import quiet_pools  # noqa: E402
 
 
 def mlp(width: int, depth: int):
+    import torch   # (after main's --quiet-pools: the pool settings are read when it loads)
     torch.manual_seed(0)
     layers = []
     for _ in range(depth):
@@ -45,10 +50,8 @@ def main() -> None:
                     help="OMP_WAIT_POLICY=passive and TVM_THREAD_POOL_SPIN_COUNT=0 (unless set): "
                          "idle pool threads sleep instead of spinning into the next row")
     a = ap.parse_args()
-    if a.quiet_pools:   # read when libgomp loads (import torch) and TVM's pool starts
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    global torch, ot
+    if a.quiet_pools:
+        quiet_pools()
     import torch
     import optgen.torch as ot
     torch._dynamo.config.trace_autograd_ops = True

@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adam_bench import quiet_pools  # noqa: E402
 
 
 def main() -> None:
@@ -27,8 +31,7 @@ def main() -> None:
                     help="OMP_WAIT_POLICY=passive, TVM_THREAD_POOL_SPIN_COUNT=0 (bench/README.md)")
     a = ap.parse_args()
     if a.quiet_pools:
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+        quiet_pools()
     import torch
     import optgen.torch as ot
 

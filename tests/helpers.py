@@ -67,3 +67,32 @@ def finite_differences(loss, params: dict, h: float = 1e-6) -> dict:
             numeric[idx] = (up - down) / (2 * h)
         out[name] = numeric
     return out
+
+
+# -- the torch drop-in tests (torch imported inside: these helpers are shared with tests
+# that run without torch) ----------------------------------------------------------------
+def torch_mlp(dtype=None, seed: int = 0):
+    """The small MLP the drop-in tests train: 8 -> 16 (tanh) -> 4, seeded weights."""
+    import torch
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return model if dtype is None else model.to(dtype)
+
+
+def torch_train(model, opt, steps: int, seed: int = 1, dtype=None) -> None:
+    """``steps`` steps of ``opt`` on ``model``: seeded random batches (32 rows), MSE."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g)
+        if dtype is not None:
+            x, y = x.to(dtype), y.to(dtype)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def torch_drop_in(name: str) -> type:
+    """optgen.torch's class of that name; "LARS" is LARS on momentum (no class of its own)."""
+    import optgen.torch as ot
+    return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot, name)

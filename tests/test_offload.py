@@ -10,30 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="offload is a torch drop-in option")
 import optgen.torch as ot  # noqa: E402
+from helpers import torch_drop_in as _cls, torch_mlp as _model, torch_train as _run  # noqa: E402,E501
 
 CASES = {"Adam": dict(lr=1e-2), "AdamW": dict(lr=1e-2, weight_decay=0.01),
          "SGD": dict(lr=0.05, momentum=0.9), "Lion": dict(lr=1e-3),
          "LAMB": dict(lr=1e-2, weight_decay=0.01), "Adafactor": dict(),
          "LARS": dict(lr=0.1, momentum=0.9)}
-
-
-def _cls(name):
-    return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot, name)
-
-
-def _model(dtype=torch.float32):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 4)).to(dtype)
-
-
-def _run(model, opt, steps, seed=1, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x, y = torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype)).backward()
-        opt.step()
 
 
 def _equal(a, b, what):

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch.optim checkpoints need torch")
 import optgen.torch as ot  # noqa: E402
+from helpers import torch_mlp as _model, torch_train as _run  # noqa: E402
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=1e-3)
 # drop-in -> torch.optim keyword arguments (busy: momentum, decay and eps off defaults)
@@ -28,20 +29,6 @@ STATES = {"Adam": {"m": "exp_avg", "v": "exp_avg_sq"}, "AdamW": {"m": "exp_avg",
           "RAdam": {"m": "exp_avg", "v": "exp_avg_sq"},
           "Adadelta": {"acc_grad": "square_avg", "acc_delta": "acc_delta"},
           "Adagrad": {"accum": "sum"}, "SGD": {"momentum_buffer": "momentum_buffer"}}
-
-
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
-
-def _run(model, opt, steps, seed):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x, y = torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
 
 
 def _close(a, b, what):

@@ -15,20 +15,12 @@ torch = pytest.importorskip("torch", reason="torch.compile needs torch")
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 import optgen.torch as ot  # noqa: E402
+from helpers import torch_drop_in as _cls, torch_mlp as _model  # noqa: E402
 
 # every drop-in but THOR (whose refresh steps take statistics: those run eagerly), and LARS
 KW = {"Momentum": dict(momentum=0.9), "SGD": dict(momentum=0.9, weight_decay=1e-3),
       "Adadelta": dict(lr=0.5), "FTRL": dict(lr=0.05), "Muon": dict(lr=0.02)}
 NAMES = sorted(n for n in ot.CLASSES.values() if n != "THOR") + ["LARS"]
-
-
-def _cls(name):
-    return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot, name)
-
-
-def _model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
 def _data(steps, seed=1):
