@@ -19,12 +19,14 @@ from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E
 
 
 def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None,
-          arch: str | None = None):
+          arch: str | None = None, state_format=None):
     """Build a spec (catalog name or file) for ``target`` and return the BuildResult;
-    ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90")."""
+    ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90");
+    ``state_format``: also the kernels with states in that format (bf16)."""
     from optgen.compiler.pipeline import build as _build
     from optgen.runtime import catalog
-    return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch)
+    return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
+                  state_format=state_format)
 
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",

@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
+    b.add_argument("--state-format", help="also build the kernels that store states in a "
+                   "format: bf16 (every tensor state) or per state, e.g. m=bf16,v=bf16 "
+                   "(docs/state-formats.md)")
     _command(sub, "list", help="list the catalog's specs with their hyperparameters")
     _command(sub, "targets", help="list the targets and what this machine can do with each",
                    description="Every target, with whether this machine can build it (TVM "
@@ -123,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="parameters and gradients each in one buffer (optgen.flatten): "
                     "an elementwise rule then steps all tensors with one kernel call")
     be.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
+    be.add_argument("--state-format", help="store the states in a format: bf16, or per "
+                    "state, e.g. m=bf16 (docs/state-formats.md)")
     be.add_argument("--json", metavar="PATH", help="also write every sample as JSON")
     ca = _command(sub, "cache", help="the artifact cache: where, what, how big; clean it",
                         description="Without an action, print the cache folder and each "
@@ -133,12 +138,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _artifact(spec: str, target: str = "llvm", base: str | None = None):
+def _artifact(spec: str, target: str = "llvm", base: str | None = None, state_format=None):
     import optgen
     from optgen.runtime import catalog
     if base is not None:
         catalog.resolve(base)
-    return optgen.Artifact.load(optgen.build(spec, target, base=base).path)
+    return optgen.Artifact.load(optgen.build(spec, target, base=base,
+                                             state_format=state_format).path)
+
+
+def _state_format(text: str | None):
+    """--state-format: ``bf16`` or ``m=bf16,v=bf16``."""
+    if text is None or "=" not in text:
+        return text
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"--state-format {text!r}: write a format (bf16) or "
+                         "state=format pairs (m=bf16,v=bf16)")
+    return {n.strip(): f.strip() for n, f in pairs}
 
 
 def _cmd_show(args) -> int:
@@ -194,7 +211,10 @@ def _cmd_bench(args) -> int:
     import numpy as np
     import optgen
     hyper = dict(_setting(s) for s in args.set)
-    art = _artifact(args.spec, base=args.base)
+    fmt = _state_format(args.state_format)
+    if fmt is not None:
+        hyper["state_format"] = fmt
+    art = _artifact(args.spec, base=args.base, state_format=fmt)
     try:                      # the settings' names and values, checked before any timing
         optgen.create(art, [np.zeros(1, args.dtype if args.dtype in art.dtypes
                                      else art.dtypes[0])], **hyper)
@@ -259,7 +279,8 @@ def _cmd_build(args) -> int:
     for path in paths:
         for target in names:
             r = build(path, target, out=args.out, force=args.force, base=args.base,
-                      arch=args.arch if target == "cuda" else None)
+                      arch=args.arch if target == "cuda" else None,
+                      state_format=_state_format(args.state_format))
             built += not r.cache_hit
             what = "cache hit" if r.cache_hit else "built"
             print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)

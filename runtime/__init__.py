@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import cache, catalog, schedules
+from . import cache, catalog, formats, schedules
 from .artifact import Artifact, ArtifactError, ArtifactWarning
 from .catalog import register
 from .flat import flatten
@@ -22,9 +22,11 @@ __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSpar
 
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,
-                 base: str | None = None) -> Artifact:
+                 base: str | None = None, state_format: Any = None) -> Artifact:
     """The cached artifact of a spec (catalog name or file), building it if needed.
-    ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``).
+    ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``);
+    ``state_format`` gets the artifact that also holds that format's kernels
+    (runtime/formats.py).
 
     The artifact is verified on load (Artifact.load). A cached one that fails (corrupted,
     truncated, another optgen/TVM version) is rebuilt with an ArtifactWarning saying why;
@@ -32,10 +34,12 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     path = catalog.resolve(spec)
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
+    fmt = formats.key(formats.request(os.path.basename(path), state_format))
     with open(path, encoding="utf-8") as f:
-        key = cache.artifact_key(f.read(), cache.target_key(target), base)
-    dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base))
-    fix = f"run `optgen build {path} --target {target}` or pass build=True"
+        key = cache.artifact_key(f.read(), cache.target_key(target), base, fmt)
+    dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base, fmt))
+    fix = f"run `optgen build {path} --target {target}" + \
+        (f" --state-format {fmt}" if fmt else "") + "` or pass build=True"
     try:
         art = Artifact.load(dest)
     except ArtifactError as e:
@@ -49,7 +53,7 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
                             if art is None else f"{dest}: its manifest's key {art.key[:16]}... "
                             f"is not the spec's key {key[:16]}...; {fix}")
     from optgen.compiler.pipeline import build as build_spec  # the compiler, only when needed
-    return Artifact.load(build_spec(path, target, base=base).path)
+    return Artifact.load(build_spec(path, target, base=base, state_format=state_format).path)
 
 
 def load(path: str | os.PathLike) -> Artifact:
@@ -66,7 +70,8 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
     aliases such as ``learning_rate``/``wd``, and the runtime options ``multi_precision``,
     ``clip_global_norm``, ``nonfinite``, ``loss_scale``, ``lr_mult``, ``wd_mult``,
     ``decay_filter``, ``param_names``, ``name_filters``, ``lazy_update``, ``backend``,
-    ``begin_num_update``). ``base``: the base optimizer of a wrapper spec (LARS)."""
-    art = spec if isinstance(spec, Artifact) else get_artifact(spec, target, build=build,
-                                                               base=base)
+    ``begin_num_update``, ``state_format``, ``state_format_min_size``). ``base``: the
+    base optimizer of a wrapper spec (LARS)."""
+    art = spec if isinstance(spec, Artifact) else get_artifact(
+        spec, target, build=build, base=base, state_format=options.get("state_format"))
     return Optimizer(art, params, **options)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import threading
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,12 +52,15 @@ class KernelInfo:
     lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
     storage: dict[str, str]  # buffers in another dtype: float16 states, mixed-precision I/O
     refresh: dict | None = None  # matrix rules: {"every", "ir", "reads"} (host, numpy)
+    state_format: dict[str, str] = dataclasses.field(default_factory=dict)  # state ->
+    # format (runtime/formats.py); empty for the plain kernels
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
-                   d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"])
+                   d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
+                   d["state_format"])
 
     @functools.cached_property
     def matrix(self) -> bool:
@@ -184,6 +188,7 @@ class Artifact:
             n: tuple(f["exclude"]) for n, f in manifest["name_flags"].items()}
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self.reduction_dtype: str = manifest["reduction_dtype"]
+        self.state_format: dict[str, str] = manifest["state_format"]   # state -> format
         self._module = None
         self._functions: dict[str, Callable] = {}
 
@@ -227,12 +232,20 @@ class Artifact:
     def flags(self) -> dict[str, HyperInfo]:
         return {n: h for n, h in self.hypers.items() if h.is_flag}
 
-    def kernel_for(self, dtype: str, flags: dict[str, bool]) -> KernelInfo | None:
+    def kernel_for(self, dtype: str, flags: dict[str, bool], formatted: bool = False
+                   ) -> KernelInfo | None:
         """The kernel for parameters of ``dtype``: plain for float32/float64, mixed
-        precision (float32 master) for float16/bfloat16."""
+        precision (float32 master) for float16/bfloat16. ``formatted``: the kernel with
+        the artifact's state formats; where the build made none for ``flags`` because no
+        formatted state is stored in the kernel dtype under them (absent, or float16 by the
+        spec's ``half_when``), that is the plain kernel; matrix rules have none."""
         for k in self.kernels:
-            if k.param_dtype == dtype and k.flags == flags:
+            if k.param_dtype == dtype and k.flags == flags and bool(k.state_format) == formatted:
                 return k
+        if formatted and not any(k.flags == flags and k.state_format for k in self.kernels):
+            plain = self.kernel_for(dtype, flags)
+            if plain is not None and not plain.matrix:
+                return plain
         return None
 
     @property

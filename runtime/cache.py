@@ -13,7 +13,8 @@ import os
 import re
 import platform
 
-FORMAT = 6   # 6: matrix rules ("statistics", "accepted", kernels' "refresh"); 5: "files", "base"
+FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
+#              "refresh"); 5: "files", "base"
 DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
 
 
@@ -116,15 +117,19 @@ def _catalog_sources(spec_source: str, base: str | None) -> dict[str, str]:
     return out
 
 
-def artifact_key(spec_source: str, target: str, base: str | None = None) -> str:
+def artifact_key(spec_source: str, target: str, base: str | None = None,
+                 state_format: str | None = None) -> str:
+    """``state_format``: the request's key text (runtime/formats.py), None for plain."""
     parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
              "tvm": tvm_version(), "target": target, "base": base,
+             "state_format": state_format,
              "bases": _catalog_sources(spec_source, base),
              "machine": machine() if target == "llvm" else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def artifact_dirname(spec_file: str, target: str, key: str | None,
-                     base: str | None = None) -> str:
-    stem = os.path.splitext(os.path.basename(spec_file))[0] + (f"+{base}" if base else "")
+                     base: str | None = None, state_format: str | None = None) -> str:
+    stem = os.path.splitext(os.path.basename(spec_file))[0] + (f"+{base}" if base else "") \
+        + (f"~{state_format}" if state_format else "")
     return f"{stem}-{target}" + (f"-{key[:16]}" if key else "")

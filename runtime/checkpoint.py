@@ -23,6 +23,7 @@ import math
 import numbers
 import os
 import tempfile
+import warnings
 import zipfile
 from typing import Any, Mapping
 
@@ -74,8 +75,15 @@ def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -
         for n in list(mine):
             if isinstance(mine[n], np.floating):
                 mine[n] = np.float64(theirs[n])
-            else:
-                tensors.copy_into(mine[n], libs[i], np.asarray(theirs[n]))
+            else:   # (a state saved in another format is converted: check allowed it)
+                src = np.asarray(theirs[n])
+                want = tensors.numpy_dtype(tensors.dtype_name(mine[n], libs[i]))
+                tensors.copy_into(mine[n], libs[i], src if src.dtype == want else src.astype(want))
+
+
+# dtype pairs a state may change between a checkpoint and the optimizer loading it: a
+# state format's dtype and the full-precision float32 (runtime/formats.py)
+REFORMAT = [{"float32", "bfloat16"}]
 
 
 def _fail(opt, message: str):
@@ -148,6 +156,7 @@ def check(opt, sd: Any) -> dict[str, Any]:
             h.pop("lr", None)      # schedules are code: each side keeps its own lr
         restored.append(hyper_rules.resolve(opt.name, opt.artifact.hypers,
                                             opt.artifact.requirements, g.hyper, h))
+    converted: set[str] = set()
     for i, (st, rec) in enumerate(zip(opt.state, states)):
         if not isinstance(rec, Mapping) or set(st) != set(rec):
             _fail(opt, f"state_dict state {i} has "
@@ -162,8 +171,14 @@ def check(opt, sd: Any) -> dict[str, Any]:
             src = np.asarray(rec[name])
             want = (tensors.dtype_name(v, opt._lib[i]), list(v.shape))
             if (src.dtype.name, list(src.shape)) != want:
+                if list(src.shape) == want[1] and {src.dtype.name, want[0]} in REFORMAT:
+                    converted.add(f"{src.dtype.name} -> {want[0]}")
+                    continue
                 _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
                            f"expected {want[0]}{want[1]}")
+    if converted:   # another state format (runtime/formats.py): rounded or widened
+        warnings.warn(f"{opt.name}: state_dict states converted to this optimizer's state "
+                      f"format ({', '.join(sorted(converted))})", stacklevel=3)
     return {"defaults": defaults, "groups": restored, "t": int(sd["t"]),
             "steps": [int(s) for s in sd["param_steps"]],
             "skipped_steps": int(sd.get("skipped_steps", 0)),

@@ -148,14 +148,25 @@ def check_centralization(owner: str, params: Sequence[Any], group_of: Sequence[i
 
 
 def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequence[str],
-                  flags_of: Callable[[int], dict], names: Sequence[str | None]) -> None:
+                  flags_of: Callable[[int], dict], names: Sequence[str | None],
+                  formatted: Sequence[bool]) -> None:
     """Each parameter has a kernel for its dtype under its flags (a matrix rule has
-    float32/float64 kernels only: no mixed precision), and a matrix rule (products) gets
-    a 2-D parameter (specs pick it by a shape flag, so that fails only for a spec that
-    does not)."""
+    float32/float64 kernels only: no mixed precision; state formats compute in float32
+    and apply to elementwise rules), and a matrix rule (products) gets a 2-D parameter
+    (specs pick it by a shape flag, so that fails only for a spec that does not)."""
     for i, p in enumerate(params):
         dt, flags = tensors.dtype_name(p, libs[i]), flags_of(i)
-        k = artifact.kernel_for(dt, flags)
+        k = artifact.kernel_for(dt, flags, formatted[i])
+        if k is None and formatted[i] and artifact.kernel_for(dt, flags) is not None:
+            plain = artifact.kernel_for(dt, flags)
+            why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
+                   "elementwise rules") if plain.matrix else (
+                f"state formats compute in float32 (float32 parameters, or float16/bfloat16 "
+                f"ones with multi_precision=True), not {dt}")
+            raise TypeError(f"{owner}: {label(i, names)} ({int(np.prod(p.shape))} elements) "
+                            f"would store its states as {artifact.state_format}, but {why}; "
+                            "raise state_format_min_size above its size to keep its states "
+                            "in full precision")
         if k is None:
             have = [x for x in artifact.kernels if x.flags == flags]
             if not have:   # (e.g. float16 states on OpenCL: no kernel for these flags)

@@ -37,8 +37,8 @@ class Launcher:
 
     def __init__(self, owner: str, artifact: Any, backend: str, params: list, libs: list,
                  state: list[dict[str, Any]], mixed: list[bool],
-                 dims: list[tuple[int, int, int]]):
-        self.owner, self.artifact = owner, artifact
+                 dims: list[tuple[int, int, int]], formatted: list[bool]):
+        self.owner, self.artifact, self.formatted = owner, artifact, formatted
         self.compiled = backend == "compiled"
         self.params, self.libs, self.state, self.mixed, self.dims = \
             params, libs, state, mixed, dims
@@ -55,14 +55,17 @@ class Launcher:
         # (weak references to the gradients, their span, their addresses)
 
     # -- kernels and plans ---------------------------------------------------------------
-    def select(self, dtype: str, flags: dict[str, bool]) -> KernelInfo:
-        """The artifact's kernel for ``dtype`` and ``flags`` (cached)."""
-        key = (dtype, tuple(sorted(flags.items())))
+    def select(self, i: int, flags: dict[str, bool]) -> KernelInfo:
+        """The artifact's kernel for parameter ``i`` under ``flags``: by its dtype, with
+        state formats where ``formatted[i]`` (cached)."""
+        dtype, fmt = tensors.dtype_name(self.params[i], self.libs[i]), self.formatted[i]
+        key = (dtype, tuple(sorted(flags.items())), fmt)
         k = self.kernels.get(key)
         if k is None:
-            k = self.artifact.kernel_for(dtype, flags)
+            k = self.artifact.kernel_for(dtype, flags, fmt)
             if k is None:
-                raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}")
+                raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
+                                + (" and state formats" if fmt else ""))
             self.kernels[key] = k
         return k
 
@@ -134,7 +137,13 @@ class Launcher:
                                   [self.arrays(x, k, None, {}) for x in range(i, j)],
                                   self.numel[i:j])
 
-        self.runs, self.runs_for = flat.find_runs(chains, same, calls), prepared
+        runs = flat.find_runs(chains, same, calls)
+        # numpy bfloat16 spans (state formats) pass as tvm_ffi views; the run's list of
+        # every argument keeps the arrays (gradient overlap checks read their addresses)
+        self.runs = {i: (end, [(fn, [a if a is GRAD else bfloat16_tensor(a) for a in args])
+                               for fn, args in found], every)
+                     for i, (end, found, every) in runs.items()}
+        self.runs_for = prepared
         self.grad_spans.clear()
         return self.runs
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, launch, preprocess, refresh, scalar_expr, scalars, state
+from . import checkpoint, flat, formats, launch, preprocess, refresh, scalar_expr, scalars, state
 from . import groups as grouping
 from . import inputs as checks
 from . import tensors, views
@@ -49,7 +49,9 @@ class Optimizer:
                  lr_mult: Mapping | None = None, wd_mult: Mapping | None = None,
                  decay_filter: Any = "default", multi_precision: bool = False,
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
-                 loss_scale: float = 1.0, begin_num_update: int = 0, **hyper: Any):
+                 loss_scale: float = 1.0, begin_num_update: int = 0,
+                 state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
+                 **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
         if backend not in ("compiled", "reference"):
@@ -69,8 +71,7 @@ class Optimizer:
         self.skipped_steps = 0                # steps skipped for non-finite gradients
         self.last_grad_norm: float | None = None
 
-        # parameters, their names and groups
-        # (options the spec accepts but has no use for here: THOR's split_indices)
+        # parameters, their names and groups (accepted: options the spec takes unused)
         self.accepted = {n: hyper.pop(n) for n in list(hyper) if n in artifact.accepted}
         entries, parsed = grouping.parse(name, params, artifact.hypers)
         self.params: list[Any] = [e.array for e in entries]
@@ -101,8 +102,7 @@ class Optimizer:
         for flags, by_name in zip(self._flags_fixed, grouping.name_flags(
                 name, artifact.name_flags, name_filters, self.names)):
             flags.update(by_name)
-        self._lr_mult = [1.0] * n
-        self._wd_mult = [1.0] * n
+        self._lr_mult, self._wd_mult = [1.0] * n, [1.0] * n
         grouping.decay_filter(name, decay_filter, self.names, self._group_of, self._groups,
                               self._wd_mult)
 
@@ -111,12 +111,14 @@ class Optimizer:
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
                           tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
+        self.state_format = formats.request(name, state_format)   # (runtime/formats.py)
+        self._formatted = state.formatted(name, artifact, self.state_format, self.params,
+                                          state_format_min_size)
         self._launch = launch.Launcher(name, artifact, backend, self.params, self._lib,
-                                       self.state, self._is_mixed, self._dims)
-        if lr_mult:
-            self.set_lr_mult(lr_mult)
-        if wd_mult:
-            self.set_wd_mult(wd_mult)
+                                       self.state, self._is_mixed, self._dims, self._formatted)
+        for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
+            if mults:
+                setter(mults)
         for i, lib in enumerate(self._lib):
             if self._is_mixed[i]:   # the float32 master copy the kernel updates
                 self.state[i][state.MASTER] = state.master_copy(self.params[i], lib)
@@ -127,10 +129,10 @@ class Optimizer:
         # gradients that passed the checks, by parameter (see inputs.check_grads);
         # forgotten when states change (a new state must be checked against)
         self._checked: list[tuple | None] = [None] * n
-        self._refreshed: list[int | None] = [None] * n  # step of the last refresh
+        self._refreshed: list[int | None] = [None] * n  # (step of the last refresh)
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         checks.check_kernels(name, artifact, self.params, self._lib, self._flags,
-                             self.names)
+                             self.names, self._formatted)
         for i in range(n):
             self._ensure_state(i)
 
@@ -141,13 +143,13 @@ class Optimizer:
         return {**{n: h[n] for n in self.artifact.flags}, **self._flags_fixed[i]}
 
     def _state_init(self, i: int, s) -> tuple[float, str] | None:
-        gi = self._group_of[i]
+        gi, art = self._group_of[i], self.artifact
         return state.init_value(
             s, self.state[i], self._flags(i),
-            lambda: scalars.group_env(self.artifact.hypers, self._groups[gi].hyper,
+            lambda: scalars.group_env(art.hypers, self._groups[gi].hyper,
                                       self._lr_value(gi, self.t), 1.0, self.t),
-            "float32" if self._is_mixed[i] else tensors.dtype_name(self.params[i],
-                                                                   self._lib[i]))
+            "float32" if self._is_mixed[i] else tensors.dtype_name(self.params[i], self._lib[i]),
+            formats.dtypes(art.state_format) if self._formatted[i] else {})
 
     def _ensure_state(self, i: int) -> None:
         state.allocate(self.artifact.states, i, self.params, self._lib[i], self.state,
@@ -159,8 +161,7 @@ class Optimizer:
         k = self._prepared[i]
         if k is not None:
             return k
-        k = self._launch.select(tensors.dtype_name(self.params[i], self._lib[i]),
-                                self._flags(i))
+        k = self._launch.select(i, self._flags(i))
         self._ensure_state(i)
         state.convert(self.state[i], self._lib[i], k)
         self._prepared[i] = k
@@ -246,7 +247,7 @@ class Optimizer:
         grads = self._check_grads(grads, "grads", self._checked)           # check
         extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
         for i in (i for i, g in enumerate(grads) if g is not None and not self._prepared[i]):
-            self._launch.select(tensors.dtype_name(self.params[i], self._lib[i]), self._flags(i))
+            self._launch.select(i, self._flags(i))
         due = self._refresh_due(grads, stats)
         used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
         lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess
@@ -280,7 +281,7 @@ class Optimizer:
         or a rule with whole-tensor reductions, which has no lazy variant)."""
         checks.check_row_sparse(self.name, i, p, self._lib[i], g,
                                 self._groups[self._group_of[i]].grad_centralization)
-        k = self._prepared[i] or self._launch.select(p.dtype.name, self._flags(i))
+        k = self._prepared[i] or self._launch.select(i, self._flags(i))
         if not self.lazy_update or k.lazy is None:
             return g.to_dense(p.shape)
         return g.coalesce()
@@ -380,8 +381,7 @@ class Optimizer:
             g.hyper = h
         self.t, self._steps, self.skipped_steps = plan["t"], plan["steps"], plan["skipped_steps"]
         self._lr_mult, self._wd_mult = plan["lr_mult"], plan["wd_mult"]
-        self._refreshed = plan["refreshed"]
-        self._prepared = [None] * len(self.params)
+        self._refreshed, self._prepared = plan["refreshed"], [None] * len(self.params)
 
     def save(self, path: str) -> None:
         """Write ``state_dict()`` to ``path`` (npz + json, no pickle; atomic)."""

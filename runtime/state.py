@@ -9,7 +9,7 @@ init and dtype, is one buffer for the chain, so states are back to back wherever
 parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
 belong here.
 
-May import: numpy, flat, scalar_expr, tensors, views.
+May import: numpy, flat, formats, scalar_expr, tensors, views.
 """
 from __future__ import annotations
 
@@ -17,22 +17,40 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, scalar_expr, tensors, views
+from . import flat, formats, scalar_expr, tensors, views
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
 
 
 def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
-               env: Callable[[], Mapping[str, Any]], compute_dtype: str
-               ) -> tuple[float, str] | None:
+               env: Callable[[], Mapping[str, Any]], compute_dtype: str,
+               stored: Mapping[str, str]) -> tuple[float, str] | None:
     """(init value, dtype) of state ``s`` new to a parameter with states ``st`` and
     ``flags``; None if it has it or its flags leave it out. An init expression reads
-    the group's environment ``env()``."""
+    the group's environment ``env()``; ``stored`` maps the parameter's formatted states
+    to their dtype (the spec's float16 states keep theirs)."""
     if s.name in st or not s.exists(flags):
         return None
     init = scalar_expr.evaluate(s.init, env()) if isinstance(s.init, str) else s.init
     half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
-    return init, "float16" if half else compute_dtype
+    return init, "float16" if half else stored.get(s.name, compute_dtype)
+
+
+def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
+              min_size: int) -> list[bool]:
+    """Which parameters store their states in the requested format (runtime/formats.py):
+    those with at least ``min_size`` elements. The artifact must hold the request's
+    kernels (``optgen.create(..., state_format=...)`` builds them)."""
+    formats.check_min_size(owner, min_size)
+    if req is None:
+        return [False] * len(params)
+    want = formats.expand(owner, req, artifact.states)
+    if artifact.state_format != want:
+        have = formats.key(artifact.state_format) if artifact.state_format else "none"
+        raise ValueError(f"{owner}: state_format {formats.key(req)!r} needs an artifact built "
+                         f"with it; {artifact.path} has state formats: {have} (optgen.create"
+                         f"(..., state_format=...) or `optgen build --state-format` builds it)")
+    return [int(np.prod(tuple(p.shape), dtype=np.int64)) >= min_size for p in params]
 
 
 def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,

@@ -43,7 +43,8 @@ def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
     port = _free_port()
     outs = [str(tmp_path / f"{mode}-{world}-{r}.npz") for r in range(world)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "distributed_run.py"),
+    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
+                               os.path.join(HERE, "distributed_run.py"),
                                mode, str(world), str(r), port, outs[r]], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]

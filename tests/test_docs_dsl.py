@@ -139,7 +139,7 @@ def reference_artifact(path: Path, base: str | None = None) -> Artifact:
         "inputs": spec.inputs, "lazy_update_default": spec.lazy_update_default,
         "statistics": {n: {"shape": shape, "doc": doc}
                        for n, (shape, doc) in spec.statistics.items()},
-        "accepted": spec.accepted,
+        "accepted": spec.accepted, "state_format": {},
         "reduction_buffer_size": pipeline.RED_SCALAR_SIZE, "reduction_dtype": tg.acc_dtype,
     }
     return Artifact(str(path.parent), manifest)

@@ -82,6 +82,8 @@ class KernelIR:
     refresh: dict | None = None         # the refresh rule (host, numpy): every, ir, reads
     early: dict[str, Expr] = field(default_factory=dict)   # state -> new value, stored by
                                         # the first (reduce) pass; later passes read it back
+    state_format: dict[str, str] = field(default_factory=dict)  # state -> format
+                                        # (optgen.runtime.formats); its dtype is in storage
 
     @property
     def scalars(self) -> list[str]:
@@ -105,7 +107,7 @@ class KernelIR:
                 "buffer_axes": self.buffer_axes, "storage": self.storage,
                 "launches": [ln.to_json(index) for ln in self.launches],
                 "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir,
-                "refresh": self.refresh}
+                "refresh": self.refresh, "state_format": self.state_format}
 
 
 def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None

@@ -9,7 +9,7 @@ import json
 import os
 
 from .._version import __version__
-from optgen.runtime import cache
+from optgen.runtime import cache, formats
 from optgen.runtime.manifest import runtime_files
 from . import abi, nvcc, schedule_gpu, targets, tvm_backend
 from .kernel_ir import KernelIR
@@ -40,12 +40,12 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
                    sources: dict[str, str], key: str, target: str, seconds: float,
                    tg: targets.Target, archs: tuple[str, ...], device: dict | None,
                    binaries: dict[str, str], base: str | None = None,
-                   same: dict[str, str] | None = None) -> None:
+                   same: dict[str, str] | None = None, state_format=None) -> None:
     """Write an artifact's files into ``folder``; manifest.json last (its presence marks
     a complete folder)."""
     kernels = []
     for kir, dt, pdt in variants(kirs, tg.dtypes):
-        sym = symbol_for(spec.name, pdt, kir.flags)
+        sym = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         entry = {"symbol": sym, "dtype": dt, "param_dtype": pdt, **kir.to_json()}
         multi = len(entry["launches"]) > 1
         seg = tg.family == "cpu" and kir.segmentable
@@ -74,6 +74,7 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
         "statistics": {n: {"shape": shape, "doc": doc}
                        for n, (shape, doc) in spec.statistics.items()},
         "accepted": spec.accepted,
+        "state_format": formats.expand(spec.name, state_format, spec.states.values()),
         "lazy_update_default": spec.lazy_update_default,
         "reduction_buffer_size": RED_SCALAR_SIZE,
         "reduction_dtype": tg.acc_dtype,

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.runtime import cache
+from optgen.runtime import cache, formats
 from optgen.runtime.artifact import Artifact, ArtifactError
 from optgen.runtime.manifest import warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
@@ -67,10 +67,12 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
-          force: bool = False, base: str | None = None, arch: str | None = None) -> BuildResult:
+          force: bool = False, base: str | None = None, arch: str | None = None,
+          state_format=None) -> BuildResult:
     """Build (or find in the cache) the artifact of a spec file for ``target``; ``base``
     picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA architectures
-    nvcc compiles for (default sm_80,sm_90)."""
+    nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the kernels that
+    store states in a format (optgen.runtime.formats) beside the plain ones."""
     start = time.perf_counter()
     tg = targets.get(target)
     archs = targets.parse_archs(arch) if target == "cuda" else ()
@@ -81,19 +83,21 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                          "none found in $ROCM_PATH, /opt/rocm or next to hipcc on PATH")
     with open(spec_path, encoding="utf-8") as f:
         source = f.read()
-    key = cache.artifact_key(source, cache.target_key(target, archs), base)
+    req = formats.request("optgen build", state_format)
+    fmt = formats.key(req)
+    key = cache.artifact_key(source, cache.target_key(target, archs), base, fmt)
     if out is not None:
         dest = os.path.join(os.path.abspath(out),
-                            cache.artifact_dirname(spec_path, target, None, base))
+                            cache.artifact_dirname(spec_path, target, None, base, fmt))
     else:
         dest = os.path.join(cache.cache_dir(),
-                            cache.artifact_dirname(spec_path, target, key, base))
+                            cache.artifact_dirname(spec_path, target, key, base, fmt))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with _locked(dest + ".lock"):                    # one builder per artifact at a time
         if not force and _is_current(dest, key):
             return BuildResult(dest, True, time.perf_counter() - start, name_of(dest))
         _remove_leftovers(dest)
-        spec, kirs, lowered, scheduled = front_end(spec_path, tg, base)  # 1-5
+        spec, kirs, lowered, scheduled = front_end(spec_path, tg, base, req)  # 1-5
         same = _same_functions(scheduled) if tg.family != "gpu" else {}
         scripts = {sym: text for sym, (text, _) in scheduled.items() if sym not in same}
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
@@ -114,7 +118,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                                             {s: g for s, (_, g) in scheduled.items()})
             write_artifact(tmp, spec, kirs, scripts, sources, key, target,
                            time.perf_counter() - start, tg, archs, device, binaries,
-                           base, same)                               # 7 write
+                           base, same, state_format=req)             # 7 write
             _publish(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -123,15 +127,17 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     return BuildResult(dest, False, time.perf_counter() - start, spec.name)
 
 
-def front_end(spec_path: str, tg: targets.Target, base: str | None = None):
+def front_end(spec_path: str, tg: targets.Target, base: str | None = None,
+              state_format=None):
     """Stages 1-5, which need no TVM: the spec, its kernel IRs, the lowered passes and
     each pass's TVMScript text (and GPU grids) by symbol."""
     spec = load_spec(spec_path, base)                                # 1 load
     traces = verify(spec)                                            # 2 verify
-    kirs = kernel_irs(spec, traces, tg)                              # 3 IR
+    kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
     _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
     lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)        # 4 lower
-               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags), tg.acc_dtype,
+               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags, kir.state_format),
+                              tg.acc_dtype,
                               RED_SCALAR_SIZE if tg.family == "cpu" else None)]
     scheduled = {k.symbol: schedule(k, tg) for k in lowered}          # 5 schedule
     _debug("schedule", "\n\n".join(text for text, _ in scheduled.values()))

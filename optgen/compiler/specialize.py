@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
-from optgen.runtime import scalar_expr
+from optgen.runtime import formats, scalar_expr
 from optgen.runtime.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
@@ -47,10 +47,12 @@ def _needs_host(e: Expr) -> bool:
 
 
 def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
-               merge: bool = False) -> KernelIR:
+               merge: bool = False, state_format: dict[str, str] | None = None) -> KernelIR:
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
     mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
-    family's reduction template (``plan``)."""
+    family's reduction template (``plan``); ``state_format`` (state -> format,
+    optgen.runtime.formats) stores those of the active tensor states that the spec
+    keeps in the kernel dtype in the format's dtype (loads widen, stores round)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -95,6 +97,9 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         axes.update(w="RC", grad="RC")
     storage = {s.name: "float16" for s in active if s.shape != "scalar" and s.half_when
                and scalar_expr.evaluate(s.half_when, trace.flags)}
+    formatted = {n: f for n, f in (state_format or {}).items()
+                 if n in tensor_states and n not in storage}
+    storage.update(formats.dtypes(formatted))
     low_copy = []
     if param_dtype is not None:
         assert param_dtype in MIXED_DTYPES, param_dtype
@@ -114,6 +119,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         storage=storage,
         param_dtype=param_dtype,
         refresh=_refresh(spec, trace),
+        state_format=formatted,
     )
     if matrix:
         plan_matrix(kir)

@@ -6,6 +6,7 @@ The pipeline lowers these; the manifest (optgen.compiler.manifest) lists them.
 from __future__ import annotations
 
 from ..errors import BuildError
+from optgen.runtime import formats
 from . import targets
 from .kernel_ir import KernelIR
 from .lower import DTYPE_TAG
@@ -14,29 +15,45 @@ from .specialize import MASTER_DTYPE, specialize
 DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
 
 
-def symbol_for(name: str, param_dtype: str, flags: dict[str, bool]) -> str:
-    return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on)])
+def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
+               state_format: dict[str, str] | None = None) -> str:
+    """``adam_f32_amsgrad``; a kernel with state formats adds them: ``adam_f32_sf_m_bf16``."""
+    fmt = [f"{s}_{f}" for s, f in (state_format or {}).items()]
+    return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on),
+                     *(["sf", *fmt] if fmt else [])])
 
 
 def variants(kirs: list[KernelIR], dtypes: tuple[str, ...] = DTYPES
              ) -> list[tuple[KernelIR, str, str]]:
     """(IR, compute dtype, parameter dtype) of every kernel: a plain IR compiles once per
-    ``dtypes``, a mixed-precision IR once, in float32 (MASTER_DTYPE)."""
+    ``dtypes``, a mixed-precision IR or one with state formats once, in float32
+    (MASTER_DTYPE: formats round from float32)."""
     return [(kir, dt, kir.param_dtype or dt) for kir in kirs
-            for dt in ((MASTER_DTYPE,) if kir.param_dtype else dtypes)]
+            for dt in ((MASTER_DTYPE,) if kir.param_dtype or kir.state_format else dtypes)]
 
 
-def kernel_irs(spec, traces, tg: targets.Target) -> list[KernelIR]:
+def kernel_irs(spec, traces, tg: targets.Target,
+               state_format: str | dict[str, str] | None = None) -> list[KernelIR]:
     """The IRs a target gets: every flag combination, plain and in each mixed dtype the
     target has; without float16 on the target, no IR that stores float16; without
-    64-bit integers, no row-sparse variant."""
+    64-bit integers, no row-sparse variant. A ``state_format`` request (see
+    optgen.runtime.formats) adds, for every elementwise flag combination, the same IRs
+    with those states in the format (matrix rules get none)."""
     if tg.name != "llvm":
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
-    kirs = [specialize(spec, tr, low, merge=tg.family == "cpu") for tr in traces
+    fmt = formats.expand(spec.name, state_format, spec.states.values())
+    if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
+        raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
+                         f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
+                         f"{tg.name} target cannot store (it has {', '.join(tg.mixed) or 'none'})")
+    made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f))
+            for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else [None])
             for low in (None, *(() if tr.matrix else tg.mixed))]
+    # no format IR where none of the formatted states is active: it is the plain one
+    kirs = [k for f, k in made if f is None or k.state_format]
     kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
     if not tg.lazy:
         for k in kirs:

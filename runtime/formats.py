@@ -1,0 +1,111 @@
+"""State formats: how a state is stored between steps, chosen per optimizer (and per
+state) at run time and compiled into the kernels (``state_format=``).
+
+The format of a state is a storage decision, not part of the algorithm: the kernel
+loads the stored value, widens it to its compute dtype (float32), runs the rule
+unchanged, and rounds the new value into the format on store, in the same pass.
+
+    "default"  the compute dtype (the parameter's, float32 under mixed precision)
+    "bf16"     bfloat16, rounded to nearest even (2 bytes a value instead of 4)
+
+A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
+(those states; the others keep the default). Scalar states (host float64) and the
+square states of matrix rules keep their dtype. Tensors with fewer than
+``MIN_SIZE`` elements keep full-precision states (as bitsandbytes does:
+``state_format_min_size=``). Format kernels compute in float32: float32 parameters,
+or float16/bfloat16 ones with ``multi_precision=True``; float64 parameters get no
+format kernel (a TypeError names it).
+
+Block-wise 8-bit states ("q8", Dettmers et al. 2022), 4-bit states and stochastic
+rounding are not built yet; asking for them is a ValueError that says so.
+
+May import: nothing of the runtime (the compiler and the runtime both read it).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+FORMATS = {"bf16": "bfloat16"}   # format -> the dtype its states are stored in
+PLANNED = ("q8", "q4")           # named in the docs, not built yet
+MIN_SIZE = 4096                  # smaller tensors keep full-precision states
+TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
+
+
+def request(owner: str, state_format: Any) -> str | dict[str, str] | None:
+    """A validated request in its canonical form: None (default), a format name, or a
+    dict state -> format (sorted, "default" entries dropped). The key of the artifact
+    that holds its kernels is built from this (``key``)."""
+    if state_format is None or state_format == "default":
+        return None
+    if isinstance(state_format, str):
+        return _format(owner, "state_format", state_format)
+    if not isinstance(state_format, Mapping) or not state_format:
+        raise TypeError(f"{owner}: state_format must be a format name ({_names()}) or a "
+                        f"non-empty dict state -> format, got {state_format!r}")
+    out = {}
+    for name, fmt in sorted(state_format.items(), key=lambda kv: str(kv[0])):
+        if not isinstance(name, str):
+            raise TypeError(f"{owner}: state_format keys are state names, got {name!r}")
+        if fmt is None or fmt == "default":
+            continue
+        out[name] = _format(owner, f"state_format[{name!r}]", fmt)
+    return out or None
+
+
+def _names() -> str:
+    return ", ".join(repr(f) for f in ("default", *FORMATS))
+
+
+def _format(owner: str, what: str, fmt: Any) -> str:
+    if fmt in FORMATS:
+        return fmt
+    if fmt in PLANNED:
+        raise ValueError(f"{owner}: {what} {fmt!r} is not built in this version of optgen "
+                         f"(block-wise low-bit states are planned); available: {_names()}")
+    raise ValueError(f"{owner}: {what} must be one of {_names()}, got {fmt!r}")
+
+
+def key(req: str | dict[str, str] | None) -> str | None:
+    """The request as text for artifact keys and folder names: "bf16", "m-bf16.v-bf16"."""
+    if req is None:
+        return None
+    if isinstance(req, str):
+        return req
+    return ".".join(f"{n}-{f}" for n, f in req.items())
+
+
+def expand(owner: str, req: str | dict[str, str] | None, states: Iterable[Any]
+           ) -> dict[str, str]:
+    """State name -> format for a spec's states (objects with ``name`` and ``shape``).
+    A name is every tensor state; a dict must name tensor states of the spec."""
+    if req is None:
+        return {}
+    states = list(states)
+    tensor = [s.name for s in states if s.shape in TENSOR_SHAPES]
+    if isinstance(req, str):
+        if not tensor:
+            raise ValueError(f"{owner}: state_format {req!r}: the rule has no tensor states "
+                             "to store in it")
+        return {n: req for n in tensor}
+    shapes = {s.name: s.shape for s in states}
+    for name in req:
+        if name not in shapes:
+            raise ValueError(f"{owner}: state_format names state {name!r}, which the rule "
+                             f"does not have (its states: {', '.join(shapes) or 'none'})")
+        if shapes[name] not in TENSOR_SHAPES:
+            kind = "a scalar state (kept on the host in float64)" \
+                if shapes[name] == "scalar" else f"a {shapes[name]!r} matrix state"
+            raise ValueError(f"{owner}: state_format names {name!r}, {kind}: formats apply "
+                             "to per-element, row and column states")
+    return dict(req)
+
+
+def check_min_size(owner: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}: state_format_min_size must be an int >= 0, got {value!r}")
+    return value
+
+
+def dtypes(fmt: Mapping[str, str]) -> dict[str, str]:
+    """State name -> stored dtype of a kernel's formatted states."""
+    return {n: FORMATS[f] for n, f in fmt.items()}
