@@ -29,7 +29,11 @@ from .device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
 from . import scalar_expr
+from .formats import CAST, FORMATS
 from .hyper import HyperInfo, Requirement
+
+
+FORMAT_DTYPES = {f: FORMATS[f] for f in CAST}   # bf16 -> bfloat16
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,13 +58,14 @@ class KernelInfo:
     refresh: dict | None = None  # matrix rules: {"every", "ir", "reads"} (host, numpy)
     state_format: dict[str, str] = dataclasses.field(default_factory=dict)  # state ->
     # format (runtime/formats.py); empty for the plain kernels
+    quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
                    d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
-                   d["state_format"])
+                   d["state_format"], d["quant"])
 
     @functools.cached_property
     def matrix(self) -> bool:
@@ -189,6 +194,10 @@ class Artifact:
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self.reduction_dtype: str = manifest["reduction_dtype"]
         self.state_format: dict[str, str] = manifest["state_format"]   # state -> format
+        # how each formatted state is stored: a dtype (bf16) or "q8:<map>" (runtime/quant.py)
+        self.stored: dict[str, str] = {
+            n: f"q8:{m}" for k in self.kernels for n, m in k.quant.items()} | {
+            n: FORMAT_DTYPES[f] for n, f in self.state_format.items() if f in FORMAT_DTYPES}
         self._module = None
         self._functions: dict[str, Callable] = {}
 

@@ -7,6 +7,8 @@ unchanged, and rounds the new value into the format on store, in the same pass.
 
     "default"  the compute dtype (the parameter's, float32 under mixed precision)
     "bf16"     bfloat16, rounded to nearest even (2 bytes a value instead of 4)
+    "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
+               elements (runtime/quant.py; elementwise rules only)
 
 A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
 (those states; the others keep the default). Scalar states (host float64) and the
@@ -16,8 +18,8 @@ square states of matrix rules keep their dtype. Tensors with fewer than
 or float16/bfloat16 ones with ``multi_precision=True``; float64 parameters get no
 format kernel (a TypeError names it).
 
-Block-wise 8-bit states ("q8", Dettmers et al. 2022), 4-bit states and stochastic
-rounding are not built yet; asking for them is a ValueError that says so.
+4-bit states ("q4") and stochastic rounding are not built yet; asking for "q4" is a
+ValueError that says so.
 
 May import: nothing of the runtime (the compiler and the runtime both read it).
 """
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-FORMATS = {"bf16": "bfloat16"}   # format -> the dtype its states are stored in
-PLANNED = ("q8", "q4")           # named in the docs, not built yet
+FORMATS = {"bf16": "bfloat16", "q8": "uint8"}   # format -> the dtype of its stored values
+CAST = ("bf16",)                 # formats that are a dtype (the kernel casts on load/store)
+PLANNED = ("q4",)                # named in the docs, not built yet
+ABSMAX = "__absmax"              # a q8 state "v" keeps its block scales as "v__absmax"
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
 TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
 
@@ -61,7 +65,7 @@ def _format(owner: str, what: str, fmt: Any) -> str:
         return fmt
     if fmt in PLANNED:
         raise ValueError(f"{owner}: {what} {fmt!r} is not built in this version of optgen "
-                         f"(block-wise low-bit states are planned); available: {_names()}")
+                         f"(4-bit states are planned); available: {_names()}")
     raise ValueError(f"{owner}: {what} must be one of {_names()}, got {fmt!r}")
 
 
@@ -107,5 +111,10 @@ def check_min_size(owner: str, value: Any) -> int:
 
 
 def dtypes(fmt: Mapping[str, str]) -> dict[str, str]:
-    """State name -> stored dtype of a kernel's formatted states."""
-    return {n: FORMATS[f] for n, f in fmt.items()}
+    """State name -> stored dtype of the states in a cast format (bf16)."""
+    return {n: FORMATS[f] for n, f in fmt.items() if f in CAST}
+
+
+def quantized(fmt: Mapping[str, str]) -> list[str]:
+    """The states of a q8 format."""
+    return [n for n, f in fmt.items() if f == "q8"]

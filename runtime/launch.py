@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, reference, tensors, views
+from . import flat, quant, reference, tensors, views
+from .formats import ABSMAX
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from .reference import LOW_COPY
@@ -79,6 +80,8 @@ class Launcher:
         arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
+        arrays.update((b, quant.dynamic_map(b[len("_qmap_"):])) for b in k.buffers
+                      if b.startswith("_qmap_"))        # (q8 states: the code maps)
         if self.mixed[i]:
             arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
         else:
@@ -191,10 +194,15 @@ class Launcher:
         arrays = self.arrays(i, k, g, extra)
         lib = self.libs[i]
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
-        new = reference.evaluate(k.ir, k.dtype, host, k.buffer_axes,
+        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m)
+                             for n, m in k.quant.items()}}
+        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes,
                                  dict(zip(k.scalars, scalars)), d)
         for name, value in new.items():
-            host[name][...] = value
+            if name in k.quant:          # q8: the block-wise codes of the new values
+                host[name][...], host[name + ABSMAX][...] = quant.quantize(value, k.quant[name])
+            else:
+                host[name][...] = value
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""

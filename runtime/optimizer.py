@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, formats, launch, preprocess, refresh, scalar_expr, scalars, state
+from . import checkpoint, flat, launch, preprocess, refresh, scalar_expr, scalars, state
 from . import groups as grouping
 from . import inputs as checks
 from . import tensors, views
@@ -50,7 +50,7 @@ class Optimizer:
                  decay_filter: Any = "default", multi_precision: bool = False,
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
-                 state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
+                 state_format: Any = None, state_format_min_size: int = state.MIN_SIZE,
                  **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
@@ -111,7 +111,7 @@ class Optimizer:
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
                           tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
-        self.state_format = formats.request(name, state_format)   # (runtime/formats.py)
+        self.state_format = state.format_request(name, state_format)   # (formats.py)
         self._formatted = state.formatted(name, artifact, self.state_format, self.params,
                                           state_format_min_size)
         self._launch = launch.Launcher(name, artifact, backend, self.params, self._lib,
@@ -149,7 +149,7 @@ class Optimizer:
             lambda: scalars.group_env(art.hypers, self._groups[gi].hyper,
                                       self._lr_value(gi, self.t), 1.0, self.t),
             "float32" if self._is_mixed[i] else tensors.dtype_name(self.params[i], self._lib[i]),
-            formats.dtypes(art.state_format) if self._formatted[i] else {})
+            art.stored if self._formatted[i] else {})
 
     def _ensure_state(self, i: int) -> None:
         state.allocate(self.artifact.states, i, self.params, self._lib[i], self.state,

@@ -9,7 +9,7 @@ init and dtype, is one buffer for the chain, so states are back to back wherever
 parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
 belong here.
 
-May import: numpy, flat, formats, scalar_expr, tensors, views.
+May import: numpy, flat, formats, quant, scalar_expr, tensors, views.
 """
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, formats, scalar_expr, tensors, views
+from . import flat, formats, quant, scalar_expr, tensors, views
+
+MIN_SIZE = formats.MIN_SIZE
+format_request = formats.request
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
 
@@ -68,6 +71,13 @@ def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
         if s.shape == "scalar":
             st[s.name] = np.float64(init)
             continue
+        if dtype.startswith("q8:"):   # codes of the init and its absmax, every block
+            code, absmax = quant.code_of(init, dtype[3:])
+            n = int(np.prod(tuple(p.shape), dtype=np.int64))
+            st[s.name] = tensors.full_like(p, lib, tuple(p.shape), code, "uint8")
+            st[s.name + formats.ABSMAX] = tensors.full_like(p, lib, (quant.blocks(n),),
+                                                            absmax, "float32")
+            continue
         a, b = chain
         if s.shape == "param" and b - a > 1 and all(new(j, s) == found for j in range(a, b)):
             for j, v in zip(range(a, b), flat.split_full(
@@ -87,6 +97,8 @@ def convert(st: dict[str, Any], lib: str, k: Any) -> None:
     """Store each of kernel ``k``'s buffers in the dtype ``k`` wants (a storage flag
     changed: the state is converted, rounding once)."""
     for n in k.buffers:
+        if n in k.quant or n.endswith(formats.ABSMAX):
+            continue
         want = k.storage.get(n, k.dtype)
         v = st.get(n)
         if v is not None and not isinstance(v, np.floating) and \

@@ -62,7 +62,7 @@ def extents(d: tuple[int, int, int], axes: str) -> tuple[int, ...]:
 def as_kernel(arr: np.ndarray, axes: str, d: tuple[int, int, int], view: str) -> np.ndarray:
     """How a kernel of ``view`` ("flat", "3d" or "matrix") receives an array holding
     ``axes``."""
-    if view == "flat" or not axes:
+    if view in ("flat", "q8") or not axes:
         return arr.reshape(-1)
     return arr.reshape(extents(d, axes))
 

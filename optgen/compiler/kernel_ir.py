@@ -84,6 +84,7 @@ class KernelIR:
                                         # the first (reduce) pass; later passes read it back
     state_format: dict[str, str] = field(default_factory=dict)  # state -> format
                                         # (optgen.runtime.formats); its dtype is in storage
+    quant: dict[str, str] = field(default_factory=dict)  # q8 state -> its dynamic map
 
     @property
     def scalars(self) -> list[str]:
@@ -107,7 +108,8 @@ class KernelIR:
                 "buffer_axes": self.buffer_axes, "storage": self.storage,
                 "launches": [ln.to_json(index) for ln in self.launches],
                 "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir,
-                "refresh": self.refresh, "state_format": self.state_format}
+                "refresh": self.refresh, "state_format": self.state_format,
+                "quant": self.quant}
 
 
 def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None

@@ -36,7 +36,8 @@ class LoweredBuffer:
     @property
     def align(self) -> int:
         """The element size: numpy guarantees no more (tvm-notes §3)."""
-        return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8}[self.dtype]
+        return {"uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+                "int64": 8}[self.dtype]
 
 
 @dataclass
@@ -62,6 +63,7 @@ class LoweredKernel:
     reduced: str = ""                # the reduced axes
     writes: list[str] | None = None  # buffers the pass stores into
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
+    quant: dict[str, str] = field(default_factory=dict)   # view "q8": state -> its map
 
 
 def buffer_var(name: str) -> str:
@@ -77,7 +79,7 @@ def index(axes: str, view: str, transposed: bool = False) -> str:
         return "0"
     if view == "matrix":   # the pass loops i over its space's rows, j over its columns
         return "j, i" if transposed else "i, j"
-    if view == "flat":
+    if view in ("flat", "q8"):
         assert axes == "brc", axes
         return "i"
     return ", ".join(axes)
@@ -193,6 +195,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
     def load(name: str, transposed: bool = False) -> str:
+        if name in kir.quant:    # q8: the code's map value times the block's old absmax
+            return (f'(B__qmap_{kir.quant[name]}[T.Cast("int64", {slot_of(name)})] '
+                    f'* qa_{name})')
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
             return widen(slot_of(name), kir.storage[name], ty)
         if name in kir.reductions:   # a matrix rule's reduction, read by name
@@ -200,6 +205,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return slot_of(name, transposed)
 
     def store(name: str, value: str) -> str:
+        if name in kir.quant:    # q8: the block's new values; the template quantizes them
+            return f"Q_{name}[j] = {value}"
         if name in kir.storage:
             value = narrow(value, kir.storage[name])
         return f"{slot_of(name)} = {value}"
@@ -291,6 +298,10 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     def lbuf(name: str) -> LoweredBuffer:
         if name in ("_indices", "_seg"):
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
+        if name in kir.quant:
+            return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name], "uint8")
+        if name.endswith("__absmax") or name.startswith("_qmap_"):   # (q8)
+            return LoweredBuffer(name, buffer_var(name), "", "float32")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))
 
@@ -319,5 +330,5 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in buffers], list(kir.scalars), body,
-                         writes=list(outs))
+                         writes=list(outs), quant=dict(kir.quant))
 

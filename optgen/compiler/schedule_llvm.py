@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from optgen.runtime import quant
 from .lower import LoweredKernel
 from .matmul import MatmulPass, schedule_matmul
 from .templates import render
@@ -35,6 +36,9 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
             m["out"], m["trans_a"], m["trans_b"], n_scalars=None))
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
+                      parallel_min=PARALLEL_MIN_ELEMENTS)
+    if k.view == "q8":
+        return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=quant.BLOCK,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"

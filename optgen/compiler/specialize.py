@@ -47,12 +47,14 @@ def _needs_host(e: Expr) -> bool:
 
 
 def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
-               merge: bool = False, state_format: dict[str, str] | None = None) -> KernelIR:
+               merge: bool = False, state_format: dict[str, str] | None = None,
+               maps: dict[str, str] | None = None) -> KernelIR:
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
     mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
     family's reduction template (``plan``); ``state_format`` (state -> format,
     optgen.runtime.formats) stores those of the active tensor states that the spec
-    keeps in the kernel dtype in the format's dtype (loads widen, stores round)."""
+    keeps in the kernel dtype in the format's dtype (loads widen, stores round), or as
+    q8 codes with the dynamic map ``maps`` names ("signed"/"unsigned"; ``quantize``)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -125,7 +127,35 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         plan_matrix(kir)
     else:
         plan(kir, merge)
+    if formats.quantized(formatted):
+        quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)})
     return kir
+
+
+def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
+    """Store the states ``maps`` names as q8 (runtime/quant.py): the one update pass
+    becomes the blocked "q8" view, which also takes each such state's absmax buffer
+    (``<state>__absmax``, one float32 per block) and the dynamic maps as arguments.
+    Only a single elementwise pass can: the block's new values, their absmax and their
+    codes are computed in one loop nest, and nothing else reads the states."""
+    ln = kir.launches[0] if len(kir.launches) == 1 else None
+    if ln is None or ln.kind != "update" or ln.view != "flat" or spec.inputs:
+        what = "reductions or row/column passes" if len(kir.launches) > 1 else \
+            "extra inputs" if spec.inputs else f"a {ln.view if ln else '?'} pass"
+        raise ValueError(f"{spec.name} (flags {kir.flags}): state_format 'q8' applies to "
+                         "elementwise rules (one pass over the elements), and this rule has "
+                         f"{what}; use 'bf16' for it (docs/state-formats.md)")
+    kir.quant = dict(maps)
+    absmax = [n + formats.ABSMAX for n in maps]
+    tables = [f"_qmap_{m}" for m in sorted(set(maps.values()))]
+    for b in absmax + tables:
+        kir.buffer_axes[b] = ""
+    kir.buffers = [x for b in kir.buffers
+                   for x in ([b, b + formats.ABSMAX] if b in maps else [b])] + tables
+    ln.view = "q8"
+    ln.buffers = [x for b in ln.buffers
+                  for x in ([b, b + formats.ABSMAX] if b in maps else [b])] + tables
+    kir.lazy = None
 
 
 def _refresh(spec: Spec, trace: Trace) -> dict | None:

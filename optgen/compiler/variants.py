@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import BuildError
 from optgen.runtime import formats
 from . import targets
+from .nonneg import nonneg_states
 from .kernel_ir import KernelIR
 from .lower import DTYPE_TAG
 from .specialize import MASTER_DTYPE, specialize
@@ -45,11 +46,15 @@ def kernel_irs(spec, traces, tg: targets.Target,
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
+    if formats.quantized(fmt) and tg.family != "cpu":
+        raise BuildError(f"state_format 'q8' builds for the CPU targets (llvm, c) so far, "
+                         f"not {tg.name}")
+    maps = quant_maps(spec, traces, formats.quantized(fmt))
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
                          f"{tg.name} target cannot store (it has {', '.join(tg.mixed) or 'none'})")
-    made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f))
+    made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f, maps=maps))
             for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else [None])
             for low in (None, *(() if tr.matrix else tg.mixed))]
     # no format IR where none of the formatted states is active: it is the plain one
@@ -59,3 +64,14 @@ def kernel_irs(spec, traces, tg: targets.Target,
         for k in kirs:
             k.lazy = None
     return kirs
+
+
+def quant_maps(spec, traces, names: list[str]) -> dict[str, str]:
+    """The dynamic map of each q8 state: "unsigned" where it is proven non-negative under
+    every flag combination that has it (optgen.compiler.nonneg), else "signed"."""
+    proven = set(names)
+    for tr in traces:
+        active = [n for n in names if n in tr.updates or
+                  any(s.name == n for s in spec.active_states(tr.flags))]
+        proven &= nonneg_states(spec, tr.updates, active) | (set(names) - set(active))
+    return {n: "unsigned" if n in proven else "signed" for n in names}

@@ -1,0 +1,81 @@
+"""Block-wise 8-bit states (the "q8" state format, runtime/formats.py): the code maps,
+and quantization as the reference interpreter and the checkpoints compute it (numpy).
+
+Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (ICLR 2022): a state
+tensor is cut into blocks of ``BLOCK`` elements (over its flat index); each block keeps
+one float32 absmax and one uint8 code per element, the index of the nearest value of
+a 256-entry *dynamic* map to ``x / absmax``. The dynamic map has 7 exponent "bits":
+the decades 1e-6 .. 1 (signed: 1, 2, 4, ... 64 linearly spaced values per decade and
+sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
+``create_dynamic_map``). Signed states use the signed map, states proven non-negative
+the unsigned one (twice the resolution).
+
+The kernels (templates/kernel_llvm_q8.py.j2) compute the same: the block's new values
+in float32, their largest magnitude, ``x / absmax`` (0 where absmax is 0), the nearest
+code by binary search, ties to the lower code. Non-finite values are not representable.
+
+May import: numpy.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+BLOCK = 256          # elements per absmax (a power of two, >= 32)
+MAPS = ("signed", "unsigned")
+
+
+@functools.lru_cache(maxsize=None)
+def dynamic_map(kind: str) -> np.ndarray:
+    """The 256 sorted float32 values of the signed or unsigned dynamic map (cached and
+    shared, also as a kernel argument: never write to it)."""
+    signed = kind == "signed"
+    values = [0.0, 1.0]
+    for i in range(7):          # decade 10**(i - 6): midpoints of a linear grid on [0.1, 1]
+        count = 2 ** i if signed else 2 ** (i + 1)
+        edges = np.linspace(0.1, 1.0, count + 1, dtype=np.float32)
+        means = np.float32(10.0 ** (i - 6)) * ((edges[:-1] + edges[1:]) / np.float32(2))
+        values += means.tolist() + ((-means).tolist() if signed else [])   # (float32 math)
+    out = np.sort(np.array(values, dtype=np.float32))
+    assert out.size == 256, out.size
+    return out
+
+
+def blocks(n: int, block: int = BLOCK) -> int:
+    """The number of absmax values of a tensor of ``n`` elements."""
+    return -(-n // block)
+
+
+def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 codes shaped like ``x``, float32 absmax per block) of float32 values."""
+    flat = np.asarray(x, np.float32).reshape(-1)
+    n = flat.size
+    absmax = np.zeros(blocks(n, block), np.float32)
+    if n == 0:
+        return np.zeros(np.shape(x), np.uint8), absmax
+    pad = np.zeros(absmax.size * block, np.float32)
+    pad[:n] = flat
+    absmax[:] = np.max(np.abs(pad.reshape(-1, block)), axis=1)
+    scale = np.repeat(absmax, block)[:n]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm = np.where(scale > 0, flat / np.where(scale > 0, scale, 1), np.float32(0))
+    qmap = dynamic_map(kind)
+    lo = np.clip(np.searchsorted(qmap, norm, side="right") - 1, 0, 255)   # map[lo] <= norm
+    hi = np.minimum(lo + 1, 255)
+    up = (qmap[hi] - norm) < (norm - qmap[lo])
+    return np.where(up, hi, lo).astype(np.uint8).reshape(np.shape(x)), absmax
+
+
+def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str,
+               block: int = BLOCK) -> np.ndarray:
+    """float32 values of codes and their blocks' absmax, shaped like ``codes``."""
+    flat = np.asarray(codes).reshape(-1)
+    scale = np.repeat(np.asarray(absmax, np.float32), block)[:flat.size]
+    return (dynamic_map(kind)[flat] * scale).reshape(np.shape(codes))
+
+
+def code_of(value: float, kind: str) -> tuple[int, float]:
+    """(code, absmax) of a block whose elements all equal ``value`` (a state's init)."""
+    codes, absmax = quantize(np.full(1, value, np.float32), kind)
+    return int(codes[0]), float(absmax[0])
