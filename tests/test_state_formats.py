@@ -502,3 +502,23 @@ def test_nonnegative_states_get_the_unsigned_map():
     assert maps == {"adam.m": "signed", "adam.v": "unsigned", "adagrad.accum": "unsigned",
                     "lion.m": "signed", "sgd.momentum_buffer": "signed",
                     "adabelief.m": "signed", "adabelief.s": "unsigned"}
+
+
+def test_q8_on_the_c_target_matches_reference(rng):
+    """The C target's q8 kernel (element loops, gcc) against the interpreter."""
+    shapes = [(1,), (255,), (256,), (257,), (5000,)]
+    ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    opts = [optgen.create("adam", [w.copy() for w in ws], target="c", state_format="q8",
+                          state_format_min_size=0),
+            optgen.create(optgen.get_artifact("adam", state_format="q8"),
+                          [w.copy() for w in ws], state_format="q8",
+                          state_format_min_size=0, backend="reference")]
+    for _ in range(5):
+        gs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for o in opts:
+            o.step([g.copy() for g in gs])
+    for i in range(len(shapes)):
+        for n in ("m", "v"):
+            diff = np.abs(opts[0].state[i][n].astype(int) - opts[1].state[i][n].astype(int))
+            assert diff.max() <= 1 and np.sum(diff > 0) <= 0.01 * diff.size, (shapes[i], n)
+        np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)

@@ -38,8 +38,9 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "q8":
-        return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=quant.BLOCK,
-                      parallel_min=PARALLEL_MIN_ELEMENTS)
+        qmaps = {m: [repr(float(x)) for x in quant.dynamic_map(m)] for m in quant.MAPS}
+        return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=quant.BLOCK, vec=vec,
+                      qmaps=qmaps, parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"
     elif k.view == "lazy":
