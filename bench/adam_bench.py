@@ -107,6 +107,29 @@ def make_torch_adam(torch, ws, gs, name: str, **kw) -> Contender:
                           ".step(), grads set once")
 
 
+def make_8bit(torch, ws, gs, name: str) -> Contender | None:
+    """bitsandbytes' Adam8bit or torchao's AdamW8bit on CPU tensors, where installed
+    (neither is a dependency: pip install bitsandbytes torchao); None otherwise."""
+    try:
+        if name.startswith("bitsandbytes"):
+            import bitsandbytes as bnb
+            make = lambda ps: bnb.optim.Adam8bit(ps, lr=LR, betas=(BETA1, BETA2), eps=EPS)
+        else:
+            from torchao.optim import AdamW8bit
+            make = lambda ps: AdamW8bit(ps, lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                                        weight_decay=0.0)
+    except ImportError as e:
+        print(f"{name}: not run ({e})")
+        return None
+    ps = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in ws]
+    for p, g in zip(ps, gs):
+        p.grad = torch.from_numpy(g.copy())
+    opt = make(ps)
+    return Contender(name, opt.step, Q8_STATE_BYTES_PER_PARAM, "adam",
+                     lambda: np.concatenate([p.detach().numpy() for p in ps]),
+                     note=f"{type(opt).__module__}.{type(opt).__name__}.step() on CPU tensors")
+
+
 def _bias(t: int) -> tuple[float, float]:
     """torch.optim.Adam's step size and 1/sqrt(bias correction 2) at step t."""
     return LR / (1 - BETA1 ** t), 1 / np.sqrt(1 - BETA2 ** t)
@@ -322,6 +345,8 @@ def main(argv=None) -> int:
         "optgen adam": lambda: make_optgen(ws, gs),
         "optgen adam bf16 states": lambda: make_optgen(ws, gs, "bf16"),
         "optgen adam q8 states": lambda: make_optgen(ws, gs, "q8"),
+        "bitsandbytes Adam8bit": lambda: make_8bit(torch, ws, gs, "bitsandbytes Adam8bit"),
+        "torchao AdamW8bit": lambda: make_8bit(torch, ws, gs, "torchao AdamW8bit"),
         FUSED: lambda: make_torch_adam(torch, ws, gs, FUSED, fused=True),
         "torch foreach": lambda: make_torch_adam(torch, ws, gs, "torch foreach", foreach=True),
         "torch single-tensor": lambda: make_torch_adam(torch, ws, gs, "torch single-tensor",
@@ -333,8 +358,8 @@ def main(argv=None) -> int:
         AXPY_TORCH: lambda: make_torch_axpy(torch, args.n),
     }
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
-    contenders = [mk() for name, mk in makers.items()
-                  if not any(name.startswith(s) for s in skip)]
+    contenders = [c for name, mk in makers.items()
+                  if not any(name.startswith(s) for s in skip) for c in [mk()] if c is not None]
     del w0, g0
 
     load0 = os.getloadavg()[0]

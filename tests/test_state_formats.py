@@ -522,3 +522,18 @@ def test_q8_on_the_c_target_matches_reference(rng):
             diff = np.abs(opts[0].state[i][n].astype(int) - opts[1].state[i][n].astype(int))
             assert diff.max() <= 1 and np.sum(diff > 0) <= 0.01 * diff.size, (shapes[i], n)
         np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)
+
+
+def test_formats_per_state_mix(rng):
+    """{"m": "q8", "v": "bf16"}: each state in its own format, compiled == reference."""
+    w = rng.standard_normal(5000).astype(np.float32)
+    fmt = {"m": "q8", "v": "bf16"}
+    a = optgen.create("adam", [w.copy()], state_format=fmt)
+    b = optgen.create(a.artifact, [w.copy()], state_format=fmt, backend="reference")
+    for _ in range(3):
+        g = rng.standard_normal(5000).astype(np.float32)
+        a.step([g.copy()])
+        b.step([g.copy()])
+    assert a.state[0]["m"].dtype == np.uint8 and a.state[0]["v"].dtype == BF16
+    assert np.mean(a.state[0]["m"] == b.state[0]["m"]) > 0.99
+    np.testing.assert_allclose(a.params[0], b.params[0], rtol=1e-4, atol=1e-6)
