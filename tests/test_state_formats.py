@@ -37,6 +37,25 @@ def _flag_sets(art):
         yield dict(zip(names, bits))
 
 
+def _stepped_pairs(art, fmt, shapes, rng):
+    """For every valid flag combination (busy hyperparameters) and parameter dtype
+    (float32; bfloat16 under multi_precision): a compiled and a reference optimizer with
+    every tensor's states in ``fmt``, after the same three steps."""
+    for flags, pdt in itertools.product(_flag_sets(art), ["float32", "bfloat16"]):
+        hyper = busy_hypers(art, flags)
+        if not valid(art, hyper):
+            continue
+        params = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in shapes]
+        opts = [optgen.create(art, [p.copy() for p in params], backend=b, state_format=fmt,
+                              state_format_min_size=0, multi_precision=pdt == "bfloat16",
+                              **hyper) for b in ("compiled", "reference")]
+        for _ in range(3):
+            gs = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in shapes]
+            for o in opts:
+                o.step([g.copy() for g in gs])
+        yield flags, pdt, opts
+
+
 def _bits(a):
     a = np.asarray(a)
     return a.view(np.uint16) if a.dtype == BF16 else a
@@ -50,19 +69,7 @@ def test_bf16_states_compiled_match_reference(name, rng):
     art = _art(name)
     assert art.state_format and set(art.state_format.values()) == {"bf16"}
     ran = 0
-    for flags, pdt in itertools.product(_flag_sets(art), ["float32", "bfloat16"]):
-        hyper = busy_hypers(art, flags)
-        if not valid(art, hyper):
-            continue
-        params = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in SHAPES]
-        grads = [[rng.standard_normal(s).astype(np.float32).astype(pdt) for s in SHAPES]
-                 for _ in range(3)]
-        opts = [optgen.create(art, [p.copy() for p in params], backend=b, state_format="bf16",
-                              state_format_min_size=0, multi_precision=pdt == "bfloat16",
-                              **hyper) for b in ("compiled", "reference")]
-        for gs in grads:
-            for o in opts:
-                o.step([g.copy() for g in gs])
+    for flags, pdt, opts in _stepped_pairs(art, "bf16", SHAPES, rng):
         label = f"{name} {pdt} flags {flags}"
         for i, s in enumerate(SHAPES):
             for n, v in opts[1].state[i].items():
@@ -175,20 +182,30 @@ def test_flat_runs_match_per_tensor(name, rng):
             np.testing.assert_array_equal(_bits(a.state[i][n]), _bits(b.state[i][n]))
 
 
-def test_checkpoint_resume_is_bit_exact_and_formats_convert(tmp_path, rng):
+def _resumed(name, fmt, tmp_path, rng):
+    """Three steps, save, load into a new optimizer, three more steps on both: the two
+    runs are bit for bit the same (parameters and every state array). Returns the
+    optimizer's initial parameter and the first run."""
     w = rng.standard_normal(6000).astype(np.float32)
     gs = [rng.standard_normal(6000).astype(np.float32) for _ in range(6)]
-    a = optgen.create("adam", [w.copy()], state_format="bf16")
+    a = optgen.create(name, [w.copy()], state_format=fmt)
     for g in gs[:3]:
         a.step([g])
-    a.save(tmp_path / "ck.npz")
-    b = optgen.create("adam", [a.params[0].copy()], state_format="bf16")
-    b.load(tmp_path / "ck.npz")
+    a.save(tmp_path / f"{fmt}.npz")
+    b = optgen.create(name, [a.params[0].copy()], state_format=fmt)
+    b.load(tmp_path / f"{fmt}.npz")
     for g in gs[3:]:
         a.step([g])
         b.step([g])
     np.testing.assert_array_equal(a.params[0], b.params[0])
-    assert np.array_equal(_bits(a.state[0]["m"]), _bits(b.state[0]["m"]))
+    for n in a.state[0]:
+        np.testing.assert_array_equal(_bits(a.state[0][n]), _bits(b.state[0][n]))
+    return w, a
+
+
+def test_checkpoint_resume_is_bit_exact_and_formats_convert(tmp_path, rng):
+    w, _ = _resumed("adam", "bf16", tmp_path, rng)
+    gs = [rng.standard_normal(6000).astype(np.float32)]
     # full precision -> bf16 rounds (nearest even), bf16 -> full precision widens exactly
     full = optgen.create("adam", [w.copy()])
     full.step([gs[0]])
@@ -264,8 +281,11 @@ def test_torch_drop_in_states_are_bf16():
                for s in opt2.state[p].values() if torch.is_tensor(s) and s.ndim > 0)
 
 
-def test_digits_accuracy_with_bf16_states():
-    """examples/train_digits.py: bfloat16 states within 0.5 points of float32 states."""
+@pytest.mark.parametrize("fmt,names", [("bf16", ("adam", "lion")),
+                                       ("q8", ("adam", "adamw", "lion"))])
+def test_digits_accuracy_with_formatted_states(fmt, names):
+    """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
+    points of float32 states (10 epochs)."""
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_digits.py")
@@ -274,10 +294,10 @@ def test_digits_accuracy_with_bf16_states():
     spec.loader.exec_module(digits)
     data = digits.load_data(0)
     init = digits.init_params(data[0].shape[1], digits.HIDDEN, 10, 0)
-    for name in ("adam", "lion"):
+    for name in names:
         full = digits.train(name, init, data, 10, 32, 0)["test_accuracy"]
-        low = digits.train(name, init, data, 10, 32, 0, state_format="bf16")["test_accuracy"]
-        assert abs(low - full) <= 0.005 + 1e-9, f"{name}: {low:.4f} vs {full:.4f}"
+        low = digits.train(name, init, data, 10, 32, 0, state_format=fmt)["test_accuracy"]
+        assert abs(low - full) <= 0.005 + 1e-9, f"{name} {fmt}: {low:.4f} vs {full:.4f}"
 
 
 def test_cuda_source_stores_bf16_states(tmp_path):
@@ -345,18 +365,7 @@ def test_q8_compiled_matches_reference(name, rng):
     across a code boundary: one code, rarely), absmax to a few float32 ulps."""
     art = optgen.get_artifact(name, state_format="q8")
     ran = 0
-    for flags, pdt in itertools.product(_flag_sets(art), ["float32", "bfloat16"]):
-        hyper = busy_hypers(art, flags)
-        if not valid(art, hyper):
-            continue
-        params = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in Q8_SHAPES]
-        opts = [optgen.create(art, [p.copy() for p in params], backend=b, state_format="q8",
-                              state_format_min_size=0, multi_precision=pdt == "bfloat16",
-                              **hyper) for b in ("compiled", "reference")]
-        for _ in range(3):
-            gs = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in Q8_SHAPES]
-            for o in opts:
-                o.step([g.copy() for g in gs])
+    for flags, pdt, opts in _stepped_pairs(art, "q8", Q8_SHAPES, rng):
         for i, s in enumerate(Q8_SHAPES):
             for n, want in opts[1].state[i].items():
                 got = opts[0].state[i][n]
@@ -442,20 +451,7 @@ def test_q8_memory_and_threshold():
 
 
 def test_q8_checkpoint_resume_is_bit_exact(tmp_path, rng):
-    w = rng.standard_normal(6000).astype(np.float32)
-    gs = [rng.standard_normal(6000).astype(np.float32) for _ in range(6)]
-    a = optgen.create("adamw", [w.copy()], state_format="q8")
-    for g in gs[:3]:
-        a.step([g])
-    a.save(tmp_path / "q8.npz")
-    b = optgen.create("adamw", [a.params[0].copy()], state_format="q8")
-    b.load(tmp_path / "q8.npz")
-    for g in gs[3:]:
-        a.step([g])
-        b.step([g])
-    np.testing.assert_array_equal(a.params[0], b.params[0])
-    for n in a.state[0]:
-        np.testing.assert_array_equal(a.state[0][n], b.state[0][n])
+    w, a = _resumed("adamw", "q8", tmp_path, rng)
     full = optgen.create("adamw", [w.copy()])
     with pytest.raises(ValueError, match="state_dict state 0 has"):
         full.load_state_dict(a.state_dict())     # (q8 <-> full precision: not converted yet)
@@ -474,22 +470,6 @@ def test_q8_torch_drop_in_trains():
     assert len(codes) == 2 * len(list(model.parameters()))
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
-
-
-def test_digits_accuracy_with_q8_states():
-    """examples/train_digits.py: q8 states within 0.5 points of float32 states."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_digits.py")
-    spec = importlib.util.spec_from_file_location("train_digits_q8", path)
-    digits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(digits)
-    data = digits.load_data(0)
-    init = digits.init_params(data[0].shape[1], digits.HIDDEN, 10, 0)
-    for name in ("adam", "adamw", "lion"):
-        full = digits.train(name, init, data, 10, 32, 0)["test_accuracy"]
-        low = digits.train(name, init, data, 10, 32, 0, state_format="q8")["test_accuracy"]
-        assert abs(low - full) <= 0.005 + 1e-9, f"{name}: {low:.4f} vs {full:.4f}"
 
 
 def test_nonnegative_states_get_the_unsigned_map():
