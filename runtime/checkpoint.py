@@ -12,7 +12,7 @@ states, groups, step counts and multipliers (``opt.params``, ``opt.state``, ``op
 ``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); the optimizer applies what
 ``check`` returns.
 
-May import: numpy, hyper, tensors.
+May import: numpy, formats, hyper, quant, tensors.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import hyper as hyper_rules
-from . import tensors
+from . import quant, tensors
+from .formats import ABSMAX
 
 FORMAT = 1
 META = "meta.json"
@@ -66,7 +67,10 @@ def state_dict(opt) -> dict[str, Any]:
         "refreshed": list(opt._refreshed),
         "state": [{n: (float(v) if isinstance(v, np.floating) else
                        tensors.to_numpy(v, lib)) for n, v in st.items()}
-                  for st, lib in zip(opt.state, opt._lib)]}
+                  for st, lib in zip(opt.state, opt._lib)],
+        # how formatted states are stored (runtime/formats.py): "bfloat16", "q8:<map>"
+        "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
+                   if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
 
 
 def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -> None:
@@ -157,7 +161,12 @@ def check(opt, sd: Any) -> dict[str, Any]:
         restored.append(hyper_rules.resolve(opt.name, opt.artifact.hypers,
                                             opt.artifact.requirements, g.hyper, h))
     converted: set[str] = set()
+    stored = sd.get("stored") or [{}] * n
+    restored_states = []
     for i, (st, rec) in enumerate(zip(opt.state, states)):
+        if isinstance(rec, Mapping):
+            rec = _reformat(opt, i, rec, stored[i] if i < len(stored) else {}, converted)
+        restored_states.append(rec)
         if not isinstance(rec, Mapping) or set(st) != set(rec):
             _fail(opt, f"state_dict state {i} has "
                        f"{sorted(rec) if isinstance(rec, Mapping) else rec!r}, "
@@ -185,7 +194,34 @@ def check(opt, sd: Any) -> dict[str, Any]:
             "lr_mult": [float(x) for x in sd["lr_mult"]],
             "wd_mult": [float(x) for x in sd["wd_mult"]],
             "refreshed": [None if r is None else int(r)
-                          for r in sd.get("refreshed", [None] * n)]}
+                          for r in sd.get("refreshed", [None] * n)],
+            "states": restored_states}
+
+
+def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> dict:
+    """Parameter ``i``'s saved states in this optimizer's layout: a state this optimizer
+    keeps as q8 but saved in full precision is quantized; one saved as q8 (codes and
+    absmax; ``stored`` names its map) that this optimizer keeps in full precision is
+    dequantized (then cast to its dtype). Anything else is left to the checks."""
+    st, out = opt.state[i], dict(rec)
+    for n in [n for n in st if not n.endswith(ABSMAX) and n in rec]:
+        mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
+        src = np.asarray(rec[n])
+        if mine and not theirs and (src.dtype.kind == "f" or src.dtype.name == "bfloat16"):
+            out[n], out[n + ABSMAX] = quant.quantize(src.astype(np.float32),
+                                                     opt.artifact.stored[n][3:])
+            converted.add(f"{src.dtype.name} -> q8")
+        elif theirs and not mine:
+            kind = stored.get(n, "") if isinstance(stored, Mapping) else ""
+            if not kind.startswith("q8:"):
+                _fail(opt, f"state_dict state {i}.{n} is q8 codes without their map "
+                           "(no 'stored' entry): it cannot be dequantized")
+            want = tensors.dtype_name(st[n], opt._lib[i])
+            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]), kind[3:]) \
+                .astype(tensors.numpy_dtype(want))
+            del out[n + ABSMAX]
+            converted.add(f"q8 -> {want}")
+    return out
 
 
 # -- the file format -----------------------------------------------------------------

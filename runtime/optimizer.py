@@ -375,7 +375,7 @@ class Optimizer:
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
         plan = checkpoint.check(self, sd)
-        checkpoint.restore_states(self.state, self._lib, sd["state"])
+        checkpoint.restore_states(self.state, self._lib, plan["states"])
         self._defaults = plan["defaults"]
         for g, h in zip(self._groups, plan["groups"]):
             g.hyper = h

@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -249,7 +251,10 @@ def test_truncated_anywhere_is_a_clear_error(tmp_path, rng):
         with pytest.raises(ValueError, match=r"not an optgen checkpoint|missing|unreadable"):
             other.load(tmp_path / "cut.ckpt")
     flipped = bytearray(data)
-    flipped[len(data) // 3] ^= 0xFF      # inside an array's bytes: the zip CRC catches it
+    first = zipfile.ZipFile(tmp_path / "ok.ckpt").infolist()[0]   # (a fixed offset can land
+    at = first.header_offset + 30 + len(first.filename) + len(first.extra)  # in a header field
+    flipped[at + first.compress_size - 5] ^= 0xFF   # nothing checks): inside an array's bytes,
+                                                    # the zip CRC catches it
     (tmp_path / "flip.ckpt").write_bytes(bytes(flipped))
     with pytest.raises(ValueError):
         other.load(tmp_path / "flip.ckpt")

@@ -450,11 +450,29 @@ def test_q8_memory_and_threshold():
     assert {a.dtype.name for a in opt.state[1].values()} == {"float32"}
 
 
-def test_q8_checkpoint_resume_is_bit_exact(tmp_path, rng):
+def test_q8_checkpoint_resume_is_bit_exact_and_converts(tmp_path, rng):
+    """q8 states resume bit for bit; a full-precision checkpoint loads into a q8
+    optimizer quantized (as runtime/quant.py does it), and a q8 one into a
+    full-precision optimizer dequantized, each with a warning line."""
     w, a = _resumed("adamw", "q8", tmp_path, rng)
     full = optgen.create("adamw", [w.copy()])
-    with pytest.raises(ValueError, match="state_dict state 0 has"):
-        full.load_state_dict(a.state_dict())     # (q8 <-> full precision: not converted yet)
+    with pytest.warns(UserWarning, match="q8 -> float32"):
+        full.load_state_dict(a.state_dict())
+    from optgen.runtime import quant
+    for n, kind in (("m", "signed"), ("v", "unsigned")):
+        want = quant.dequantize(a.state[0][n], a.state[0][n + "__absmax"], kind)
+        np.testing.assert_array_equal(full.state[0][n], want)
+    back = optgen.create("adamw", [w.copy()], state_format="q8")
+    with pytest.warns(UserWarning, match="float32 -> q8"):
+        back.load_state_dict(full.state_dict())
+    for n, kind in (("m", "signed"), ("v", "unsigned")):   # quantized again: within one
+        again = quant.dequantize(back.state[0][n], back.state[0][n + "__absmax"], kind)
+        scale = np.repeat(a.state[0][n + "__absmax"], 256)[:w.size]      # step of the map
+        assert np.all(np.abs(again - full.state[0][n]) <= 0.05 * scale + 1e-30), n
+    sd = a.state_dict()
+    sd.pop("stored")
+    with pytest.raises(ValueError, match="without their map"):
+        optgen.create("adamw", [w.copy()]).load_state_dict(sd)
 
 
 def test_q8_torch_drop_in_trains():
