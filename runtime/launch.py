@@ -80,8 +80,8 @@ class Launcher:
         arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
-        arrays.update((b, quant.dynamic_map(b[len("_qmap_"):])) for b in k.buffers
-                      if b.startswith("_qmap_"))        # (q8 states: the code maps)
+        arrays.update((b, quant.TABLES[b[:6]](b[6:])) for b in k.buffers
+                      if b[:6] in quant.TABLES)        # (q8 states: maps, midpoints, codes)
         if self.mixed[i]:
             arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
         else:

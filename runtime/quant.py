@@ -11,8 +11,9 @@ sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
 the unsigned one (twice the resolution).
 
 The kernels (templates/kernel_llvm_q8.py.j2) compute the same: the block's new values
-in float32, their largest magnitude, ``x / absmax`` (0 where absmax is 0), the nearest
-code by binary search, ties to the lower code. Non-finite values are not representable.
+in float32, their largest magnitude, ``x / absmax`` (0 where absmax is 0), and the
+nearest code: the number of the map's midpoints (float32) below it, found without a
+search (``code_table``). Non-finite values are not representable.
 
 May import: numpy.
 """
@@ -42,6 +43,45 @@ def dynamic_map(kind: str) -> np.ndarray:
     return out
 
 
+# the code of x without a search (the kernels): a table by the top bits of x's float32
+# representation (sign, exponent, KEY_BITS mantissa bits; magnitudes below 2**-24 share
+# the first bucket) holds the smallest code of that bucket, and one compare with the
+# next midpoint finishes it (code_table checks that no bucket spans more than two codes)
+KEY_BITS = 7
+KEY_BASE = 103 << KEY_BITS                 # biased exponent 103: 2**-24
+BUCKETS = (128 << KEY_BITS) - KEY_BASE + 1   # per sign, up to the bucket of 1.0
+
+
+@functools.lru_cache(maxsize=None)
+def midpoints(kind: str) -> np.ndarray:
+    """The 255 float32 midpoints between consecutive map values, padded to 256 with +inf:
+    the code of x is the number of midpoints below it (nearest value, ties to the
+    smaller, up to the rounding of the midpoints themselves)."""
+    m = dynamic_map(kind)
+    return np.append((m[:-1] + m[1:]) / np.float32(2), np.float32(np.inf)).astype(np.float32)
+
+
+def codes_of(norm: np.ndarray, kind: str) -> np.ndarray:
+    """The codes of normalized float32 values (|x| <= 1)."""
+    return np.searchsorted(midpoints(kind)[:255], norm, side="left").astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def code_table(kind: str) -> np.ndarray:
+    """int32[2 * BUCKETS]: the smallest code of each (sign, bucket) of normalized values;
+    the kernel adds 1 where x is above the midpoint after it."""
+    out = np.zeros(2 * BUCKETS, np.int32)
+    for b in range(BUCKETS):
+        lo = np.uint32((b + KEY_BASE) << (23 - KEY_BITS)) if b else np.uint32(0)
+        hi = np.uint32((b + 1 + KEY_BASE) << (23 - KEY_BITS)) - np.uint32(1)  # last member
+        lo_f, hi_f = (np.array([lo, hi], np.uint32).view(np.float32))
+        for sign, first, last in ((0, lo_f, hi_f), (1, -hi_f, -lo_f)):
+            a, z = codes_of(np.array([first, last], np.float32), kind).astype(int)
+            assert z - a <= 1 or b == BUCKETS - 1, (kind, sign, b, a, z)
+            out[sign * BUCKETS + b] = a
+    return out
+
+
 def blocks(n: int, block: int = BLOCK) -> int:
     """The number of absmax values of a tensor of ``n`` elements."""
     return -(-n // block)
@@ -60,11 +100,7 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, 
     scale = np.repeat(absmax, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         norm = np.where(scale > 0, flat / np.where(scale > 0, scale, 1), np.float32(0))
-    qmap = dynamic_map(kind)
-    lo = np.clip(np.searchsorted(qmap, norm, side="right") - 1, 0, 255)   # map[lo] <= norm
-    hi = np.minimum(lo + 1, 255)
-    up = (qmap[hi] - norm) < (norm - qmap[lo])
-    return np.where(up, hi, lo).astype(np.uint8).reshape(np.shape(x)), absmax
+    return codes_of(norm, kind).reshape(np.shape(x)), absmax
 
 
 def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str,
@@ -79,3 +115,7 @@ def code_of(value: float, kind: str) -> tuple[int, float]:
     """(code, absmax) of a block whose elements all equal ``value`` (a state's init)."""
     codes, absmax = quantize(np.full(1, value, np.float32), kind)
     return int(codes[0]), float(absmax[0])
+
+
+# the kernels' table arguments by buffer name prefix (optgen.compiler.specialize.quantize)
+TABLES = {"_qmap_": dynamic_map, "_qmid_": midpoints, "_qtab_": code_table}

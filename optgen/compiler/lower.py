@@ -300,8 +300,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
         if name in kir.quant:
             return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name], "uint8")
-        if name.endswith("__absmax") or name.startswith("_qmap_"):   # (q8)
-            return LoweredBuffer(name, buffer_var(name), "", "float32")
+        if name.endswith("__absmax") or name.startswith(("_qmap_", "_qmid_", "_qtab_")):
+            return LoweredBuffer(name, buffer_var(name), "",           # (q8: runtime/quant.py)
+                                 "int32" if name.startswith("_qtab_") else "float32")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))
 

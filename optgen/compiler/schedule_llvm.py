@@ -17,6 +17,7 @@ from .templates import render
 
 VECTOR_BYTES = 64                 # one AVX-512 register; also fine on AVX2 (two registers)
 PARALLEL_MIN_ELEMENTS = 1 << 15   # below this a thread-pool launch costs more than it saves
+Q8_BLOCKS_PER_TASK = 16           # q8 blocks a parallel task steps (one set of block buffers)
 
 
 REDUCE_CHUNKS = 64               # fixed chunk count of whole-tensor reductions (deterministic)
@@ -38,9 +39,10 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "q8":
-        qmaps = {m: [repr(float(x)) for x in quant.dynamic_map(m)] for m in quant.MAPS}
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=quant.BLOCK, vec=vec,
-                      qmaps=qmaps, parallel_min=PARALLEL_MIN_ELEMENTS)
+                      key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
+                      per_task=Q8_BLOCKS_PER_TASK,
+                      parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"
     elif k.view == "lazy":

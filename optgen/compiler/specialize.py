@@ -135,7 +135,8 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
 def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
     """Store the states ``maps`` names as q8 (runtime/quant.py): the one update pass
     becomes the blocked "q8" view, which also takes each such state's absmax buffer
-    (``<state>__absmax``, one float32 per block) and the dynamic maps as arguments.
+    (``<state>__absmax``, one float32 per block) and, per map, its values, midpoints and
+    code table (runtime/quant.py) as arguments.
     Only a single elementwise pass can: the block's new values, their absmax and their
     codes are computed in one loop nest, and nothing else reads the states."""
     ln = kir.launches[0] if len(kir.launches) == 1 else None
@@ -147,7 +148,7 @@ def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
                          f"{what}; use 'bf16' for it (docs/state-formats.md)")
     kir.quant = dict(maps)
     absmax = [n + formats.ABSMAX for n in maps]
-    tables = [f"_qmap_{m}" for m in sorted(set(maps.values()))]
+    tables = [f"_q{t}_{m}" for m in sorted(set(maps.values())) for t in ("map", "mid", "tab")]
     for b in absmax + tables:
         kir.buffer_axes[b] = ""
     kir.buffers = [x for b in kir.buffers
