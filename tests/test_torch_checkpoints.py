@@ -144,3 +144,25 @@ def test_state_dict_format_is_checked():
     with pytest.raises(ValueError, match=r"lion: writing a torch.optim checkpoint is "
                                          r"implemented for adam"):
         ot.Lion(_model().parameters(), lr=0.1).state_dict(format="torch")
+
+
+@pytest.mark.parametrize("source", ["torch", "optgen"])
+def test_distributed_checkpoint_helpers_accept_both_formats(source):
+    """torch.distributed.checkpoint's state-dict helpers (FQN-keyed, what DCP saves):
+    a state dict taken from torch.optim.AdamW or from optgen's AdamW, set into optgen's
+    AdamW with set_optimizer_state_dict, continues like the optimizer it came from."""
+    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+    model = _model()
+    make = torch.optim.AdamW if source == "torch" else ot.AdamW
+    theirs = make(model.parameters(), lr=1e-2)
+    _run(model, theirs, 10, seed=1)
+    sd = get_optimizer_state_dict(model, theirs)
+    assert set(sd["state"]) == {n for n, _ in model.named_parameters()}   # keyed by FQN
+    twin = copy.deepcopy(model)
+    mine = ot.AdamW(twin.parameters(), lr=0.5)
+    set_optimizer_state_dict(twin, mine, sd)
+    assert mine.param_groups[0]["lr"] == 1e-2
+    _run(model, theirs, 20, seed=2)
+    _run(twin, mine, 20, seed=2)
+    _close(twin, model, f"{source} AdamW through the DCP helpers, 20 steps")
