@@ -46,7 +46,8 @@ def dynamic_map(kind: str) -> np.ndarray:
 # the code of x without a search (the kernels): a table by the top bits of x's float32
 # representation (sign, exponent, KEY_BITS mantissa bits; magnitudes below 2**-24 share
 # the first bucket) holds the smallest code of that bucket, and one compare with the
-# next midpoint finishes it (code_table checks that no bucket spans more than two codes)
+# next midpoint (a second table by the same key) finishes it (code_table checks that no
+# bucket spans more than two codes)
 KEY_BITS = 7
 KEY_BASE = 103 << KEY_BITS                 # biased exponent 103: 2**-24
 BUCKETS = (128 << KEY_BITS) - KEY_BASE + 1   # per sign, up to the bucket of 1.0
@@ -117,5 +118,12 @@ def code_of(value: float, kind: str) -> tuple[int, float]:
     return int(codes[0]), float(absmax[0])
 
 
+@functools.lru_cache(maxsize=None)
+def bucket_midpoints(kind: str) -> np.ndarray:
+    """float32[2 * BUCKETS]: the midpoint after each bucket's smallest code (+inf after
+    code 255), so that the kernel reads it by the same index as the code table."""
+    return midpoints(kind)[code_table(kind)]
+
+
 # the kernels' table arguments by buffer name prefix (optgen.compiler.specialize.quantize)
-TABLES = {"_qmap_": dynamic_map, "_qmid_": midpoints, "_qtab_": code_table}
+TABLES = {"_qmap_": dynamic_map, "_qmid_": bucket_midpoints, "_qtab_": code_table}

@@ -135,7 +135,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
 def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
     """Store the states ``maps`` names as q8 (runtime/quant.py): the one update pass
     becomes the blocked "q8" view, which also takes each such state's absmax buffer
-    (``<state>__absmax``, one float32 per block) and, per map, its values, midpoints and
+    (``<state>__absmax``, one float32 per block) and, per map, its values, bucket midpoints and
     code table (runtime/quant.py) as arguments.
     Only a single elementwise pass can: the block's new values, their absmax and their
     codes are computed in one loop nest, and nothing else reads the states."""
