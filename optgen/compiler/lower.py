@@ -196,7 +196,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
 
     def load(name: str, transposed: bool = False) -> str:
         if name in kir.quant:    # q8: the code's map value times the block's old absmax
-            return (f'(B__qmap_{kir.quant[name]}[T.Cast("int64", {slot_of(name)})] '
+            return (f'(B__qmap_{kir.quant[name]}[T.Cast("int32", {slot_of(name)})] '
                     f'* qa_{name})')
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
             return widen(slot_of(name), kir.storage[name], ty)
