@@ -44,6 +44,7 @@ class State:
     loc: Loc | None
     when: str | None = None  # a flag expression: the state exists only where it is true
     half_when: str | None = None  # a flag expression: stored as float16 where it is true
+    nonneg: bool = False     # the spec asserts the state is never negative (q8: unsigned map)
 
 
 @dataclass
@@ -207,14 +208,17 @@ class Spec:
         return name
 
     def state(self, name: str, init: Any = 0.0, doc: str = "", *, shape: str = "param",
-              when: str | None = None, half_when: str | None = None) -> Expr:
+              when: str | None = None, half_when: str | None = None,
+              nonneg: bool = False) -> Expr:
         """Optimizer state: per element (``shape="param"``), per row or column of the
         ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
         one scalar per parameter (``"scalar"``), or an R x R / C x C matrix (``"rr"`` /
         ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number or a
         hyperparameter expression (``spec.state("accum", initial_accum)``). With
         ``when="flag"`` (a flag expression) the state exists only in those kernels; with
-        ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype)."""
+        ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype).
+        ``nonneg=True`` asserts that it is never negative where the compiler cannot prove
+        it (the q8 state format then uses the unsigned map; the verifier checks the init)."""
         loc = caller_loc()
         self._new_name(name, "state", loc)
         if shape not in STATE_SHAPES:
@@ -257,7 +261,10 @@ class Spec:
         axes = STATE_SHAPES[shape]
         node = Expr("state", name=name, kind="tensor" if axes else "scalar", axes=axes, loc=loc,
                     mat=MATRIX_STATES.get(shape))
-        self.states[name] = State(name, init, doc, shape, node, loc, when, half_when)
+        if not isinstance(nonneg, bool):
+            raise SpecError(f"state {name!r}: nonneg must be True or False, got {nonneg!r}",
+                            loc, hint="nonneg=True")
+        self.states[name] = State(name, init, doc, shape, node, loc, when, half_when, nonneg)
         return node
 
     def restrict(self, name: str, when: str) -> None:

@@ -535,3 +535,32 @@ def test_formats_per_state_mix(rng):
     assert a.state[0]["m"].dtype == np.uint8 and a.state[0]["v"].dtype == BF16
     assert np.mean(a.state[0]["m"] == b.state[0]["m"]) > 0.99
     np.testing.assert_allclose(a.params[0], b.params[0], rtol=1e-4, atol=1e-6)
+
+
+NONNEG_SPEC = '''
+from optgen.dsl import Spec, sqrt
+spec = Spec("nonneg_demo", "a state the prover cannot show non-negative")
+lr = spec.hyper("lr", 0.1, "lr >= 0", "learning rate")
+d = spec.state("d", {init}, "a running magnitude"{flag})
+
+
+@spec.update
+def rule(w, grad, flags):
+    d_new = sqrt(d * d + grad * grad) - 0.5 * lr   # (a difference: not proven >= 0)
+    return {{d: d_new, w: w - lr * grad / (abs(d_new) + 1.0)}}
+'''
+
+
+@pytest.mark.parametrize("flag,want", [("", "signed"), (", nonneg=True", "unsigned")])
+def test_a_spec_can_assert_a_nonnegative_state(tmp_path, flag, want):
+    path = tmp_path / f"nonneg{len(flag)}.py"
+    path.write_text(NONNEG_SPEC.format(init="0.0", flag=flag), encoding="utf-8")
+    art = optgen.get_artifact(str(path), state_format="q8")
+    assert {m for k in art.kernels for m in k.quant.values()} == {want}
+
+
+def test_a_nonneg_assertion_with_a_negative_init_is_a_spec_error(tmp_path):
+    path = tmp_path / "nonneg_bad.py"
+    path.write_text(NONNEG_SPEC.format(init="-1.0", flag=", nonneg=True"), encoding="utf-8")
+    with pytest.raises(optgen.SpecError, match="nonneg=True, but its init"):
+        optgen.build(str(path))

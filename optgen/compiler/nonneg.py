@@ -12,8 +12,9 @@ analysis of the update expression:
   values; a product whose factors of unknown sign each occur an even number of times
   (``(1 - b) * g * g``: ``g`` twice); ``x ** 2``.
 
-Anything else is "not proven", and that state gets the signed map (a spec cannot yet
-assert non-negativity itself).
+Anything else is "not proven", and that state gets the signed map, unless the spec
+asserts it: ``spec.state("d", 0.0, nonneg=True)`` (the verifier checks that the init
+is non-negative; the update is the author's word).
 """
 from __future__ import annotations
 
@@ -56,11 +57,13 @@ def nonneg_states(spec, updates: dict[str, Expr], candidates: list[str]) -> set[
     """The ``candidates`` (tensor state names) proven non-negative under ``updates``
     (state -> new value of one traced flag combination)."""
     bounds = {n: hyper_bounds(h.info.constraint, n) for n, h in spec.hypers.items()}
-    proven = {n for n in candidates if _init_nonneg(spec.states[n].init, bounds)}
+    asserted = {n for n in candidates if spec.states[n].nonneg}
+    proven = {n for n in candidates if _init_nonneg(spec.states[n].init, bounds)} - asserted
     while True:   # drop the states whose update is not proven under the rest
-        keep = {n for n in proven if n not in updates or _sign(updates[n], proven, bounds, {})}
+        known = proven | asserted
+        keep = {n for n in proven if n not in updates or _sign(updates[n], known, bounds, {})}
         if keep == proven:
-            return proven
+            return known
         proven = keep
 
 
@@ -68,6 +71,12 @@ def _init_nonneg(init, bounds) -> bool:
     if isinstance(init, (int, float)):
         return init >= 0
     return bounds.get(init, (None, None))[0] is not None and bounds[init][0] >= 0
+
+
+def init_nonneg(spec, init) -> bool:
+    """Whether a state's init (a number or a hyperparameter's name) is known >= 0."""
+    return _init_nonneg(init, {n: hyper_bounds(h.info.constraint, n)
+                               for n, h in spec.hypers.items()})
 
 
 def _sign(e: Expr, states: set[str], bounds, memo: dict) -> bool:

@@ -14,6 +14,7 @@ from ..errors import SpecError
 from ..ir import matrix_shape, walk
 from ..tracing import Trace
 from .loader import spec_line_error
+from .nonneg import init_nonneg
 from optgen.runtime import hyper as hyper_rules
 from optgen.runtime import scalar_expr
 
@@ -42,7 +43,19 @@ def verify(spec: Spec) -> list[Trace]:
                         hint="turn a flag into a float hyperparameter (0.0 or 1.0)")
     traces = [_check_trace(spec, _trace(spec, flags)) for flags in flag_combinations(spec)]
     _check_lazy(spec, traces)
+    _check_nonneg(spec)
     return traces
+
+
+def _check_nonneg(spec: Spec) -> None:
+    """A state asserted non-negative (``nonneg=True``) needs a non-negative init: a
+    number >= 0, or a hyperparameter whose constraint bounds it below by 0."""
+    for st in spec.states.values():
+        if st.nonneg and not init_nonneg(spec, st.init):
+            raise SpecError(f"state {st.name!r} is declared nonneg=True, but its init "
+                            f"{st.init!r} is not known to be >= 0", st.loc,
+                            hint="use a non-negative init, or constrain the hyperparameter "
+                                 "(e.g. 'x >= 0'), or drop nonneg=True")
 
 
 def _check_lazy(spec: Spec, traces: list[Trace]) -> None:
