@@ -268,7 +268,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         self._mirror()
         sd = super().state_dict()
-        return torch_format.to_torch(self._artifact.name, sd) if format == "torch" else sd
+        return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored) \
+            if format == "torch" else sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, with every state checked against this optimizer's layout first

@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from optgen.runtime import quant
+from optgen.runtime.formats import ABSMAX
+
 # catalog name -> (torch.optim class, torch state -> spec state, torch group key -> spec's)
 FORMATS: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {
     "adam": ("Adam", {"exp_avg": "m", "exp_avg_sq": "v"}, {}),
@@ -124,9 +127,12 @@ def to_optgen(name: str, groups: list[dict], sd: dict[str, Any]) -> dict[str, An
     return {"state": state, "param_groups": out_groups}
 
 
-def to_torch(name: str, sd: dict[str, Any]) -> dict[str, Any]:
+def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
+             ) -> dict[str, Any]:
     """The drop-in's state_dict ``sd`` in torch.optim's format: ``torch.optim.<cls>``
-    loads it and continues the run."""
+    loads it and continues the run. q8 states (codes and ``<state>__absmax``; ``stored``
+    names their maps) are written dequantized, as float32: torch.optim has no 8-bit
+    states."""
     cls, states, keys = _format(name, "writing a torch.optim checkpoint")
     back = {ours: theirs for theirs, ours in states.items()}
     back_keys = {ours: theirs for theirs, ours in keys.items()}
@@ -137,7 +143,8 @@ def to_torch(name: str, sd: dict[str, Any]) -> dict[str, Any]:
     for pid, rec in sd["state"].items():
         # copies: torch.optim's load keeps tensors of the right dtype and device as they
         # are, and two optimizers stepping one state tensor in place would corrupt both
-        new = {back[k]: torch.as_tensor(v).detach().clone() for k, v in rec.items() if k in back}
+        new = {back[k]: _full_precision(k, v, rec, stored or {}) for k, v in rec.items()
+               if k in back}
         if name == "sgd":
             if not float(rec.get(SGD_STARTED, 0.0)):
                 new["momentum_buffer"] = None
@@ -154,3 +161,13 @@ def to_torch(name: str, sd: dict[str, Any]) -> dict[str, Any]:
         new["params"] = list(g["params"])
         groups.append(new)
     return {"state": state, "param_groups": groups}
+
+
+def _full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str]):
+    """A copy of state ``k`` for torch.optim: q8 codes dequantized to float32."""
+    if k + ABSMAX not in rec:
+        return torch.as_tensor(v).detach().clone()
+    codes = torch.as_tensor(v).detach().cpu().numpy()
+    absmax = torch.as_tensor(rec[k + ABSMAX]).detach().cpu().numpy()
+    values = quant.dequantize(codes, absmax, stored[k][len("q8:"):])
+    return torch.from_numpy(values).to(torch.as_tensor(v).device)

@@ -564,3 +564,25 @@ def test_a_nonneg_assertion_with_a_negative_init_is_a_spec_error(tmp_path):
     path.write_text(NONNEG_SPEC.format(init="-1.0", flag=", nonneg=True"), encoding="utf-8")
     with pytest.raises(optgen.SpecError, match="nonneg=True, but its init"):
         optgen.build(str(path))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q8"])
+def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
+    """state_dict(format="torch") of a drop-in with bf16 or q8 states: torch.optim.Adam
+    loads it (q8 written dequantized, float32) and continues close to the optgen run."""
+    torch = pytest.importorskip("torch")
+    import copy
+    from helpers import torch_mlp, torch_train
+    import optgen.torch as ot
+    model = torch_mlp()
+    mine = ot.Adam(model.parameters(), lr=1e-2, state_format=fmt, state_format_min_size=0)
+    torch_train(model, mine, 10)
+    sd = mine.state_dict(format="torch")
+    assert all(s["exp_avg"].dtype != torch.uint8 for s in sd["state"].values())
+    twin = copy.deepcopy(model)
+    theirs = torch.optim.Adam(twin.parameters(), lr=1e-2)
+    theirs.load_state_dict(sd)
+    torch_train(model, mine, 5, seed=2)
+    torch_train(twin, theirs, 5, seed=2)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
