@@ -78,6 +78,8 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
         why = _whole_tensor_rule(artifact)
         if why is None and clip_global_norm is not None:
             why = "clip_global_norm needs the norm of every gradient"
+        if why is None and any(v.startswith("q8:") for v in artifact.stored.values()):
+            why = "keeps q8 states, whose 256-element blocks would start at each shard"
         if why is not None:
             raise ValueError(
                 f"{owner}: parameter {i} is sharded ({', '.join(map(str, p.placements))} over "

@@ -32,6 +32,11 @@ OPTIMIZERS = {
     "lamb": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
     "lars": ("LARS", dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
     "adafactor": ("Adafactor", dict(lr=1e-2, relative_step=False)),
+    # state formats (docs/state-formats.md): every tensor formatted
+    "adamw-bf16": ("AdamW", dict(lr=1e-2, weight_decay=0.1, state_format="bf16",
+                                 state_format_min_size=0)),
+    "adam-q8": ("Adam", dict(lr=1e-2, weight_decay=0.01, state_format="q8",
+                             state_format_min_size=0)),
 }
 STEPS = 20
 
