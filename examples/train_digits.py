@@ -299,7 +299,8 @@ def main(argv=None) -> dict[str, dict]:
     """Train each optimizer from the same initial weights; print and return the results
     ``{optimizer: {"test_accuracy": ..., "final_loss": ..., "history": {...}, ...}}``."""
     args = parse_args(argv, extra=lambda p: p.add_argument(
-        "--state-format", help="store the optimizer states as bf16 (docs/state-formats.md)"))
+        "--state-format", help="store the optimizer states as bf16 or q8 (q8: elementwise "
+        "rules only, not lamb; docs/state-formats.md)"))
     data = load_data(args.seed)
     X_train, y_train, X_test, _ = data
     model = f"MLP {X_train.shape[1]}-{HIDDEN}-10 (tanh)"

@@ -56,6 +56,17 @@ def _stepped_pairs(art, fmt, shapes, rng):
         yield flags, pdt, opts
 
 
+def _example(name):
+    """A module of examples/ (loaded from its file: examples/ is not a package)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _bits(a):
     a = np.asarray(a)
     return a.view(np.uint16) if a.dtype == BF16 else a
@@ -286,12 +297,7 @@ def test_torch_drop_in_states_are_bf16():
 def test_digits_accuracy_with_formatted_states(fmt, names):
     """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
     points of float32 states (10 epochs)."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_digits.py")
-    spec = importlib.util.spec_from_file_location("train_digits_formats", path)
-    digits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(digits)
+    digits = _example("train_digits")
     data = digits.load_data(0)
     init = digits.init_params(data[0].shape[1], digits.HIDDEN, 10, 0)
     for name in names:
@@ -588,51 +594,14 @@ def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
 
 
-def _char_lm_loss(fmt, steps=300, seed=0):
-    """A character-level language model trained with optgen's AdamW: the next character
-    of README.md from the 16 before it (embedding 24 -> MLP 384 -> 256 -> vocabulary).
-    Returns the mean training loss of the last 30 steps (deterministic: fixed seeds,
-    batches from one generator, one thread)."""
-    import os
-    torch = pytest.importorskip("torch")
-    import optgen.torch as ot
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md"),
-              encoding="utf-8") as f:
-        text = f.read()
-    vocab = sorted(set(text))
-    data = torch.tensor([vocab.index(c) for c in text])
-    ctx = 16
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Embedding(len(vocab), 24), torch.nn.Flatten(),
-                                torch.nn.Linear(ctx * 24, 256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, len(vocab)))
-    kw = {} if fmt is None else {"state_format": fmt}
-    opt = ot.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, **kw)
-    g = torch.Generator().manual_seed(seed + 1)
-    losses = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for _ in range(steps):
-            at = torch.randint(0, len(data) - ctx - 1, (64,), generator=g)
-            x = torch.stack([data[a:a + ctx] for a in at.tolist()])
-            y = data[at + ctx]
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-    finally:
-        torch.set_num_threads(threads)
-    return sum(losses[-30:]) / 30, losses[0]
-
-
 @pytest.mark.parametrize("fmt", ["bf16", "q8"])
 def test_char_language_model_loss_within_two_percent(fmt):
-    """300 steps on README.md's characters: the loss with bf16 or q8 states ends within
-    2 % of the loss with float32 states (the model's tensors are above the 4096-element
-    threshold but for the biases)."""
-    full, first = _char_lm_loss(None)
-    low, _ = _char_lm_loss(fmt)
+    """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16 or q8
+    states ends within 2 % of the loss with float32 states (the model's tensors are above
+    the 4096-element threshold but for the biases)."""
+    pytest.importorskip("torch")
+    lm = _example("char_lm")
+    full_run, low_run = lm.train(None), lm.train(fmt)
+    first, full, low = full_run[0], sum(full_run[-30:]) / 30, sum(low_run[-30:]) / 30
     assert full < 0.8 * first, f"the model did not learn: {first:.3f} -> {full:.3f}"
     assert abs(low - full) <= 0.02 * full, f"{fmt}: {low:.4f} vs float32 states {full:.4f}"
