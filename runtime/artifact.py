@@ -29,11 +29,8 @@ from .device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
 from . import scalar_expr
-from .formats import CAST, FORMATS
+from . import formats
 from .hyper import HyperInfo, Requirement
-
-
-FORMAT_DTYPES = {f: FORMATS[f] for f in CAST}   # bf16 -> bfloat16
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,7 +194,7 @@ class Artifact:
         # how each formatted state is stored: a dtype (bf16) or "q8:<map>" (runtime/quant.py)
         self.stored: dict[str, str] = {
             n: f"q8:{m}" for k in self.kernels for n, m in k.quant.items()} | {
-            n: FORMAT_DTYPES[f] for n, f in self.state_format.items() if f in FORMAT_DTYPES}
+            n: dt for n, dt in formats.dtypes(self.state_format).items()}
         self._module = None
         self._functions: dict[str, Callable] = {}
 

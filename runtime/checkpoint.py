@@ -79,10 +79,8 @@ def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -
         for n in list(mine):
             if isinstance(mine[n], np.floating):
                 mine[n] = np.float64(theirs[n])
-            else:   # (a state saved in another format is converted: check allowed it)
-                src = np.asarray(theirs[n])
-                want = tensors.numpy_dtype(tensors.dtype_name(mine[n], libs[i]))
-                tensors.copy_into(mine[n], libs[i], src if src.dtype == want else src.astype(want))
+            else:
+                tensors.copy_into(mine[n], libs[i], np.asarray(theirs[n]))
 
 
 # dtype pairs a state may change between a checkpoint and the optimizer loading it: a
@@ -180,9 +178,6 @@ def check(opt, sd: Any) -> dict[str, Any]:
             src = np.asarray(rec[name])
             want = (tensors.dtype_name(v, opt._lib[i]), list(v.shape))
             if (src.dtype.name, list(src.shape)) != want:
-                if list(src.shape) == want[1] and {src.dtype.name, want[0]} in REFORMAT:
-                    converted.add(f"{src.dtype.name} -> {want[0]}")
-                    continue
                 _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
                            f"expected {want[0]}{want[1]}")
     if converted:   # another state format (runtime/formats.py): rounded or widened
@@ -202,11 +197,19 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
     """Parameter ``i``'s saved states in this optimizer's layout: a state this optimizer
     keeps as q8 but saved in full precision is quantized; one saved as q8 (codes and
     absmax; ``stored`` names its map) that this optimizer keeps in full precision is
-    dequantized (then cast to its dtype). Anything else is left to the checks."""
+    dequantized (then cast to its dtype); a float32 state kept as bfloat16 is rounded, and
+    the reverse widened. Anything else is left to the checks."""
     st, out = opt.state[i], dict(rec)
-    for n in [n for n in st if not n.endswith(ABSMAX) and n in rec]:
+    for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
+              and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
         src = np.asarray(rec[n])
+        want = tensors.dtype_name(st[n], opt._lib[i])
+        if not mine and not theirs and src.dtype.name != want and \
+                list(src.shape) == list(st[n].shape) and {src.dtype.name, want} in REFORMAT:
+            out[n] = src.astype(tensors.numpy_dtype(want))
+            converted.add(f"{src.dtype.name} -> {want}")
+            continue
         if mine and not theirs and (src.dtype.kind == "f" or src.dtype.name == "bfloat16"):
             out[n], out[n + ABSMAX] = quant.quantize(src.astype(np.float32),
                                                      opt.artifact.stored[n][3:])
@@ -216,7 +219,6 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
             if not kind.startswith("q8:"):
                 _fail(opt, f"state_dict state {i}.{n} is q8 codes without their map "
                            "(no 'stored' entry): it cannot be dequantized")
-            want = tensors.dtype_name(st[n], opt._lib[i])
             out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]), kind[3:]) \
                 .astype(tensors.numpy_dtype(want))
             del out[n + ABSMAX]

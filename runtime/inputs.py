@@ -157,8 +157,8 @@ def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequen
     for i, p in enumerate(params):
         dt, flags = tensors.dtype_name(p, libs[i]), flags_of(i)
         k = artifact.kernel_for(dt, flags, formatted[i])
-        if k is None and formatted[i] and artifact.kernel_for(dt, flags) is not None:
-            plain = artifact.kernel_for(dt, flags)
+        plain = artifact.kernel_for(dt, flags) if k is None and formatted[i] else None
+        if plain is not None:
             why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
                    "elementwise rules") if plain.matrix else (
                 f"state formats compute in float32 (float32 parameters, or float16/bfloat16 "

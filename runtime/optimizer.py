@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, launch, preprocess, refresh, scalar_expr, scalars, state
+from . import checkpoint, flat, formats, launch, preprocess, refresh, scalar_expr, scalars, state
 from . import groups as grouping
 from . import inputs as checks
 from . import tensors, views
@@ -50,7 +50,7 @@ class Optimizer:
                  decay_filter: Any = "default", multi_precision: bool = False,
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
-                 state_format: Any = None, state_format_min_size: int = state.MIN_SIZE,
+                 state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
                  **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
@@ -111,7 +111,7 @@ class Optimizer:
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
                           tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
-        self.state_format = state.format_request(name, state_format)   # (formats.py)
+        self.state_format = formats.request(name, state_format)
         self._formatted = state.formatted(name, artifact, self.state_format, self.params,
                                           state_format_min_size)
         self._launch = launch.Launcher(name, artifact, backend, self.params, self._lib,

@@ -19,9 +19,6 @@ import numpy as np
 
 from . import flat, formats, quant, scalar_expr, tensors, views
 
-MIN_SIZE = formats.MIN_SIZE
-format_request = formats.request
-
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
 
 

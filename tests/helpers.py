@@ -1,6 +1,9 @@
 """Helpers shared by the kernel-vs-reference tests of every target (llvm, c, opencl,
 cuda): tolerances, and the "busy" hyperparameter setting found from the constraints."""
 import functools
+import importlib.util
+import os
+import sys
 
 import numpy as np
 
@@ -96,3 +99,16 @@ def torch_drop_in(name: str) -> type:
     """optgen.torch's class of that name; "LARS" is LARS on momentum (no class of its own)."""
     import optgen.torch as ot
     return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot, name)
+
+
+def load_example(name: str):
+    """examples/<name>.py as a module (examples/ is not a package), registered in
+    sys.modules (dataclasses look their module up there)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+

@@ -3,7 +3,6 @@ trains every optimizer it compares to a useful accuracy and its hand-written bac
 matches finite differences; examples/torch_trainer.py's drop-in AdamW follows
 torch.optim.AdamW under a torch lr scheduler. Each script also runs once as a command,
 writing its plot."""
-import importlib.util
 import os
 import re
 import subprocess
@@ -12,20 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import finite_differences
+from helpers import finite_differences, load_example
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}",
-                                                  os.path.join(EXAMPLES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run_script(name: str, *args: str, env: dict | None = None) -> str:
@@ -49,7 +39,7 @@ def _assert_png(path) -> None:
 # -- train_digits.py ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def digits():
-    return _load_example("train_digits")
+    return load_example("train_digits")
 
 
 def test_digits_backprop_matches_finite_differences(digits):
@@ -139,7 +129,7 @@ def trainer():
     pytest.importorskip("sklearn", reason="the torch example needs scikit-learn")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield _load_example("torch_trainer")
+    yield load_example("torch_trainer")
     torch.set_num_threads(threads)
 
 

@@ -3,9 +3,7 @@ random BERT classifier on generated data learns (loss falls, held-out accuracy r
 and a run resumed from the Trainer's own checkpoint (optimizer.pt written by
 ``optimizer.state_dict()``, read back by ``load_state_dict``) ends with the parameters of
 the run that was not interrupted."""
-import importlib.util
 import os
-import sys
 
 import pytest
 
@@ -13,18 +11,14 @@ torch = pytest.importorskip("torch", reason="the Trainer runs torch models")
 pytest.importorskip("transformers", reason="transformers is in the test extra")
 pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import load_example  # noqa: E402
+
 STEPS = 120
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location(
-        "example_hf_trainer", os.path.join(ROOT, "examples", "hf_trainer.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("hf_trainer")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import optgen
-from helpers import assert_close, busy_hypers, valid
+from helpers import assert_close, busy_hypers, load_example, valid
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief", "lamb", "adafactor"]
@@ -54,17 +54,6 @@ def _stepped_pairs(art, fmt, shapes, rng):
             for o in opts:
                 o.step([g.copy() for g in gs])
         yield flags, pdt, opts
-
-
-def _example(name):
-    """A module of examples/ (loaded from its file: examples/ is not a package)."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bits(a):
@@ -270,7 +259,7 @@ def test_bad_parameters_for_a_format_change_nothing():
 
 
 def test_torch_drop_in_states_are_bf16():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the torch drop-ins need torch")
     from helpers import torch_mlp, torch_train
     import optgen.torch as ot
     model = torch_mlp()
@@ -297,7 +286,7 @@ def test_torch_drop_in_states_are_bf16():
 def test_digits_accuracy_with_formatted_states(fmt, names):
     """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
     points of float32 states (10 epochs)."""
-    digits = _example("train_digits")
+    digits = load_example("train_digits")
     data = digits.load_data(0)
     init = digits.init_params(data[0].shape[1], digits.HIDDEN, 10, 0)
     for name in names:
@@ -482,7 +471,7 @@ def test_q8_checkpoint_resume_is_bit_exact_and_converts(tmp_path, rng):
 
 
 def test_q8_torch_drop_in_trains():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the torch drop-ins need torch")
     from helpers import torch_mlp, torch_train
     import optgen.torch as ot
     model, ref = torch_mlp(), torch_mlp()
@@ -576,7 +565,7 @@ def test_a_nonneg_assertion_with_a_negative_init_is_a_spec_error(tmp_path):
 def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
     """state_dict(format="torch") of a drop-in with bf16 or q8 states: torch.optim.Adam
     loads it (q8 written dequantized, float32) and continues close to the optgen run."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the torch drop-ins need torch")
     import copy
     from helpers import torch_mlp, torch_train
     import optgen.torch as ot
@@ -599,8 +588,8 @@ def test_char_language_model_loss_within_two_percent(fmt):
     """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16 or q8
     states ends within 2 % of the loss with float32 states (the model's tensors are above
     the 4096-element threshold but for the biases)."""
-    pytest.importorskip("torch")
-    lm = _example("char_lm")
+    pytest.importorskip("torch", reason="the torch drop-ins need torch")
+    lm = load_example("char_lm")
     full_run, low_run = lm.train(None), lm.train(fmt)
     first, full, low = full_run[0], sum(full_run[-30:]) / 30, sum(low_run[-30:]) / 30
     assert full < 0.8 * first, f"the model did not learn: {first:.3f} -> {full:.3f}"

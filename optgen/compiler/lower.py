@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
+from optgen.runtime.formats import ABSMAX
 from .kernel_ir import KernelIR
 from .specialize import MASTER_DTYPE
 
@@ -300,7 +301,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
         if name in kir.quant:
             return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name], "uint8")
-        if name.endswith("__absmax") or name.startswith(("_qmap_", "_qmid_", "_qtab_")):
+        if name.endswith(ABSMAX) or name.startswith(("_qmap_", "_qmid_", "_qtab_")):
             return LoweredBuffer(name, buffer_var(name), "",           # (q8: runtime/quant.py)
                                  "int32" if name.startswith("_qtab_") else "float32")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],

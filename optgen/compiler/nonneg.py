@@ -56,7 +56,7 @@ def hyper_bounds(constraint: str | None, name: str) -> tuple[float | None, float
 def nonneg_states(spec, updates: dict[str, Expr], candidates: list[str]) -> set[str]:
     """The ``candidates`` (tensor state names) proven non-negative under ``updates``
     (state -> new value of one traced flag combination)."""
-    bounds = {n: hyper_bounds(h.info.constraint, n) for n, h in spec.hypers.items()}
+    bounds = _bounds(spec)
     asserted = {n for n in candidates if spec.states[n].nonneg}
     proven = {n for n in candidates if _init_nonneg(spec.states[n].init, bounds)} - asserted
     while True:   # drop the states whose update is not proven under the rest
@@ -75,8 +75,11 @@ def _init_nonneg(init, bounds) -> bool:
 
 def init_nonneg(spec, init) -> bool:
     """Whether a state's init (a number or a hyperparameter's name) is known >= 0."""
-    return _init_nonneg(init, {n: hyper_bounds(h.info.constraint, n)
-                               for n, h in spec.hypers.items()})
+    return _init_nonneg(init, _bounds(spec))
+
+
+def _bounds(spec) -> dict[str, tuple[float | None, float | None]]:
+    return {n: hyper_bounds(h.info.constraint, n) for n, h in spec.hypers.items()}
 
 
 def _sign(e: Expr, states: set[str], bounds, memo: dict) -> bool:
