@@ -168,7 +168,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
         host = self._offload.master if self._offload else torch_shards.local
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
-        core = _Core(self._artifact, groups, **self._options)
+        core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
+                     **self._options)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
             raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
         if old is not None:

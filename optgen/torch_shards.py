@@ -6,25 +6,30 @@ persistent sharded storage, so a step writes the parameter in place); the drop-i
 ``opt.state[p]`` shows each state as a DTensor with the parameter's mesh and placements,
 so torch's and DCP's state-dict machinery see sharded states.
 
-A rule is exact on a shard only if every element's update reads nothing outside its
-own element: no whole-tensor reduction (LAMB's and LARS's trust ratios, Adafactor's RMS
-and row/column statistics), no matrix product (Muon, THOR), no host scalar read from the
-parameter's shape, no row/column state; and no ``clip_global_norm``. Those need the
-partial sums of every shard (an all-reduce between the reduction and update passes),
-which is not built: a sharded parameter with such a rule is a ValueError at
-construction, raised alike on every rank before any collective, so no rank waits on
-another. Replicated DTensors are whole on every rank and take any rule.
+Rules that read other elements than their own see the whole parameter: the runtime
+sums the float64 partial reductions of every shard between the passes that compute them
+and the passes that read them (runtime/shards.py), with one all-reduce per reduction
+level for all parameters of a step over the mesh dimension the parameters are split
+on; ``clip_global_norm`` and the non-finite check add the split gradients' sums of
+squares the same way. This needs a split of the first dimension (``Shard(0)``, FSDP2's
+default) on one mesh dimension. A rule that multiplies whole matrices (Muon, THOR),
+reads the parameter's shape in a host scalar, or keeps q8 states (whose blocks would
+start at each shard) is refused on a sharded parameter: a ValueError at construction,
+raised alike on every rank before any collective, so no rank waits on another.
+Replicated DTensors are whole on every rank and take any rule.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from optgen.runtime import scalar_expr
+import torch
+
+from optgen.runtime import scalar_expr, shards
 
 try:
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 except ImportError:   # a torch built without torch.distributed
-    DTensor = Replicate = None
+    DTensor = Replicate = Shard = None
 
 
 def is_dtensor(t: Any) -> bool:
@@ -43,24 +48,38 @@ def sharded(p: Any) -> bool:
                                  for d, pl in enumerate(p.placements))
 
 
-def _whole_tensor_rule(artifact: Any) -> str | None:
-    """Why a rule cannot step a shard on its own (None: it can)."""
+def _refused(artifact: Any) -> str | None:
+    """Why a rule cannot step a shard even with its reductions summed (None: it can)."""
     for k in artifact.kernels:
         if k.matrix:
             return "multiplies whole matrices"
-        if any(n.startswith("_red") for n in k.buffer_axes):
-            return "reduces over the whole tensor (norms, means)"
         if any({"rows", "cols"} & scalar_expr.names(e) for e in k.host_scalars.values()):
             return "reads the parameter's shape"
-    if any(s.shape in ("row", "col") for s in artifact.states):
-        return "keeps row or column statistics"
+    if any(v.startswith("q8:") for v in artifact.stored.values()):
+        return "keeps q8 states, whose 256-element blocks would start at each shard"
+    return None
+
+
+def _reduces(artifact: Any) -> bool:
+    return any(ln["kind"] == "reduce" for k in artifact.kernels for ln in k.launches)
+
+
+def _split_dim(p: Any) -> int | None:
+    """The mesh dimension a parameter's first dimension is split on, when that is its
+    only split (``Shard(0)``); None otherwise."""
+    cut = [d for d, pl in enumerate(p.placements)
+           if not isinstance(pl, Replicate) and p.device_mesh.size(d) > 1]
+    if len(cut) == 1 and isinstance(p.placements[cut[0]], Shard) and \
+            p.placements[cut[0]].dim == 0:
+        return cut[0]
     return None
 
 
 def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offload: Any,
           flat: bool) -> None:
     """Sharded parameters against the rule and options (ValueError naming the
-    parameter and the rule); parameters of one optimizer on one mesh."""
+    parameter and the rule); parameters of one optimizer on one mesh, split on one of
+    its dimensions."""
     dts = [(i, p) for i, p in enumerate(params) if is_dtensor(p)]
     if not dts:
         return
@@ -72,20 +91,62 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     if offload or flat:
         raise ValueError(f"{owner}: DTensor parameters with "
                          f"{'offload' if offload else 'flat=True'} are not built")
+    whole = _reduces(artifact) or clip_global_norm is not None or \
+        any(s.shape in ("row", "col") for s in artifact.states)
+    dims = {}
     for i, p in dts:
         if not sharded(p):
             continue
-        why = _whole_tensor_rule(artifact)
-        if why is None and clip_global_norm is not None:
-            why = "clip_global_norm needs the norm of every gradient"
-        if why is None and any(v.startswith("q8:") for v in artifact.stored.values()):
-            why = "keeps q8 states, whose 256-element blocks would start at each shard"
+        why = _refused(artifact)
+        if why is None and whole and _split_dim(p) is None:
+            why = ("reduces over the whole tensor, which is summed across shards only for "
+                   "a split of the first dimension (Shard(0), FSDP2's default)")
         if why is not None:
             raise ValueError(
                 f"{owner}: parameter {i} is sharded ({', '.join(map(str, p.placements))} over "
                 f"{p.device_mesh.size()} ranks) and its rule {why}: stepping shards apart "
-                "would be wrong, and the cross-shard all-reduce is not built yet (use DDP or "
-                "ZeRO-1, which keep every tensor whole on the rank that steps it)")
+                "would be wrong (use DDP or ZeRO-1, which keep every tensor whole on the "
+                "rank that steps it)")
+        dims.setdefault(_split_dim(p), i)
+    if whole and len(dims) > 1:
+        (a, i), (b, j) = list(dims.items())[:2]
+        raise ValueError(f"{owner}: parameters {i} and {j} are split on different mesh "
+                         f"dimensions ({a} and {b}); one optimizer sums reductions over one")
+
+
+class MeshSum:
+    """runtime/shards.Collective over one mesh dimension: one float64 all-reduce (sum)
+    of every array given, packed into one buffer on the mesh's device."""
+
+    def __init__(self, mesh: Any, dim: int):
+        self.group = mesh.get_group(dim)
+        self.device = torch.device(mesh.device_type)
+
+    def all_reduce(self, arrays: list[Any]) -> None:
+        flat = torch.cat([torch.as_tensor(a).reshape(-1).to(self.device, torch.float64)
+                          for a in arrays])
+        torch.distributed.all_reduce(flat, group=self.group)
+        at = 0
+        for a in arrays:
+            n = a.numel() if isinstance(a, torch.Tensor) else a.size
+            part = flat[at:at + n]
+            if isinstance(a, torch.Tensor):
+                a.copy_(part.view(a.shape))
+            else:
+                a[...] = part.cpu().numpy().reshape(a.shape)
+            at += n
+
+
+def splits(params: list) -> shards.Shards | None:
+    """What the runtime needs to step these parameters' shards (None: none is split):
+    each sharded parameter's split axis and whole shape, and the mesh collective."""
+    cut = [p if sharded(p) and _split_dim(p) is not None else None for p in params]
+    first = next((p for p in cut if p is not None), None)
+    if first is None:
+        return None
+    return shards.Shards(
+        [None if p is None else shards.Split(shards.axis_of_dim0(p.ndim), tuple(p.shape))
+         for p in cut], MeshSum(first.device_mesh, _split_dim(first)))
 
 
 def shown(p: Any, state: Any) -> Any:

@@ -223,6 +223,18 @@ class RuntimeGroup:
         self.grad_centralization = grad_centralization
 
 
+def describe(groups: Sequence[RuntimeGroup], group_of: Sequence[int], params: Sequence[Any],
+             names: Sequence[str | None]) -> list[dict[str, Any]]:
+    """``Optimizer.param_groups``: each group's parameters, names and hyperparameters."""
+    out = []
+    for gi, g in enumerate(groups):
+        idx = [i for i, x in enumerate(group_of) if x == gi]
+        out.append({"params": [params[i] for i in idx], "names": [names[i] for i in idx],
+                    **g.hyper, **({"lr": g.lr} if g.lr is not None else {}),
+                    "grad_centralization": g.grad_centralization})
+    return out
+
+
 def resolve(owner: str, artifact: Any, t: int, current: Mapping[str, Any], current_lr,
             changes: Mapping[str, Any]) -> tuple[dict[str, Any], Callable | None]:
     """``current`` updated by ``changes`` (spec names), validated; an lr that is a

@@ -14,15 +14,16 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It shares the optimizer's lists of parameters and states (the same list objects), and
 is told the rest (kernels prepared, groups, multipliers, step counts) when it needs it.
 
-May import: numpy, artifact, flat, reference, sparse, tensors, views.
+May import: numpy, artifact, flat, formats, quant, reference, shards, sparse, tensors,
+views.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, quant, reference, tensors, views
+from . import flat, quant, reference, shards, tensors, views
 from .formats import ABSMAX
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -178,13 +179,7 @@ class Launcher:
         """Parameter ``i``'s update with dense gradient ``g``, in place."""
         d = self.dims[i]
         if self.compiled:
-            step = {"grad": tensors.kernel_arg(g, self.libs[i]),
-                    **{n: tensors.kernel_arg(a, self.libs[i]) for n, a in extra.items()}}
-            wrap = bfloat16_tensor if self.bf16_numpy[i] else _same
-
-            def call(fn, args):
-                fn(*[a if type(a) is not tuple else
-                     wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
+            call = self._caller(i, g, scalars, extra)
             if k.matrix:                 # its plan may hold loops
                 run_loops(self.plans[i], call, scalars)
             else:
@@ -203,6 +198,43 @@ class Launcher:
                 host[name][...], host[name + ABSMAX][...] = quant.quantize(value, k.quant[name])
             else:
                 host[name][...] = value
+
+    def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
+        """Calls one plan entry of parameter ``i`` with this step's arrays."""
+        d, lib = self.dims[i], self.libs[i]
+        step = {"grad": tensors.kernel_arg(g, lib),
+                **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()}}
+        wrap = bfloat16_tensor if self.bf16_numpy[i] else _same
+
+        def call(fn, args):
+            fn(*[a if type(a) is not tuple else
+                 wrap(views.as_kernel(step[a[0]], a[1], d, a[2])) for a in args], scalars)
+        return call
+
+    def passes(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+               extra: Mapping[str, Any], split: shards.Split) -> Iterator[list]:
+        """Parameter ``i``'s launches when its rows are split across ranks
+        (runtime/shards.py): before a launch that reads reduction buffers this rank
+        filled alone, yields them (``shards.Pending``) to be summed across ranks. An
+        empty shard runs no kernel and yields zeros, so every rank yields alike."""
+        if not self.compiled or k.matrix:
+            raise ValueError(f"{self.owner}: parameter {i} is split across ranks; its "
+                             "reductions are summed between compiled passes only")
+        call = self._caller(i, g, scalars, extra) if self.numel[i] else None
+        work = self.workspace(i, k, self.dims[i])
+        unsummed: dict[str, shards.Pending] = {}
+        for (fn, args), ln in zip(self.plans[i], k.launches):
+            wanted = [unsummed.pop(b) for b in ln["buffers"] if b in unsummed]
+            if wanted:
+                yield wanted
+            fills = shards.needs_sum(ln, split) and shards.pending(
+                ln, work, k.workspaces, self.dims[i], split)
+            if call is not None:
+                call(fn, args)
+            elif ln["kind"] == "reduce":
+                for red in [ln["red"]] + [a["red"] for a in ln.get("also", [])]:
+                    work[red][...] = 0.0
+            unsummed.update(fills or ())
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""

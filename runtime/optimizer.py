@@ -1,7 +1,8 @@
 """The trainer-side optimizer: the public ``Optimizer`` class, which ties the runtime's
 rooms together. A step is:
 
-    check       gradients, extra inputs, statistics            (inputs.py, refresh.py)
+    check       gradients, extra inputs, statistics; with parameters split across
+                ranks, every rank passed them          (inputs.py, refresh.py, shards.py)
     preprocess  lr of each group (schedules), loss scale, global norm / non-finite
                 check, gradient centralization                  (groups.py, preprocess.py)
     plan        per parameter (or flat run): its kernel, its host scalars in float64,
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from . import checkpoint, flat, formats, launch, preprocess, refresh, scalar_expr, scalars, state
+from . import shards as shards_
 from . import groups as grouping
 from . import inputs as checks
 from . import tensors, views
@@ -51,12 +53,11 @@ class Optimizer:
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
                  state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
-                 **hyper: Any):
+                 shards: shards_.Shards | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
         if backend not in ("compiled", "reference"):
-            raise ValueError(f"{name}: backend must be 'compiled' or 'reference', "
-                             f"got {backend!r}")
+            raise ValueError(f"{name}: backend must be 'compiled' or 'reference', got {backend!r}")
         self.backend = backend
         if lazy_update is None:
             lazy_update = artifact.lazy_update_default
@@ -65,6 +66,7 @@ class Optimizer:
         self.clip_global_norm = None if clip_global_norm is None else \
             checks.check_positive(name, "clip_global_norm", clip_global_norm)
         self.nonfinite = checks.check_nonfinite(name, nonfinite)
+        self._shards = shards_.check(name, backend, shards, artifact, clip_global_norm or nonfinite)
         self.loss_scale = checks.check_positive(name, "loss_scale", loss_scale)
         checks.check_scaling(name, artifact.hypers, self.loss_scale, self.clip_global_norm)
         self.t = checks.check_begin_num_update(name, begin_num_update)  # updates applied
@@ -96,9 +98,9 @@ class Optimizer:
 
         # per parameter: flags set by shape and name, multipliers
         self._dims = [views.dims(tuple(p.shape)) for p in self.params]
-        self._flags_fixed = [{f: bool(scalar_expr.evaluate(rule, views.shape_env(p.shape)))
+        self._flags_fixed = [{f: bool(scalar_expr.evaluate(rule, views.shape_env(shape)))
                               for f, rule in artifact.shape_flags.items()}
-                             for p in self.params]
+                             for shape in shards_.whole_shapes(self.params, shards)]
         for flags, by_name in zip(self._flags_fixed, grouping.name_flags(
                 name, artifact.name_flags, name_filters, self.names)):
             flags.update(by_name)
@@ -124,7 +126,8 @@ class Optimizer:
                 self.state[i][state.MASTER] = state.master_copy(self.params[i], lib)
         self._prepared: list[KernelInfo | None] = [None] * n  # kernels under current flags
         # flat chains (runtime/flat.py): parameters back to back get back-to-back states
-        self._chains = flat.chains(self.params, self._lib, [not m for m in self._is_mixed])
+        self._chains = flat.chains(self.params, self._lib, [   # (split ones step alone)
+            not m and not shards_.split(shards, i) for i, m in enumerate(self._is_mixed)])
         self._chain_of = {i: (a, b) for a, b in self._chains for i in range(a, b)}
         # gradients that passed the checks, by parameter (see inputs.check_grads);
         # forgotten when states change (a new state must be checked against)
@@ -187,14 +190,7 @@ class Optimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         """Each group's parameters, names and hyperparameters (copies; the lr entry is
         the schedule where the group has one)."""
-        out = []
-        for gi, g in enumerate(self._groups):
-            idx = [i for i, x in enumerate(self._group_of) if x == gi]
-            out.append({"params": [self.params[i] for i in idx],
-                        "names": [self.names[i] for i in idx], **g.hyper,
-                        **({"lr": g.lr} if g.lr is not None else {}),
-                        "grad_centralization": g.grad_centralization})
-        return out
+        return grouping.describe(self._groups, self._group_of, self.params, self.names)
 
     @property
     def learning_rate(self) -> float | None:
@@ -243,20 +239,20 @@ class Optimizer:
         statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
         art = self.artifact
-        stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
-        grads = self._check_grads(grads, "grads", self._checked)           # check
-        extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
-        for i in (i for i, g in enumerate(grads) if g is not None and not self._prepared[i]):
-            self._launch.select(i, self._flags(i))
-        due = self._refresh_due(grads, stats)
+        with shards_.agreed(self._shards, self.name):   # every rank passed, or none goes on
+            stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
+            grads = self._check_grads(grads, "grads", self._checked)       # check
+            extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
+            for i in (i for i, g in enumerate(grads) if g is not None and not self._prepared[i]):
+                self._launch.select(i, self._flags(i))
+            due = self._refresh_due(grads, stats)
         used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
         lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess
         scale, norm = preprocess.grad_scale(
             self.name, grads, self._lib, self._group_of,
             [g.hyper.get("rescale_grad", 1.0) for g in self._groups], self.loss_scale,
-            self.clip_global_norm, self.nonfinite, self.names)
-        if norm is not None:
-            self.last_grad_norm = norm
+            self.clip_global_norm, self.nonfinite, self.names, self._shards)
+        self.last_grad_norm = self.last_grad_norm if norm is None else norm
         if scale is None:
             self.skipped_steps += 1
             return False
@@ -295,7 +291,7 @@ class Optimizer:
         launcher, runs = self._launch, self._current_runs()
         prepared, steps, states = self._prepared, self._steps, self.state
         shared: dict[tuple, tuple] = {}
-        end = 0
+        end, split = 0, []      # split: the passes of parameters split across ranks
         for i, g in enumerate(grads):
             if g is None or i < end:
                 continue
@@ -329,8 +325,12 @@ class Optimizer:
             elif isinstance(g, RowSparse):
                 if len(g.indices) and self.params[i].size:
                     launcher.run_lazy(i, k, g, packed)
+            elif shards_.split(self._shards, i):
+                split.append(launcher.passes(i, k, g, packed, extra[i], self._shards.splits[i]))
             elif launcher.numel[i]:
                 launcher.run(i, k, g, packed, extra[i])
+        if split:
+            shards_.run(self._shards, split)
 
     def _current_runs(self) -> dict[int, launch.Run]:
         """The flat runs under the current kernels (found again after a flag, state or
@@ -393,8 +393,8 @@ class Optimizer:
 
     def __repr__(self) -> str:
         hp = ", ".join(f"{k}={v!r}" for k, v in self._defaults.items())
-        return (f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} "
-                f"group(s), t={self.t}): {hp}>")
+        return f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} " \
+            f"group(s), t={self.t}): {hp}>"
 
 
 __all__ = ["Optimizer", "aligned_full", "default_decay_filter"]

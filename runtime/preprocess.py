@@ -2,13 +2,14 @@
 and the global-norm clip coefficient (one factor, fused into the kernels through the
 spec's rescale_grad), the non-finite check, and gradient centralization.
 
-May import: tensors, sparse. Imports no other runtime module.
+May import: shards, tensors, sparse. Imports no other runtime module.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
 
+from . import shards as shards_
 from . import tensors
 from .sparse import RowSparse
 
@@ -18,7 +19,8 @@ NORM_EPS = 1e-6   # clip coefficient max_norm / (norm + eps), as torch.nn.utils.
 def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
                group_of: Sequence[int], rescale: Sequence[float], loss_scale: float,
                clip_global_norm: float | None, nonfinite: str | None,
-               names: Sequence[str | None]) -> tuple[float | None, float | None]:
+               names: Sequence[str | None], shards: Any = None
+               ) -> tuple[float | None, float | None]:
     """(scale, norm): the factor every gradient is multiplied by this step,
     1/loss_scale times the global-norm clip coefficient, and the global norm of the
     gradients as the kernels see them (``rescale[group]`` is each group's
@@ -32,22 +34,27 @@ def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
     def values(i: int, g) -> tuple[Any, str]:   # the array holding g's values, its library
         return (g.rows, "numpy") if isinstance(g, RowSparse) else (g, libs[i])
 
-    total = 0.0
+    parts = [0.0, 0.0]      # (parameters split across ranks, whole ones)
     for i, g in enumerate(grads):
         if g is None:
             continue
         r = rescale[group_of[i]] * scale
-        total += tensors.sum_of_squares(*values(i, g)) * r * r
-    if not math.isfinite(total):
+        parts[shards_.split(shards, i) is None] += \
+            tensors.sum_of_squares(*values(i, g)) * r * r
+    bad = None              # a non-finite gradient (not an overflow of the sum)
+    if not math.isfinite(parts[0] + parts[1]):
         bad = next((i for i, g in enumerate(grads)
                     if g is not None and not tensors.all_finite(*values(i, g))), None)
-        if bad is not None:
-            if nonfinite == "skip":
-                return None, math.nan
-            raise FloatingPointError(f"{owner}: gradient {bad}"
-                                     f"{f' ({names[bad]})' if names[bad] else ''} "
-                                     "has NaN or Inf values; the step was not applied "
-                                     "(nonfinite='skip' skips such steps)")
+    total, elsewhere = parts[0] + parts[1], False
+    if shards is not None:   # every rank: the same total, and whether any rank has one
+        total, elsewhere = shards_.sum_of_squares(shards, parts[0], parts[1], bad is not None)
+    if bad is not None or elsewhere:
+        if nonfinite == "skip":
+            return None, math.nan
+        where = "a gradient on another rank" if bad is None else \
+            f"gradient {bad}{f' ({names[bad]})' if names[bad] else ''}"
+        raise FloatingPointError(f"{owner}: {where} has NaN or Inf values; the step was "
+                                 "not applied (nonfinite='skip' skips such steps)")
     norm = math.sqrt(total)
     if clip_global_norm is not None:
         scale *= min(1.0, clip_global_norm / (norm + NORM_EPS))

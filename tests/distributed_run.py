@@ -2,7 +2,8 @@
 tests/test_distributed.py: the test runs this file in ``world`` processes and compares
 what each writes with a single-process run of ``train`` in the test process.
 
-    python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz   # MODE: ddp | zero | fsdp
+    python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
+    # MODE: ddp | zero | fsdp | fsdp-bad
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -22,6 +23,8 @@ import torch
 
 import optgen.torch as ot
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 # catalog drop-in -> its hyperparameters (momentum, weight decay and clipping moved off
 # their defaults where the optimizer has them)
 OPTIMIZERS = {
@@ -37,12 +40,29 @@ OPTIMIZERS = {
                                  state_format_min_size=0)),
     "adam-q8": ("Adam", dict(lr=1e-2, weight_decay=0.01, state_format="q8",
                              state_format_min_size=0)),
+    # a user spec with two levels of whole-tensor reductions (tests/specs/centered_nsgd.py)
+    "centered-nsgd": ("tests/specs/centered_nsgd.py", dict(lr=1e-2)),
+    # the global norm over every gradient, with a non-finite check
+    "adamw-clip": ("AdamW", dict(lr=1e-2, clip_global_norm=0.05, nonfinite="skip")),
+    # LAMB where the first layer's top rows are 100x the rest: per-shard norms would
+    # differ from the whole tensor's by far (rank 0 holds those rows at world size 2)
+    "lamb-skewed": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
+    # the same with the all-reduce of the partial sums taken out (each rank sums its own
+    # shard only): must differ from the single-process run, or the test could not fail
+    "lamb-skewed-unsummed": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
 }
+SENT: dict[str, list[int]] = {}   # FSDP2: values per all-reduce of the optimizer, by name
+# rules that reduce over whole tensors: on FSDP2 shards the sums go through float64
+# all-reduces, so they match the single-process run to float32 rounding, not bitwise
+REDUCING = ("lamb", "lars", "adafactor", "centered-nsgd", "adamw-clip", "lamb-skewed",
+            "lamb-skewed-unsummed")
 STEPS = 20
 
 
 def optimizer_class(name: str) -> type:
     cls = OPTIMIZERS[name][0]
+    if cls.endswith(".py"):
+        return ot.make(os.path.join(os.path.dirname(HERE), cls))
     return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot, cls)
 
 
@@ -52,6 +72,9 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
                                 torch.nn.Linear(32, 8))
+    if "-skewed" in name:
+        with torch.no_grad():
+            model[0].weight[:16] *= 100.0
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 16, generator=g), torch.randn(64, 8, generator=g)
     net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
@@ -67,17 +90,25 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kw)
     else:
         opt = cls(model.parameters(), **kw)
+    if name.endswith("-unsummed") and mode == "fsdp" and opt._core._shards:
+        opt._core._shards.collective = _NoSum()
     for _ in range(STEPS):
         opt.zero_grad()
         loss = ((net(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
     if mode == "fsdp":   # the states are shards of the parameters' shape and placement
+        SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
         p = next(model.parameters())
         assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
                    if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
         return [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
     return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+class _NoSum:
+    def all_reduce(self, arrays: list) -> None:
+        pass
 
 
 def run_all(mode: str) -> dict[str, np.ndarray]:
@@ -90,7 +121,43 @@ def run_all(mode: str) -> dict[str, np.ndarray]:
             results[f"{name}/error"] = np.array(str(e))
             continue
         results.update((f"{name}/{i}", p) for i, p in enumerate(params))
+        if name in SENT:
+            results[f"{name}/sent"] = np.array(SENT[name], dtype=np.int64)
     return results
+
+
+def bad_steps() -> dict[str, np.ndarray]:
+    """FSDP2 LAMB where one rank's step is bad (rank 1: a NaN gradient; then a float64
+    gradient): what each rank raised, whether its parameters stayed as they were, and
+    that the next good step runs on every rank (no rank waits on another)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    opt = ot.LAMB(model.parameters(), lr=1e-2, nonfinite="raise")
+    x, y = torch.randn(64, 16), torch.randn(64, 8)
+    out = {}
+    for case in ("nan", "dtype", "good"):
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        g = model[0].weight.grad
+        if rank == 1 and case == "nan":
+            g._local_tensor[0, 0] = float("nan")
+        if rank == 1 and case == "dtype":
+            g._local_tensor = g._local_tensor.double()
+        before = [p._local_tensor.clone() for p in model.parameters()]
+        try:
+            opt.step()
+            out[f"{case}/raised"] = np.array("")
+        except Exception as e:   # noqa: BLE001 (the test reads what was raised)
+            out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
+        out[f"{case}/unchanged"] = np.array(all(torch.equal(a, p._local_tensor) for a, p in
+                                                zip(before, model.parameters())))
+    return out
 
 
 def main() -> None:
@@ -99,7 +166,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        np.savez(out, **run_all(mode))
+        np.savez(out, **(bad_steps() if mode == "fsdp-bad" else run_all(mode)))
     finally:
         torch.distributed.destroy_process_group()
     # torch 2.13's ZeroRedundancyOptimizer over gloo aborts about every other process at

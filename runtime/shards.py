@@ -1,0 +1,205 @@
+"""Parameters split across processes (FSDP2 shards): whole-tensor reductions made exact.
+
+A rule with a reduction (LAMB's and LARS's norms, Adafactor's RMS and row/column means)
+runs as passes (optgen.compiler.specialize): reduction passes fill small float64
+buffers (``_red<k>``), later passes read them. On a shard, a reduction pass sees only
+its rows, so between the pass that fills a buffer and the first pass that reads it the
+buffers of every shard are summed across the ranks that hold the parameter. ``run``
+does that for all split parameters of a step together: each parameter's launches run
+until one would read a buffer not yet summed; then one all-reduce sums every such
+buffer of every parameter (a bucket of float64 values), and the launches go on. A rule
+whose reductions nest (a mean of a mean) takes one round per level; a rule with none
+takes no collective at all.
+
+What is summed: a whole-tensor reduction's value (one float64 per reduction and
+parameter, 8 bytes), or a row/column reduction's buffer when the split axis is the one
+reduced (Adafactor's column means of a row-split matrix: C values). A reduction over
+axes the split does not cut (row means of a row-split matrix) is complete on every
+rank and is not sent. A mean is sent as a sum (the kernel's mean times its own count)
+and divided by the whole count after the sum.
+
+The collective itself comes from the caller (``Collective``: optgen/torch_shards.py
+passes torch.distributed's all-reduce over the parameter's mesh); this module imports
+no communication library.
+
+May import: numpy, views. Imports no other runtime module.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from . import views
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a parameter is cut across ranks: along ``axis`` ("b", "r" or "c") of its
+    ``[B, R, C]`` view; ``whole`` is the whole parameter's shape."""
+    axis: str
+    whole: tuple[int, ...]
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return views.dims(self.whole)
+
+
+def axis_of_dim0(ndim: int) -> str:
+    """The axis of the ``[B, R, C]`` view that a split of a tensor's first dimension
+    cuts: C below two dimensions, R for matrices, B above."""
+    return "c" if ndim < 2 else "r" if ndim == 2 else "b"
+
+
+class Collective(Protocol):
+    """Sums arrays in place across the ranks that hold the split parameters."""
+
+    def all_reduce(self, arrays: list[Any]) -> None: ...
+
+
+@dataclass
+class Shards:
+    """The split parameters of one optimizer (by index; None: whole on this rank) and
+    the collective over their ranks. ``talks``: whether steps communicate (a
+    reduction, a global norm): then each step's checks agree first (``agreed``).
+    ``rounds`` and ``values`` count what was sent."""
+    splits: list[Split | None]
+    collective: Collective
+    talks: bool = True
+    rounds: int = 0
+    values: int = 0
+    log: list[int] = field(default_factory=list)   # values per all-reduce, in order
+
+    def split(self, i: int) -> Split | None:
+        return self.splits[i] if i < len(self.splits) else None
+
+    def any(self) -> bool:
+        return any(s is not None for s in self.splits)
+
+    def all_reduce(self, arrays: list[Any]) -> None:
+        self.collective.all_reduce(arrays)
+        n = sum(math.prod(tuple(a.shape)) for a in arrays)
+        self.rounds += 1
+        self.values += n
+        self.log.append(n)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A reduction buffer (the part of it to send) that must be summed across ranks
+    before a launch reads it; ``local`` and ``whole`` are the counts a mean divides by
+    on this rank and for the whole parameter (None for sums)."""
+    array: Any
+    local: int | None
+    whole: int | None
+
+
+def split(shards: Shards | None, i: int) -> Split | None:
+    """Parameter ``i``'s split (None: whole on this rank, or no shards)."""
+    return None if shards is None else shards.split(i)
+
+
+def needs_sum(launch: dict, split: Split | None) -> bool:
+    """Whether a reduction launch reduces over the axis ``split`` cuts."""
+    return split is not None and launch["kind"] == "reduce" and \
+        (launch["view"] in ("flat", "q8") or split.axis in launch["reduced"])
+
+
+def pending(launch: dict, buffers: dict[str, Any], workspaces: dict[str, str],
+            local: tuple[int, int, int], split: Split) -> list[tuple[str, Pending]]:
+    """The buffers a reduction launch fills that must be summed, by name."""
+    reduced = views.AXES if launch["view"] in ("flat", "q8") else launch["reduced"]
+    out = []
+    for red, op in [(launch["red"], launch["op"])] + [(a["red"], a["op"])
+                                                        for a in launch.get("also", [])]:
+        arr = buffers[red]
+        part = arr[0:1] if not workspaces[red] else arr   # R[0]: the value of a whole one
+        counts = (math.prod(views.extents(local, reduced)),
+                  math.prod(views.extents(split.dims, reduced))) if op == "mean" else (None, None)
+        out.append((red, Pending(part, *counts)))
+    return out
+
+
+def run(shards: Shards, items: Sequence[Iterator[list[Pending]]]) -> None:
+    """Drive the launches of the split parameters of one step (``items``: one generator
+    per parameter, from ``Launcher.passes``, each yielding the buffers it needs summed
+    before its next launch): one all-reduce per round for all of them."""
+    live = list(items)
+    while live:
+        wanted, still = [], []
+        for it in live:
+            got = next(it, None)
+            if got is not None:
+                wanted.extend(got)
+                still.append(it)
+        if wanted:
+            _sum(shards, wanted)
+        live = still
+
+
+def _sum(shards: Shards, wanted: list[Pending]) -> None:
+    """Sum across ranks: means as sums of this rank's values, then divided."""
+    for p in wanted:
+        if p.local is not None:
+            if p.local:
+                p.array[...] = p.array * p.local
+            else:            # an empty shard: its kernel's mean is 0/0
+                p.array[...] = 0.0
+    shards.all_reduce([p.array for p in wanted])
+    for p in wanted:
+        if p.whole:
+            p.array[...] = p.array / p.whole
+
+
+def check(owner: str, backend: str, shards: Shards | None, artifact: Any,
+          global_norm: bool) -> Shards | None:
+    """The shards an optimizer was given (None when no parameter is split)."""
+    if shards is None or not shards.any():
+        return None
+    shards.talks = bool(global_norm) or any(ln["kind"] == "reduce" for k in artifact.kernels
+                                      for ln in k.launches)
+    if backend != "compiled":
+        raise ValueError(f"{owner}: parameters split across ranks are stepped by the compiled "
+                         "kernels only (the reference interpreter runs a rule in one piece)")
+    return shards
+
+
+def whole_shapes(params: Sequence[Any], shards: Shards | None) -> list[tuple[int, ...]]:
+    """Each parameter's whole shape (what its shape flags read)."""
+    return [tuple(p.shape) if split(shards, i) is None else shards.splits[i].whole
+            for i, p in enumerate(params)]
+
+
+@contextlib.contextmanager
+def agreed(shards: Shards | None, owner: str) -> Iterator[None]:
+    """Run a step's checks so that every rank goes on or none does: one 8-byte
+    all-reduce counts the ranks whose checks failed. A rank that failed raises its own
+    error; the others raise a RuntimeError, with nothing changed, instead of waiting
+    in the step's next collective for a rank that left."""
+    if shards is None or not shards.talks:
+        yield
+        return
+    failed = np.zeros(1)
+    try:
+        yield
+    except BaseException:
+        failed[0] = 1.0
+        shards.all_reduce([failed])
+        raise
+    shards.all_reduce([failed])
+    if failed[0]:
+        raise RuntimeError(f"{owner}: the step's checks failed on {int(failed[0])} other "
+                           "rank(s) (their error names the cause); nothing was changed here")
+
+
+def sum_of_squares(shards: Shards, split: float, whole: float, bad: bool
+                   ) -> tuple[float, bool]:
+    """A global sum of squares: the split parameters' parts summed across ranks, plus
+    those every rank holds whole (counted once); and whether any rank found a
+    non-finite gradient (``bad`` here). One 16-byte all-reduce."""
+    total = np.array([split, float(bad)])
+    shards.all_reduce([total])
+    return float(total[0]) + whole, bool(total[1])
