@@ -102,6 +102,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
             self._adopt(self.param_groups[-1]["params"])
         self._core = self._rebuild(self._core)
         self._op_tensors = self._op_lists()
+        self._mirror()   # opt.state holds every state from the start (DCP's get_state_dict
+        # would otherwise run a step with lr 0 to create them, which lr > 0 rules refuse)
 
     def _op_lists(self) -> tuple[list, list]:
         """The parameters and every state tensor, in a fixed order: what ``optgen::step``
@@ -194,13 +196,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _mirror(self) -> None:
         """``self.state[p]``: the runtime's state tensors (shared), scalar states as
         floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
+        kinds = {s.name: s.shape for s in self._artifact.states}
         for i, p in enumerate(self._params):
             st, core = self.state[p], self._core.state[i]
             if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
                                        core.items() if not isinstance(v, np.floating)):
                 st.clear()
-                st.update((n, torch_shards.shown(p, v)) for n, v in core.items()
-                          if not isinstance(v, np.floating))
+                st.update((n, torch_shards.shown(p, v, kinds.get(n, "param")))
+                          for n, v in core.items() if not isinstance(v, np.floating))
                 st["step"] = torch.tensor(0.0)
                 self._op_tensors = self._op_lists()
             for n, v in core.items():
@@ -276,7 +279,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
         torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
-        if torch_format.is_torch(state_dict):
+        if torch_format.is_torch(state_dict, {n for st in self._core.state for n in st}):
             state_dict = torch_format.to_optgen(self._artifact.name, self.param_groups,
                                                 state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]

@@ -58,12 +58,14 @@ SWITCHES = {"amsgrad": False, "maximize": False, "lr_decay": 0}
 SGD_STARTED = "buffer_started"   # sgd's scalar state: 1 once the buffer holds a value
 
 
-def is_torch(sd: dict[str, Any]) -> bool:
+def is_torch(sd: dict[str, Any], own: set[str]) -> bool:
     """Whether ``sd`` is in torch.optim's format: its groups carry torch's switches, or
-    its states torch's names."""
+    its states torch's names that are not the optimizer's ``own`` (Adafactor's
+    exp_avg is optgen's name too)."""
     names = {n for _, states, _ in FORMATS.values() for n in states} - {"mu_product"}
     return any("maximize" in g or "foreach" in g for g in sd.get("param_groups", [])) or \
-        any(set(rec) & (names - {"momentum_buffer"}) for rec in sd.get("state", {}).values())
+        any(set(rec) & (names - {"momentum_buffer"}) and set(rec) - own - {"step"}
+            for rec in sd.get("state", {}).values())
 
 
 def _format(name: str, what: str) -> tuple[str, dict[str, str], dict[str, str]]:

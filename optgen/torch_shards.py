@@ -20,11 +20,12 @@ Replicated DTensors are whole on every rank and take any rule.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from optgen.runtime import scalar_expr, shards
+from optgen.runtime import scalar_expr, shards, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -149,11 +150,27 @@ def splits(params: list) -> shards.Shards | None:
          for p in cut], MeshSum(first.device_mesh, _split_dim(first)))
 
 
-def shown(p: Any, state: Any) -> Any:
+def shown(p: Any, state: Any, kind: str = "param") -> Any:
     """A state tensor as ``opt.state[p]`` shows it: for a DTensor parameter a DTensor
-    over the same storage, mesh and placements; anything else as is."""
-    if not is_dtensor(p) or not hasattr(state, "shape") or tuple(state.shape) != \
-            tuple(p._local_tensor.shape):
+    over the same storage and mesh, of the whole state's shape: a state of the
+    parameter's shape takes its placements; a row or column state (``kind``) is split
+    where it holds the split axis (row states of a row-split matrix) and whole on every
+    rank otherwise (its column states, summed across ranks each step). Anything else
+    as is."""
+    if not is_dtensor(p) or not isinstance(state, torch.Tensor):
         return state
-    return DTensor.from_local(state, p.device_mesh, p.placements, run_check=False,
-                              shape=p.shape, stride=p.stride())
+    if kind not in ("row", "col") or tuple(state.shape) == tuple(p._local_tensor.shape):
+        if tuple(state.shape) != tuple(p._local_tensor.shape):
+            return state
+        return DTensor.from_local(state, p.device_mesh, p.placements, run_check=False,
+                                  shape=p.shape, stride=p.stride())
+    axes = "br" if kind == "row" else "bc"
+    split = shards.axis_of_dim0(p.ndim) in axes
+    placements = [pl if isinstance(pl, Shard) and pl.dim == 0 and split else Replicate()
+                  for pl in p.placements]
+    if any(isinstance(pl, Shard) and pl.dim != 0 for pl in p.placements):
+        return state          # (no row/column rule runs on such a split: see check)
+    shape = views.state_shape(tuple(p.shape), kind)
+    stride = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    return DTensor.from_local(state, p.device_mesh, placements, run_check=False,
+                              shape=torch.Size(shape), stride=stride)

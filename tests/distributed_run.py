@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-bad
+    # MODE: ddp | zero | fsdp | fsdp-bad | dcp-save | dcp-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -66,9 +66,9 @@ def optimizer_class(name: str) -> type:
     return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot, cls)
 
 
-def train(name: str, mode: str = "single") -> list[np.ndarray]:
-    """``STEPS`` steps of a 2-layer MLP (float32) with optimizer ``name``; the
-    parameters afterwards. ``mode``: single (no process group), ddp, zero."""
+def setup(name: str, mode: str = "single") -> tuple:
+    """A 2-layer MLP (float32), the module that runs it, optimizer ``name`` and the
+    data. ``mode``: single (no process group), ddp, zero, fsdp."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
                                 torch.nn.Linear(32, 8))
@@ -92,18 +92,62 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
         opt = cls(model.parameters(), **kw)
     if name.endswith("-unsummed") and mode == "fsdp" and opt._core._shards:
         opt._core._shards.collective = _NoSum()
-    for _ in range(STEPS):
+    return model, net, opt, x, y
+
+
+def run_steps(net, opt, x, y, steps: int) -> None:
+    for _ in range(steps):
         opt.zero_grad()
         loss = ((net(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
+
+
+def whole(model) -> list[np.ndarray]:
+    return [(p.full_tensor() if type(p).__name__ == "DTensor" else p).detach().numpy().copy()
+            for p in model.parameters()]
+
+
+def train(name: str, mode: str = "single") -> list[np.ndarray]:
+    """``STEPS`` steps of optimizer ``name`` (see ``setup``); the parameters afterwards."""
+    model, net, opt, x, y = setup(name, mode)
+    run_steps(net, opt, x, y, STEPS)
     if mode == "fsdp":   # the states are shards of the parameters' shape and placement
         SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
         p = next(model.parameters())
         assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
                    if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
-        return [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
-    return [p.detach().numpy().copy() for p in model.parameters()]
+    return whole(model)
+
+
+# resharding checkpoints: STEPS // 2 steps at one world size, saved with
+# torch.distributed.checkpoint, loaded at another, STEPS // 2 more
+RESHARDED = ("adam", "lamb", "adafactor")
+
+
+def resharded(save: bool, folder: str) -> dict[str, np.ndarray]:
+    """``dcp-save``: the first half of the run, saved under ``folder``; ``dcp-load``:
+    the saved state loaded into a new FSDP2 model and optimizer at this world size,
+    the second half, and the parameters."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    out = {}
+    for name in RESHARDED:
+        model, net, opt, x, y = setup(name, "fsdp")
+        where = os.path.join(folder, name)
+        if save:
+            run_steps(net, opt, x, y, STEPS // 2)
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        if save:
+            dcp.save(state, checkpoint_id=where)
+            continue
+        dcp.load(state, checkpoint_id=where)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        run_steps(net, opt, x, y, STEPS - STEPS // 2)
+        out.update((f"{name}/{i}", p) for i, p in enumerate(whole(model)))
+    return out
 
 
 class _NoSum:
@@ -166,7 +210,11 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        np.savez(out, **(bad_steps() if mode == "fsdp-bad" else run_all(mode)))
+        if mode.startswith("dcp-"):   # the checkpoint lives beside the results
+            results = resharded(mode == "dcp-save", os.path.join(os.path.dirname(out), "dcp"))
+        else:
+            results = bad_steps() if mode == "fsdp-bad" else run_all(mode)
+        np.savez(out, **results)
     finally:
         torch.distributed.destroy_process_group()
     # torch 2.13's ZeroRedundancyOptimizer over gloo aborts about every other process at

@@ -45,6 +45,7 @@ def single():
 def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
     port = _free_port()
     outs = [str(tmp_path / f"{mode}-{world}-{r}.npz") for r in range(world)]
+    # (dcp-save/dcp-load keep their checkpoint in tmp_path/dcp)
     env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
                                os.path.join(HERE, "distributed_run.py"),
@@ -134,3 +135,19 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
             assert dtype.startswith("RuntimeError: lamb: the step's checks failed on 1 other")
         assert got["nan/unchanged"] and got["dtype/unchanged"], f"rank {r} changed parameters"
         assert str(got["good/raised"]) == "" and not got["good/unchanged"]
+
+
+@pytest.mark.parametrize("saved,loaded", [(2, 1), (2, 4), (4, 2)])
+def test_dcp_checkpoint_reshards(saved, loaded, tmp_path):
+    """Half the run under FSDP2 at one world size, saved with torch.distributed.checkpoint
+    (get_state_dict: states are DTensors, Adafactor's row statistics split like the rows
+    and its column statistics whole), loaded at another world size with set_state_dict,
+    the other half: every rank's parameters equal the uninterrupted single-process run."""
+    _launch("dcp-save", saved, tmp_path)
+    for r, got in enumerate(_launch("dcp-load", loaded, tmp_path)):
+        for name in distributed_run.RESHARDED:
+            for i, want in enumerate(distributed_run.train(name)):
+                have = got[f"{name}/{i}"]
+                np.testing.assert_allclose(
+                    have, want, rtol=1e-5, atol=1e-6,
+                    err_msg=f"{name} saved at {saved}, loaded at {loaded}, rank {r}, param {i}")
