@@ -196,7 +196,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _mirror(self) -> None:
         """``self.state[p]``: the runtime's state tensors (shared), scalar states as
         floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
-        kinds = {s.name: s.shape for s in self._artifact.states}
+        kinds = self._kinds()
         for i, p in enumerate(self._params):
             st, core = self.state[p], self._core.state[i]
             if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
@@ -274,6 +274,34 @@ class OptgenOptimizer(torch.optim.Optimizer):
         sd = super().state_dict()
         return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored) \
             if format == "torch" else sd
+
+    def save(self, path: str | os.PathLike) -> None:
+        """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of
+        states, step counts and hyperparameters. With parameters sharded across ranks
+        (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
+        ``load`` then reads it at any world size (optgen/torch_shards.py)."""
+        self._sync()
+        if any(torch_shards.is_dtensor(p) for p in self._params):
+            torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
+        else:
+            self._core.save(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
+        become the checkpoint's, in ``param_groups`` too."""
+        if os.path.isdir(path):
+            torch_shards.load(self._core, self._params, self._kinds(), os.fspath(path))
+        else:
+            self._core.load(path)
+        if self._offload is not None:
+            self._offload.refresh(self._params)
+        for group, core_group in zip(self.param_groups, self._core._groups):
+            group.update(_torch_view(self._artifact, core_group.hyper))
+        self._synced = [self._group_hyper(g) for g in self.param_groups]
+        self._mirror()
+
+    def _kinds(self) -> dict[str, str]:
+        return {s.name: s.shape for s in self._artifact.states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, with every state checked against this optimizer's layout first

@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-bad | dcp-save | dcp-load
+    # MODE: ddp | zero | fsdp | fsdp-bad | dcp-save | dcp-load | optgen-save | optgen-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -125,26 +125,43 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
 RESHARDED = ("adam", "lamb", "adafactor")
 
 
-def resharded(save: bool, folder: str) -> dict[str, np.ndarray]:
-    """``dcp-save``: the first half of the run, saved under ``folder``; ``dcp-load``:
-    the saved state loaded into a new FSDP2 model and optimizer at this world size,
-    the second half, and the parameters."""
+def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
+    """``dcp-save``: the first half of the run, saved under ``folder`` with
+    torch.distributed.checkpoint; ``dcp-load``: the saved state loaded into a new FSDP2
+    model and optimizer at this world size, the second half, and the parameters.
+    ``optgen-save``/``optgen-load``: the same with optgen's sharded ``opt.save`` and
+    ``opt.load`` (the model's weights travel as whole arrays beside it)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.tensor import distribute_tensor
+    how, action = mode.split("-")
     out = {}
     for name in RESHARDED:
         model, net, opt, x, y = setup(name, "fsdp")
-        where = os.path.join(folder, name)
-        if save:
+        where = os.path.join(folder, f"{how}-{name}")
+        if action == "save":
             run_steps(net, opt, x, y, STEPS // 2)
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        if save:
-            dcp.save(state, checkpoint_id=where)
+        if how == "optgen" and action == "save":
+            opt.save(where)
+            weights = whole(model)   # (a collective: every rank gathers)
+            if torch.distributed.get_rank() == 0:
+                np.savez(where + "-model.npz", *weights)
             continue
-        dcp.load(state, checkpoint_id=where)
-        set_state_dict(model, opt, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        if how == "optgen":
+            with np.load(where + "-model.npz") as z, torch.no_grad():
+                for i, p in enumerate(model.parameters()):
+                    p.copy_(distribute_tensor(torch.from_numpy(z[f"arr_{i}"]), p.device_mesh,
+                                              p.placements))
+            opt.load(where)
+        else:
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd}
+            if action == "save":
+                dcp.save(state, checkpoint_id=where)
+                continue
+            dcp.load(state, checkpoint_id=where)
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
         run_steps(net, opt, x, y, STEPS - STEPS // 2)
         out.update((f"{name}/{i}", p) for i, p in enumerate(whole(model)))
     return out
@@ -210,8 +227,8 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        if mode.startswith("dcp-"):   # the checkpoint lives beside the results
-            results = resharded(mode == "dcp-save", os.path.join(os.path.dirname(out), "dcp"))
+        if mode.endswith(("-save", "-load")):   # the checkpoint lives beside the results
+            results = resharded(mode, os.path.join(os.path.dirname(out), "ckpt"))
         else:
             results = bad_steps() if mode == "fsdp-bad" else run_all(mode)
         np.savez(out, **results)

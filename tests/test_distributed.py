@@ -137,17 +137,21 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
         assert str(got["good/raised"]) == "" and not got["good/unchanged"]
 
 
+@pytest.mark.parametrize("how", ["dcp", "optgen"])
 @pytest.mark.parametrize("saved,loaded", [(2, 1), (2, 4), (4, 2)])
-def test_dcp_checkpoint_reshards(saved, loaded, tmp_path):
-    """Half the run under FSDP2 at one world size, saved with torch.distributed.checkpoint
-    (get_state_dict: states are DTensors, Adafactor's row statistics split like the rows
-    and its column statistics whole), loaded at another world size with set_state_dict,
-    the other half: every rank's parameters equal the uninterrupted single-process run."""
-    _launch("dcp-save", saved, tmp_path)
-    for r, got in enumerate(_launch("dcp-load", loaded, tmp_path)):
+def test_checkpoint_reshards(how, saved, loaded, tmp_path):
+    """Half the run under FSDP2 at one world size, saved, loaded at another world size,
+    the other half: every rank's parameters equal the uninterrupted single-process run.
+    ``dcp``: torch.distributed.checkpoint (get_state_dict: the states are DTensors,
+    Adafactor's row statistics split like the rows and its column statistics whole),
+    set_state_dict. ``optgen``: ``opt.save(folder)`` (a file per rank with the rows it
+    holds) and ``opt.load(folder)``, which takes each rank's rows from those files."""
+    _launch(f"{how}-save", saved, tmp_path)
+    for r, got in enumerate(_launch(f"{how}-load", loaded, tmp_path)):
         for name in distributed_run.RESHARDED:
             for i, want in enumerate(distributed_run.train(name)):
                 have = got[f"{name}/{i}"]
                 np.testing.assert_allclose(
                     have, want, rtol=1e-5, atol=1e-6,
-                    err_msg=f"{name} saved at {saved}, loaded at {loaded}, rank {r}, param {i}")
+                    err_msg=f"{how}: {name} saved at {saved}, loaded at {loaded}, rank {r}, "
+                            f"parameter {i}")

@@ -166,3 +166,31 @@ def test_distributed_checkpoint_helpers_accept_both_formats(source):
     _run(model, theirs, 20, seed=2)
     _run(twin, mine, 20, seed=2)
     _close(twin, model, f"{source} AdamW through the DCP helpers, 20 steps")
+
+
+def test_drop_in_save_and_load_files(tmp_path):
+    """``opt.save(path)`` / ``opt.load(path)`` on a drop-in (optgen's npz + json file; with
+    FSDP2 shards a folder, tests/test_distributed.py): the loaded optimizer takes the
+    checkpoint's hyperparameters (param_groups too) and continues as the run that stayed;
+    a missing or foreign file is a ValueError that changes nothing."""
+    stay, moved = _model(), _model()
+    a = ot.AdamW(stay.parameters(), lr=1e-2, weight_decay=0.1)
+    _run(stay, a, 5)
+    a.save(tmp_path / "opt.npz")
+    moved.load_state_dict(stay.state_dict())
+    b = ot.AdamW(moved.parameters(), lr=0.5)
+    b.load(tmp_path / "opt.npz")
+    assert b.param_groups[0]["lr"] == 1e-2 and b.param_groups[0]["weight_decay"] == 0.1
+    assert int(b.state[next(moved.parameters())]["step"]) == 5
+    _run(stay, a, 5, seed=2)
+    _run(moved, b, 5, seed=2)
+    for p, q in zip(stay.parameters(), moved.parameters()):
+        assert torch.equal(p, q)
+    before = [v.clone() for st in b.state.values() for v in st.values()]
+    (tmp_path / "junk.npz").write_bytes(b"not a checkpoint")
+    (tmp_path / "folder").mkdir()
+    for bad in ("missing.npz", "junk.npz", "folder"):
+        with pytest.raises(ValueError, match="checkpoint"):
+            b.load(tmp_path / bad)
+    assert all(torch.equal(x, y) for x, y in
+               zip(before, [v for st in b.state.values() for v in st.values()]))
