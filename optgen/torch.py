@@ -172,6 +172,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
                   for g in self.param_groups]
         core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
                      **self._options)
+        if self._offload is not None:
+            core._launch.watch(self._offload.ready, self._offload.done)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
             raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
         if old is not None:
@@ -252,8 +254,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                 "optgen.torch optimizers take dense gradients")
         if self._offload is None:
             self._core.step([torch_shards.local(g) for g in grads], **statistics)
-        elif self._core.step(self._offload.grads_to_host(self._params, grads), **statistics):
-            self._offload.params_to_device(self._params, grads)
+        elif self._core.step(self._offload.grads_to_host(
+                self._params, grads, wait_all=bool(self._core.clip_global_norm or
+                                                   self._core.nonfinite)), **statistics):
+            self._offload.finish()   # (buckets go back as they are stepped)
         self._mirror()
 
     @torch.no_grad()

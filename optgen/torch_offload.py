@@ -11,12 +11,16 @@ their dtype (a bfloat16 model gets round-to-nearest-even of the float32 master, 
 ``multi_precision`` does). States never move: per step the copies are one gradient to the
 host and one parameter to the device per stepped parameter, and ``copies`` counts them.
 
-On CUDA the host buffers are pinned and the copies are asynchronous on the current stream
-(one synchronization before the CPU kernels read the gradients; the parameter copies go
-back without waiting). With CPU tensors as the "device" (what CI runs) the same code
-runs, with synchronous copies between separate buffers. Not built yet: overlapping the
-copies of one bucket with the CPU step of another (the runtime steps all parameters of
-a step in one call).
+On CUDA the host buffers are pinned and the copies asynchronous on the current stream,
+in buckets of about ``BUCKET_BYTES`` of gradients: every gradient copy is issued at once,
+an event marks the end of each bucket, and the runtime's launch hooks
+(``Launcher.watch``) make the CPU kernels of a parameter wait for its bucket's event
+only, and issue a bucket's parameter copies back as soon as its last parameter is
+stepped. So the CPU steps bucket k while bucket k+1's gradients are still on the way
+and bucket k-1's parameters already go back. A global-norm clip or a non-finite check
+reads every gradient before any kernel runs: then the step waits for all copies first.
+With CPU tensors as the "device" (what CI runs) the same code runs, with synchronous
+copies between separate buffers; ``log`` records the order of a step's bucket events.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 PLACES = ("cpu",)
 HOST_TARGETS = ("llvm", "c")   # targets whose kernels run on the host CPU
 WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+BUCKET_BYTES = 32 << 20    # gradient bytes per bucket of copies
 
 
 def check(owner: str, offload: Any, target: str, flat: bool) -> None:
@@ -53,6 +58,12 @@ class HostCopies:
         self._master: dict[int, torch.Tensor] = {}
         self._grad: dict[int, torch.Tensor] = {}
         self.copies = {"grads_to_host": 0, "params_to_device": 0}
+        self._params: list = []
+        self._bucket: dict[int, int] = {}
+        self._events: list = []
+        self._members: list[list[int]] = []
+        self._left: list[set[int]] = []
+        self.log: list[tuple[str, int]] = []
 
     def master(self, p: torch.Tensor) -> torch.Tensor:
         """The host copy of device parameter ``p`` (made on first use from its value)."""
@@ -70,33 +81,82 @@ class HostCopies:
             self._grad[key] = torch.empty_like(host, pin_memory=pin)
         return self._master[key]
 
-    def grads_to_host(self, params: list, grads: list) -> list:
-        """Each device gradient copied into its host buffer (None stays None); waits for
-        the copies before the CPU kernels read them. A gradient of another shape is left
-        to the runtime's checks: it is passed on as it is, and they reject it."""
-        out, waits = [], False
-        for p, g in zip(params, grads):
+    def grads_to_host(self, params: list, grads: list, wait_all: bool = False) -> list:
+        """Each device gradient copied into its host buffer (None stays None), in
+        buckets; with ``wait_all`` (the step reads every gradient first) it waits for
+        all of them here, otherwise ``ready`` waits per bucket. A gradient of another
+        shape is left to the runtime's checks: it is passed on as it is, and they reject
+        it."""
+        out, cuda, size = [], False, 0
+        # per step: parameter index -> bucket; per bucket: its end event, its parameters
+        # and those not yet stepped
+        self._params, self._bucket, self._events = params, {}, []
+        self._members: list[list[int]] = [[]]
+        self._left: list[set[int]] = [set()]
+        self.log: list[tuple[str, int]] = []
+        for i, (p, g) in enumerate(zip(params, grads)):
             if g is None or not isinstance(g, torch.Tensor) or g.is_sparse or \
                     tuple(g.shape) != tuple(p.shape):
                 out.append(g)
                 continue
             buf = self._grad[id(p)]
             buf.copy_(g.detach(), non_blocking=True)
-            waits = waits or g.is_cuda
+            cuda = cuda or g.is_cuda
             out.append(buf)
             self.copies["grads_to_host"] += 1
-        if waits:
+            self._bucket[i] = len(self._left) - 1
+            self._left[-1].add(i)
+            self._members[-1].append(i)
+            size += buf.numel() * buf.element_size()
+            if size >= BUCKET_BYTES:
+                self._close_bucket(cuda)
+                size = 0
+        if self._left[-1]:
+            self._close_bucket(cuda)
+        if wait_all and cuda:
             torch.cuda.current_stream().synchronize()
+            self._events = [None] * len(self._events)
         return out
 
+    def _close_bucket(self, cuda: bool) -> None:
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._events.append(event)
+        self.log.append(("grads", len(self._left) - 1))
+        self._left.append(set())
+        self._members.append([])
+
+    def ready(self, i: int) -> None:
+        """Launch hook: before parameter ``i``'s kernels, its bucket's gradients are in."""
+        b = self._bucket.get(i)
+        if b is not None and self._events[b] is not False:
+            if self._events[b] is not None:
+                self._events[b].synchronize()
+            self._events[b] = False          # (waited for)
+            self.log.append(("ready", b))
+
     @torch.no_grad()
-    def params_to_device(self, params: list, grads: list) -> None:
-        """Each stepped parameter takes its host copy's new value (rounded to its dtype)."""
-        for p, g in zip(params, grads):
-            if g is not None:
+    def done(self, i: int) -> None:
+        """Launch hook: after parameter ``i``'s kernels; the bucket's last one sends the
+        bucket's parameters back (rounded to their dtype)."""
+        b = self._bucket.pop(i, None)
+        if b is None:
+            return
+        self._left[b].discard(i)
+        if not self._left[b]:
+            for j in self._members[b]:
+                p = self._params[j]
                 p.copy_(self._master[id(p)], non_blocking=True)
                 self.copies["params_to_device"] += 1
+            self.log.append(("params", b))
 
+    def finish(self) -> None:
+        """After a step the runtime applied: parameters it did not launch (no elements)
+        go back too, so every stepped parameter has its copy."""
+        for i in list(self._bucket):
+            self.done(i)
     @torch.no_grad()
     def refresh(self, params: list) -> None:
         """Take every master copy again from its device parameter (after a checkpoint load:

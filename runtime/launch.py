@@ -55,6 +55,13 @@ class Launcher:
         self.runs_for: list | None = None   # the prepared kernels the runs were found for
         self.grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
         # (weak references to the gradients, their span, their addresses)
+        self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
+
+    def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
+        """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
+        (offloaded states wait for their gradients' copies and send their parameters
+        back per bucket: optgen/torch_offload.py)."""
+        self.hooks = ready, done
 
     # -- kernels and plans ---------------------------------------------------------------
     def select(self, i: int, flags: dict[str, bool]) -> KernelInfo:
@@ -168,15 +175,27 @@ class Launcher:
         return flat.grad_span(self.grad_spans, i, grads[i:end], self.libs[i], steps, run[2])
 
     # -- calls ---------------------------------------------------------------------------
-    @staticmethod
-    def run_fused(run: Run, gspan: Any, scalars: np.ndarray) -> None:
-        """One call per pass for every parameter of ``run``."""
+    def run_fused(self, run: Run, gspan: Any, scalars: np.ndarray, first: int) -> None:
+        """One call per pass for every parameter of ``run`` (``first`` .. its end)."""
+        for i in range(first, run[0]) if self.hooks else ():
+            self.hooks[0](i)
         for fn, args in run[1]:
             fn(*[gspan if a is GRAD else a for a in args], scalars)
+        for i in range(first, run[0]) if self.hooks else ():
+            self.hooks[1](i)
 
     def run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
             extra: Mapping[str, Any]) -> None:
         """Parameter ``i``'s update with dense gradient ``g``, in place."""
+        if self.hooks:
+            self.hooks[0](i)
+            self._run(i, k, g, scalars, extra)
+            self.hooks[1](i)
+        else:
+            self._run(i, k, g, scalars, extra)
+
+    def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+             extra: Mapping[str, Any]) -> None:
         d = self.dims[i]
         if self.compiled:
             call = self._caller(i, g, scalars, extra)

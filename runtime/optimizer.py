@@ -321,7 +321,7 @@ class Optimizer:
                 for x in range(i + 1, end):     # the run's parameters had the same values
                     states[x].update((n, st[n]) for n in k.scalar_state_updates)
             if i < end:
-                launcher.run_fused(run, gspan, packed)
+                launcher.run_fused(run, gspan, packed, i)
             elif isinstance(g, RowSparse):
                 if len(g.indices) and self.params[i].size:
                     launcher.run_lazy(i, k, g, packed)

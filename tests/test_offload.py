@@ -44,6 +44,30 @@ def test_offload_equals_states_beside_the_parameters(name):
         assert p.data_ptr() != h.data_ptr() and torch.equal(p, h)
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_copies_go_by_bucket(monkeypatch, clip):
+    """Small buckets (the MLP's weight and bias per layer, about 100 bytes each): a
+    bucket's parameters go back as soon as its last parameter is stepped, before the
+    next bucket's kernels start (on CUDA those wait for their own bucket's gradient
+    copies only); results equal the optimizer without offload bit for bit. With a
+    global-norm clip every gradient is read before any kernel, which changes nothing
+    here (CPU copies are synchronous) but the order of the log stays the same."""
+    from optgen import torch_offload
+    monkeypatch.setattr(torch_offload, "BUCKET_BYTES", 64)
+    kept, moved = _model(), _model()
+    a = ot.AdamW(kept.parameters(), lr=1e-2, clip_global_norm=clip)
+    b = ot.AdamW(moved.parameters(), lr=1e-2, clip_global_norm=clip, offload="cpu")
+    _run(kept, a, 5)
+    _run(moved, b, 5)
+    _equal(kept, moved, "bucketed offload")
+    sizes = [p.numel() * 4 for p in moved.parameters()]     # 512, 64, 256, 16 bytes
+    assert sizes == [512, 64, 256, 16]
+    assert b._offload.log == [("grads", 0), ("grads", 1), ("grads", 2), ("grads", 3),
+                              ("ready", 0), ("params", 0), ("ready", 1), ("params", 1),
+                              ("ready", 2), ("params", 2), ("ready", 3), ("params", 3)]
+    assert b._offload.copies == {"grads_to_host": 20, "params_to_device": 20}
+
+
 def test_bfloat16_model_with_float32_master_on_the_host():
     kept, moved = _model(torch.bfloat16), _model(torch.bfloat16)
     a = ot.AdamW(kept.parameters(), lr=1e-2, multi_precision=True)
