@@ -12,7 +12,7 @@ sharded on its first dimension across the ranks. Only the optimizer step is time
 (gradients are set once; a step does not read them as new): every rank steps its
 shards; the median over repetitions of the slowest rank is reported. The optimizer's
 own collectives are counted by optgen's runtime (LAMB: the float64 sums of ||w|| and
-||update|| per tensor, in one all-reduce per step, plus the 8-byte agreement of the
+||update|| per tensor, in one all-reduce per step, plus the 32-byte agreement of the
 step's checks); torch's AdamW and optgen's Adam send nothing. FSDP's own traffic (the
 gradients' reduce-scatter and the parameters' all-gather in forward) is the same for
 every optimizer and is not part of a step. A script, not a test.

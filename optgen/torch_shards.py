@@ -88,7 +88,9 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     dts = [(i, p) for i, p in enumerate(params) if is_dtensor(p)]
     if not dts:
         return
-    meshes = {id(p.device_mesh): (i, p.device_mesh) for i, p in dts}
+    meshes: dict[int, tuple[int, Any]] = {}
+    for i, p in dts:
+        meshes.setdefault(id(p.device_mesh), (i, p.device_mesh))
     if len(meshes) > 1:
         (i, a), (j, b) = list(meshes.values())[:2]
         raise ValueError(f"{owner}: parameters {i} and {j} are DTensors on different device "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
 
@@ -69,6 +70,7 @@ class Shards:
     splits: list[Split | None]
     collective: Collective
     talks: bool = True
+    pattern: tuple = ()     # which parameters have a gradient this step (the caller's)
     rounds: int = 0
     values: int = 0
     log: list[int] = field(default_factory=list)   # values per all-reduce, in order
@@ -175,24 +177,33 @@ def whole_shapes(params: Sequence[Any], shards: Shards | None) -> list[tuple[int
 
 @contextlib.contextmanager
 def agreed(shards: Shards | None, owner: str) -> Iterator[None]:
-    """Run a step's checks so that every rank goes on or none does: one 8-byte
-    all-reduce counts the ranks whose checks failed. A rank that failed raises its own
-    error; the others raise a RuntimeError, with nothing changed, instead of waiting
-    in the step's next collective for a rank that left."""
+    """Run a step's checks so that every rank goes on or none does: one 32-byte
+    all-reduce counts the ranks whose checks failed and compares what each rank is about
+    to step (its split parameters and which have gradients: a fingerprint f, sent as
+    1, f and f**2; equal everywhere iff W * sum(f**2) == sum(f)**2). A rank that failed
+    raises its own error; the others raise a RuntimeError, with nothing changed,
+    instead of waiting in the step's next collective for a rank that left; different
+    steps are a ValueError on every rank."""
     if shards is None or not shards.talks:
         yield
         return
-    failed = np.zeros(1)
+    f = float(zlib.crc32(repr((shards.splits, shards.pattern)).encode()) % (1 << 20))
+    sent = np.array([0.0, 1.0, f, f * f])
     try:
         yield
     except BaseException:
-        failed[0] = 1.0
-        shards.all_reduce([failed])
+        sent[0] = 1.0
+        shards.all_reduce([sent])
         raise
-    shards.all_reduce([failed])
-    if failed[0]:
-        raise RuntimeError(f"{owner}: the step's checks failed on {int(failed[0])} other "
+    shards.all_reduce([sent])
+    failed, world, total, squares = sent
+    if failed:
+        raise RuntimeError(f"{owner}: the step's checks failed on {int(failed)} other "
                            "rank(s) (their error names the cause); nothing was changed here")
+    if world * squares != total * total:
+        raise ValueError(f"{owner}: the ranks would step different parameters (another "
+                         "rank's optimizer has other parameters, shapes or splits, or "
+                         "gradients where this one has none); nothing was changed")
 
 
 def sum_of_squares(shards: Shards, split: float, whole: float, bad: bool

@@ -189,8 +189,10 @@ def run_all(mode: str) -> dict[str, np.ndarray]:
 
 def bad_steps() -> dict[str, np.ndarray]:
     """FSDP2 LAMB where one rank's step is bad (rank 1: a NaN gradient; then a float64
-    gradient): what each rank raised, whether its parameters stayed as they were, and
-    that the next good step runs on every rank (no rank waits on another)."""
+    gradient; then no gradient where the others have one): what each rank raised,
+    whether its parameters stayed as they were, and that the next good step runs on
+    every rank (no rank waits on another); then parameters of two meshes in one
+    optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     rank = torch.distributed.get_rank()
@@ -202,7 +204,7 @@ def bad_steps() -> dict[str, np.ndarray]:
     opt = ot.LAMB(model.parameters(), lr=1e-2, nonfinite="raise")
     x, y = torch.randn(64, 16), torch.randn(64, 8)
     out = {}
-    for case in ("nan", "dtype", "good"):
+    for case in ("nan", "dtype", "layout", "good"):
         opt.zero_grad()
         ((model(x) - y) ** 2).mean().backward()
         g = model[0].weight.grad
@@ -210,6 +212,8 @@ def bad_steps() -> dict[str, np.ndarray]:
             g._local_tensor[0, 0] = float("nan")
         if rank == 1 and case == "dtype":
             g._local_tensor = g._local_tensor.double()
+        if rank == 1 and case == "layout":   # a gradient the other ranks have
+            model[2].bias.grad = None
         before = [p._local_tensor.clone() for p in model.parameters()]
         try:
             opt.step()
@@ -218,6 +222,14 @@ def bad_steps() -> dict[str, np.ndarray]:
             out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
         out[f"{case}/unchanged"] = np.array(all(torch.equal(a, p._local_tensor) for a, p in
                                                 zip(before, model.parameters())))
+    # parameters on two meshes (two FSDP2 models) in one optimizer: refused at once
+    other = torch.nn.Linear(4, 4)
+    fully_shard(other, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
+    try:
+        ot.LAMB([*model.parameters(), *other.parameters()], lr=1e-2)
+        out["meshes/raised"] = np.array("")
+    except ValueError as e:
+        out["meshes/raised"] = np.array(f"{type(e).__name__}: {e}")
     return out
 
 

@@ -70,14 +70,14 @@ def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
 
 
 # values per all-reduce in one step of the 2-layer MLP (4 tensors, all split at world
-# sizes 2 and 4): the checks' agreement (1), then one bucket per reduction level
-PER_STEP = {"lamb": [1, 8], "lars": [1, 8], "lamb-skewed": [1, 8],   # ||w||, ||r|| each
-            "centered-nsgd": [1, 4, 4],      # mean(g), then rms(g - mean(g)): two levels
-            "adamw-clip": [1, 2],            # the global norm and the non-finite flag
+# sizes 2 and 4): the checks' agreement (4), then one bucket per reduction level
+PER_STEP = {"lamb": [4, 8], "lars": [4, 8], "lamb-skewed": [4, 8],   # ||w||, ||r|| each
+            "centered-nsgd": [4, 4, 4],      # mean(g), then rms(g - mean(g)): two levels
+            "adamw-clip": [4, 2],            # the global norm and the non-finite flag
             # column means of the (32, 16) and (8, 32) weights (16 + 32), their row
             # statistics' means (1 + 1), the biases' RMS of w and of the update (2 + 2);
             # then the weights' RMS of w and of the update (2 + 2)
-            "adafactor": [1, 54, 4]}
+            "adafactor": [4, 54, 4]}
 
 
 def _rel(a, b) -> float:
@@ -121,9 +121,11 @@ def test_matches_single_process(mode, world, single, tmp_path):
 
 
 def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
-    """Rank 1 alone has a NaN gradient, then a float64 one: every rank raises (rank 1
-    its own error, rank 0 one that says another rank failed), nobody hangs, no
-    parameter changes, and the next good step runs everywhere."""
+    """Rank 1 alone has a NaN gradient, then a float64 one, then none for a parameter
+    the other rank steps: every rank raises (rank 1 its own error, rank 0 one that says
+    another rank failed; the last a ValueError on both), nobody hangs, no parameter
+    changes, and the next good step runs everywhere. Parameters of two meshes in one
+    optimizer are a ValueError on every rank."""
     ranks = _launch("fsdp-bad", 2, tmp_path)
     for r, got in enumerate(ranks):
         nan, dtype = str(got["nan/raised"]), str(got["dtype/raised"])
@@ -133,8 +135,12 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
             assert dtype.startswith("TypeError: lamb: gradient 0 has dtype float64")
         else:
             assert dtype.startswith("RuntimeError: lamb: the step's checks failed on 1 other")
-        assert got["nan/unchanged"] and got["dtype/unchanged"], f"rank {r} changed parameters"
+        assert str(got["layout/raised"]).startswith(
+            "ValueError: lamb: the ranks would step different parameters")
+        assert got["nan/unchanged"] and got["dtype/unchanged"] and got["layout/unchanged"], \
+            f"rank {r} changed parameters"
         assert str(got["good/raised"]) == "" and not got["good/unchanged"]
+        assert "are DTensors on different device meshes" in str(got["meshes/raised"])
 
 
 @pytest.mark.parametrize("how", ["dcp", "optgen"])
