@@ -44,7 +44,7 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
            "sgd": "SGD", "signum": "Signum", "thor": "THOR"}
 RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale",
-                   "state_format", "state_format_min_size")
+                   "state_format", "state_format_min_size", "stochastic_rounding", "seed")
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +83,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         offload = kwargs.pop("offload", getattr(self, "offload", None))
         torch_offload.check(os.path.basename(self.spec)[:-3], offload, self._target, flat)
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
-                                            state_format=options.get("state_format"))
+                                            state_format=options.get("state_format"),
+                                            stochastic_rounding=options.get(
+                                                "stochastic_rounding", False))
         self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
         self._params: list = []   # the torch parameters, in the runtime's order
         given = grouping.alias(art.name, art.hypers, kwargs)

@@ -22,11 +22,12 @@ __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSpar
 
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,
-                 base: str | None = None, state_format: Any = None) -> Artifact:
+                 base: str | None = None, state_format: Any = None,
+                 stochastic_rounding: bool = False) -> Artifact:
     """The cached artifact of a spec (catalog name or file), building it if needed.
     ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``);
     ``state_format`` gets the artifact that also holds that format's kernels
-    (runtime/formats.py).
+    (runtime/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr).
 
     The artifact is verified on load (Artifact.load). A cached one that fails (corrupted,
     truncated, another optgen/TVM version) is rebuilt with an ArtifactWarning saying why;
@@ -34,7 +35,10 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     path = catalog.resolve(spec)
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
-    fmt = formats.key(formats.request(os.path.basename(path), state_format))
+    owner = os.path.basename(path)
+    state_format = formats.rounded(owner, formats.request(owner, state_format),
+                                   stochastic_rounding)
+    fmt = formats.key(state_format)
     with open(path, encoding="utf-8") as f:
         key = cache.artifact_key(f.read(), cache.target_key(target), base, fmt)
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base, fmt))
@@ -70,8 +74,10 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
     aliases such as ``learning_rate``/``wd``, and the runtime options ``multi_precision``,
     ``clip_global_norm``, ``nonfinite``, ``loss_scale``, ``lr_mult``, ``wd_mult``,
     ``decay_filter``, ``param_names``, ``name_filters``, ``lazy_update``, ``backend``,
-    ``begin_num_update``, ``state_format``, ``state_format_min_size``). ``base``: the
+    ``begin_num_update``, ``state_format``, ``state_format_min_size``,
+    ``stochastic_rounding``, ``seed``). ``base``: the
     base optimizer of a wrapper spec (LARS)."""
     art = spec if isinstance(spec, Artifact) else get_artifact(
-        spec, target, build=build, base=base, state_format=options.get("state_format"))
+        spec, target, build=build, base=base, state_format=options.get("state_format"),
+        stochastic_rounding=options.get("stochastic_rounding", False))
     return Optimizer(art, params, **options)

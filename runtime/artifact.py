@@ -56,13 +56,15 @@ class KernelInfo:
     state_format: dict[str, str] = dataclasses.field(default_factory=dict)  # state ->
     # format (runtime/formats.py); empty for the plain kernels
     quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
+    stochastic: dict[str, int] = dataclasses.field(default_factory=dict)  # bf16sr state ->
+    # its salt (runtime/rounding.py)
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
                    d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
-                   d["state_format"], d["quant"])
+                   d["state_format"], d["quant"], d.get("stochastic", {}))
 
     @functools.cached_property
     def matrix(self) -> bool:

@@ -9,8 +9,8 @@ mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` 
 ``state_dict``, ``check`` and ``restore_states`` read an optimizer's parameters,
 states, groups, step counts and multipliers (``opt.params``, ``opt.state``, ``opt.t``,
 ``opt._lib``, ``opt._groups``, ``opt._group_of``, ``opt._defaults``, ``opt._steps``,
-``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); the optimizer applies what
-``check`` returns.
+``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); ``apply`` sets what ``check``
+returns.
 
 May import: numpy, formats, hyper, quant, tensors.
 """
@@ -71,6 +71,17 @@ def state_dict(opt) -> dict[str, Any]:
         # how formatted states are stored (runtime/formats.py): "bfloat16", "q8:<map>"
         "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
                    if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
+
+
+def apply(opt, plan: Mapping[str, Any]) -> None:
+    """Give ``opt`` what ``check`` returned: states, hyperparameters, counts."""
+    restore_states(opt.state, opt._lib, plan["states"])
+    opt._defaults = plan["defaults"]
+    for g, h in zip(opt._groups, plan["groups"]):
+        g.hyper = h
+    opt.t, opt._steps, opt.skipped_steps = plan["t"], plan["steps"], plan["skipped_steps"]
+    opt._lr_mult, opt._wd_mult = plan["lr_mult"], plan["wd_mult"]
+    opt._refreshed, opt._prepared = plan["refreshed"], [None] * len(opt.params)
 
 
 def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -> None:

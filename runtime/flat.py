@@ -143,8 +143,10 @@ def fusable(k: Any, has_inputs: bool, flat_axes: str) -> bool:
     """Whether kernel ``k`` is one elementwise launch over the flat view, or passes that
     each have a segmented variant (whole-tensor reductions: LAMB, LARS), so a parameter
     may share a call per pass with its neighbours (scalar states, such as SGD's
-    buffer_started, are checked equal per step). Specs with extra inputs never fuse."""
-    if has_inputs:
+    buffer_started, are checked equal per step). Specs with extra inputs never fuse, nor
+    stochastically rounded states (their random numbers are keyed per parameter:
+    runtime/rounding.py)."""
+    if has_inputs or k.stochastic:
         return False
     if all("seg_symbol" in ln for ln in k.launches):
         return not k.param_scalars

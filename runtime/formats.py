@@ -7,6 +7,9 @@ unchanged, and rounds the new value into the format on store, in the same pass.
 
     "default"  the compute dtype (the parameter's, float32 under mixed precision)
     "bf16"     bfloat16, rounded to nearest even (2 bytes a value instead of 4)
+    "bf16sr"   bfloat16, rounded stochastically (runtime/rounding.py): unbiased, so
+               updates smaller than a bfloat16 step survive on average; also asked
+               for as "bf16" with ``stochastic_rounding=True``
     "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
                elements (runtime/quant.py; elementwise rules only)
 
@@ -18,8 +21,7 @@ square states of matrix rules keep their dtype. Tensors with fewer than
 or float16/bfloat16 ones with ``multi_precision=True``; float64 parameters get no
 format kernel (a TypeError names it).
 
-4-bit states ("q4") and stochastic rounding are not built yet; asking for "q4" is a
-ValueError that says so.
+4-bit states ("q4") are not built yet; asking for "q4" is a ValueError that says so.
 
 May import: nothing of the runtime (the compiler and the runtime both read it).
 """
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-FORMATS = {"bf16": "bfloat16", "q8": "uint8"}   # format -> the dtype of its stored values
-CAST = ("bf16",)                 # formats that are a dtype (the kernel casts on load/store)
+FORMATS = {"bf16": "bfloat16", "bf16sr": "bfloat16",   # format -> the dtype of its
+           "q8": "uint8"}                             # stored values
+CAST = ("bf16", "bf16sr")        # formats that are a dtype (the kernel casts on load/store)
+STOCHASTIC = {"bf16": "bf16sr"}  # a format -> its stochastically rounded twin
 PLANNED = ("q4",)                # named in the docs, not built yet
 ABSMAX = "__absmax"              # a q8 state "v" keeps its block scales as "v__absmax"
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
@@ -67,6 +71,30 @@ def _format(owner: str, what: str, fmt: Any) -> str:
         raise ValueError(f"{owner}: {what} {fmt!r} is not built in this version of optgen "
                          f"(4-bit states are planned); available: {_names()}")
     raise ValueError(f"{owner}: {what} must be one of {_names()}, got {fmt!r}")
+
+
+def rounded(owner: str, req: str | dict[str, str] | None, stochastic: Any
+            ) -> str | dict[str, str] | None:
+    """A canonical request with ``stochastic_rounding=True`` applied: "bf16" states
+    become "bf16sr" (ValueError where the request has no bfloat16 state)."""
+    if stochastic is False:
+        return req
+    if not isinstance(stochastic, bool):
+        raise TypeError(f"{owner}: stochastic_rounding must be a bool, got {stochastic!r}")
+    if isinstance(req, str) and req in STOCHASTIC:
+        return STOCHASTIC[req]
+    if isinstance(req, dict) and any(f in STOCHASTIC for f in req.values()):
+        return {n: STOCHASTIC.get(f, f) for n, f in req.items()}
+    if req == "bf16sr" or isinstance(req, dict) and "bf16sr" in req.values():
+        return req
+    raise ValueError(f"{owner}: stochastic_rounding=True rounds bfloat16 state stores, and "
+                     f"state_format={key(req)!r} stores none: use state_format='bf16' "
+                     "(or a dict naming the states to keep in bfloat16)")
+
+
+def stochastic(fmt: Mapping[str, str]) -> list[str]:
+    """The states of a format dict that round stochastically."""
+    return [n for n, f in fmt.items() if f == "bf16sr"]
 
 
 def key(req: str | dict[str, str] | None) -> str | None:

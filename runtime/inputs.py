@@ -345,3 +345,11 @@ def check_statistic(what: str, a: Any, n: int, reads: Sequence[str]) -> np.ndarr
     if not np.isfinite(host).all():
         raise ValueError(f"{what}; it has NaN or Inf values")
     return host
+
+
+def check_seed(owner: str, seed: Any) -> int:
+    """The seed of stochastic rounding: an int in [0, 2**63)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
+            not 0 <= seed < 1 << 63:
+        raise ValueError(f"{owner}: seed must be an int in [0, 2**63), got {seed!r}")
+    return int(seed)

@@ -14,8 +14,8 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It shares the optimizer's lists of parameters and states (the same list objects), and
 is told the rest (kernels prepared, groups, multipliers, step counts) when it needs it.
 
-May import: numpy, artifact, flat, formats, quant, reference, shards, sparse, tensors,
-views.
+May import: numpy, artifact, flat, formats, quant, reference, rounding, shards, sparse,
+tensors, views.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, quant, reference, shards, tensors, views
+from . import flat, quant, reference, rounding, shards, tensors, views
 from .formats import ABSMAX
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -210,11 +210,14 @@ class Launcher:
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
         values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m)
                              for n, m in k.quant.items()}}
-        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes,
-                                 dict(zip(k.scalars, scalars)), d)
+        at = dict(zip(k.scalars, scalars))
+        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)
         for name, value in new.items():
             if name in k.quant:          # q8: the block-wise codes of the new values
                 host[name][...], host[name + ABSMAX][...] = quant.quantize(value, k.quant[name])
+            elif name in k.stochastic:   # bf16sr: rounded stochastically (then exact)
+                hi, lo = (int(at[n]) for n in rounding.KEY_SCALARS)
+                host[name][...] = rounding.to_bfloat16(value, hi << 16 | lo, k.stochastic[name])
             else:
                 host[name][...] = value
 

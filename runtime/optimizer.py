@@ -53,6 +53,7 @@ class Optimizer:
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
                  state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
+                 stochastic_rounding: bool = False, seed: int = 0,
                  shards: shards_.Shards | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
@@ -113,7 +114,9 @@ class Optimizer:
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
                           tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
-        self.state_format = formats.request(name, state_format)
+        self.state_format = formats.rounded(name, formats.request(name, state_format),
+                                            stochastic_rounding)
+        self.seed = checks.check_seed(name, seed)    # of stochastic rounding
         self._formatted = state.formatted(name, artifact, self.state_format, self.params,
                                           state_format_min_size)
         self._launch = launch.Launcher(name, artifact, backend, self.params, self._lib,
@@ -320,6 +323,8 @@ class Optimizer:
                 packed = scalars.param_values(k, values, st, self._dims[i], packed)
                 for x in range(i + 1, end):     # the run's parameters had the same values
                     states[x].update((n, st[n]) for n in k.scalar_state_updates)
+            if k.stochastic:                    # (a key per parameter and step)
+                packed = scalars.keyed(k, packed, self.seed, steps[i], i)
             if i < end:
                 launcher.run_fused(run, gspan, packed, i)
             elif isinstance(g, RowSparse):
@@ -374,14 +379,7 @@ class Optimizer:
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        plan = checkpoint.check(self, sd)
-        checkpoint.restore_states(self.state, self._lib, plan["states"])
-        self._defaults = plan["defaults"]
-        for g, h in zip(self._groups, plan["groups"]):
-            g.hyper = h
-        self.t, self._steps, self.skipped_steps = plan["t"], plan["steps"], plan["skipped_steps"]
-        self._lr_mult, self._wd_mult = plan["lr_mult"], plan["wd_mult"]
-        self._refreshed, self._prepared = plan["refreshed"], [None] * len(self.params)
+        checkpoint.apply(self, checkpoint.check(self, sd))
 
     def save(self, path: str) -> None:
         """Write ``state_dict()`` to ``path`` (npz + json, no pickle; atomic)."""

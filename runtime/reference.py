@@ -14,7 +14,7 @@ Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Collection, Mapping
 
 import numpy as np
 
@@ -32,10 +32,12 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
 
 def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
              axes: Mapping[str, str], scalars: Mapping[str, float],
-             d: tuple[int, int, int]) -> dict[str, np.ndarray]:
+             d: tuple[int, int, int], raw: Collection[str] = ()) -> dict[str, np.ndarray]:
     """New values of every output, each shaped like its array in ``arrays`` and of its
     dtype, except ``w_low`` (mixed precision): the new ``w`` in the kernel dtype, which
-    rounds when assigned into the low-precision parameter (it need not be in ``arrays``).
+    rounds when assigned into the low-precision parameter (it need not be in ``arrays``),
+    and the outputs in ``raw``, also in the kernel dtype (the caller rounds them:
+    stochastic rounding, runtime/rounding.py).
 
     ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
     ``(B, R, C)``."""
@@ -110,7 +112,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             like = arrays["w"] if name == LOW_COPY else arrays[name]
             target = broadcastable(like, axes[name], d)
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
-                .reshape(like.shape).astype(like.dtype)
+                .reshape(like.shape).astype(dt if name in raw else like.dtype)
         return out
 
 

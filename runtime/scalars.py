@@ -7,7 +7,7 @@ by its lr/wd multipliers and its own step count; scalars that read a scalar stat
 the parameter's shape (``param_scalars``) are evaluated per parameter, and so are the
 updates of scalar states.
 
-May import: numpy, scalar_expr. Imports no other runtime module.
+May import: numpy, rounding, scalar_expr. Imports no other runtime module.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import scalar_expr
+from . import rounding, scalar_expr
 
 
 def group_env(infos: Mapping[str, Any], hyper: Mapping[str, Any], lr: float | None,
@@ -30,6 +30,7 @@ def group_env(infos: Mapping[str, Any], hyper: Mapping[str, Any], lr: float | No
     if "rescale_grad" in env:
         env["rescale_grad"] = env["rescale_grad"] * grad_scale
     env["t"] = t
+    env.update(dict.fromkeys(rounding.KEY_SCALARS, 0.0))   # (set per parameter: keyed)
     return env
 
 
@@ -68,3 +69,13 @@ def param_values(k: Any, values: Mapping[str, Any], st: dict[str, Any],
 def pack(k: Any, values: Mapping[str, Any]) -> np.ndarray:
     """The kernel's scalar array: float64 on the host, rounded once to the kernel dtype."""
     return np.array([values[s] for s in k.scalars], dtype=k.dtype)
+
+
+def keyed(k: Any, packed: np.ndarray, seed: int, step: int, index: int) -> np.ndarray:
+    """A stochastically rounding kernel's scalars with parameter ``index``'s key for
+    its ``step`` (runtime/rounding.py): a copy, as packed arrays are shared."""
+    out = packed.copy()
+    for name, v in zip(rounding.KEY_SCALARS, rounding.key_scalars(
+            rounding.key(seed, step, index))):
+        out[k.scalars.index(name)] = v
+    return out

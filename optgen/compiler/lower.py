@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
+from optgen.runtime import rounding
 from optgen.runtime.formats import ABSMAX
 from .kernel_ir import KernelIR
 from .specialize import MASTER_DTYPE
@@ -117,6 +118,26 @@ def narrow(value: str, dtype: str) -> str:
     return f'T.Cast("{dtype}", {value})'
 
 
+def stochastic(body: list[str], name: str, value: str, salt: int, key: list[str]) -> str:
+    """``value`` (float32) rounded stochastically to a bfloat16 value, still as float32
+    (``narrow`` then casts it exactly): adds the element's 16-bit hash
+    (runtime/rounding.py, from its flat index ``i``, the key scalars and the state's
+    salt) to the bits and drops the low 16. Appends the hash's let lines to ``body``."""
+    u = 'T.uint32'
+    hi, lo = (f'T.Cast("uint32", {k})' for k in key)
+    h = f"sr_{name}"
+    body += [
+        f'{h}0: T.let = T.bitwise_xor(T.Cast("uint32", i) * {u}({rounding.GOLDEN}) + '
+        f'T.bitwise_or(T.shift_left({hi}, {u}(16)), {lo}), {u}({salt}))',
+        f"{h}1: T.let = T.bitwise_xor({h}0, T.shift_right({h}0, {u}(16))) * {u}({rounding.MIX1})",
+        f"{h}2: T.let = T.bitwise_xor({h}1, T.shift_right({h}1, {u}(13))) * {u}({rounding.MIX2})",
+        f"{h}3: T.let = T.bitwise_and(T.bitwise_xor({h}2, T.shift_right({h}2, {u}(16))), "
+        f"{u}(65535))",
+        f'{h}b: T.let = T.reinterpret("uint32", {value})']
+    up = f'T.reinterpret("float32", T.bitwise_and({h}b + {h}3, {u}(4294901760)))'
+    return f"T.Select(T.bitwise_and({h}b, {u}(2147483647)) > {u}(2139095040), {value}, {up})"
+
+
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
           red_stride: int | None = None) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
@@ -208,6 +229,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     def store(name: str, value: str) -> str:
         if name in kir.quant:    # q8: the block's new values; the template quantizes them
             return f"Q_{name}[j] = {value}"
+        if name in kir.stochastic:   # bf16sr: the value rounded stochastically first
+            value = stochastic(body, name, value, kir.stochastic[name],
+                               [f"{SCALARS}[{slot[n]}]" for n in rounding.KEY_SCALARS])
         if name in kir.storage:
             value = narrow(value, kir.storage[name])
         return f"{slot_of(name)} = {value}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
-from optgen.runtime import formats, scalar_expr
+from optgen.runtime import formats, rounding, scalar_expr
 from optgen.runtime.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
@@ -129,7 +129,25 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         plan(kir, merge)
     if formats.quantized(formatted):
         quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)})
+    if formats.stochastic(formatted):
+        stochastic(spec, kir, formats.stochastic(formatted))
     return kir
+
+
+def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
+    """Round the stores of states ``names`` (bfloat16) stochastically: each gets its
+    salt, and the kernel two more scalars, the step's key (runtime/rounding.py). The
+    hash reads the element's index in the flat view, so those states must be stored
+    by flat passes (elementwise states; not row/column statistics)."""
+    for ln in kir.launches:
+        bad = [n for n in ln.outputs if n in names and ln.view != "flat"]
+        if bad:
+            raise ValueError(f"{spec.name} (flags {kir.flags}): state {bad[0]!r} is stored by "
+                             f"a {ln.view} pass; stochastic rounding (bf16sr) applies to "
+                             "states stored element by element (use 'bf16' for it)")
+    kir.stochastic = {n: rounding.salt(n) for n in names}
+    kir.hypers = kir.hypers + list(rounding.KEY_SCALARS)
+    kir.lazy = None
 
 
 def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
