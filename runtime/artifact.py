@@ -29,7 +29,7 @@ from .device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
 from . import scalar_expr
-from . import formats
+from . import formats, quant
 from .hyper import HyperInfo, Requirement
 
 
@@ -58,13 +58,15 @@ class KernelInfo:
     quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
     stochastic: dict[str, int] = dataclasses.field(default_factory=dict)  # bf16sr state ->
     # its salt (runtime/rounding.py)
+    quant_block: int = 256   # q8: elements per absmax
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
         return cls(d["symbol"], d["dtype"], d["param_dtype"], d["flags"], d["buffers"],
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
                    d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
-                   d["state_format"], d["quant"], d.get("stochastic", {}))
+                   d["state_format"], d["quant"], d.get("stochastic", {}),
+                   d.get("quant_block", 256))
 
     @functools.cached_property
     def matrix(self) -> bool:
@@ -193,9 +195,11 @@ class Artifact:
         self.reduction_buffer_size: int = manifest["reduction_buffer_size"]
         self.reduction_dtype: str = manifest["reduction_dtype"]
         self.state_format: dict[str, str] = manifest["state_format"]   # state -> format
-        # how each formatted state is stored: a dtype (bf16) or "q8:<map>" (runtime/quant.py)
+        # how each formatted state is stored: a dtype (bf16) or "q8:<map>[:<block>]"
+        # (runtime/quant.py)
         self.stored: dict[str, str] = {
-            n: f"q8:{m}" for k in self.kernels for n, m in k.quant.items()} | {
+            n: quant.stored(m, k.quant_block) for k in self.kernels
+            for n, m in k.quant.items()} | {
             n: dt for n, dt in formats.dtypes(self.state_format).items()}
         self._module = None
         self._functions: dict[str, Callable] = {}

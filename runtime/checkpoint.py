@@ -68,7 +68,8 @@ def state_dict(opt) -> dict[str, Any]:
         "state": [{n: (float(v) if isinstance(v, np.floating) else
                        tensors.to_numpy(v, lib)) for n, v in st.items()}
                   for st, lib in zip(opt.state, opt._lib)],
-        # how formatted states are stored (runtime/formats.py): "bfloat16", "q8:<map>"
+        # how formatted states are stored (runtime/formats.py): "bfloat16",
+        # "q8:<map>[:<block>]"
         "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
                    if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
 
@@ -208,8 +209,9 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
     """Parameter ``i``'s saved states in this optimizer's layout: a state this optimizer
     keeps as q8 but saved in full precision is quantized; one saved as q8 (codes and
     absmax; ``stored`` names its map) that this optimizer keeps in full precision is
-    dequantized (then cast to its dtype); a float32 state kept as bfloat16 is rounded, and
-    the reverse widened. Anything else is left to the checks."""
+    dequantized (then cast to its dtype); q8 codes of another block size are dequantized
+    and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
+    widened. Anything else is left to the checks."""
     st, out = opt.state[i], dict(rec)
     for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
               and not isinstance(st[n], np.floating)]:
@@ -223,17 +225,26 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
             continue
         if mine and not theirs and (src.dtype.kind == "f" or src.dtype.name == "bfloat16"):
             out[n], out[n + ABSMAX] = quant.quantize(src.astype(np.float32),
-                                                     opt.artifact.stored[n][3:])
+                                                     *quant.parse_stored(opt.artifact.stored[n]))
             converted.add(f"{src.dtype.name} -> q8")
         elif theirs and not mine:
             kind = stored.get(n, "") if isinstance(stored, Mapping) else ""
             if not kind.startswith("q8:"):
                 _fail(opt, f"state_dict state {i}.{n} is q8 codes without their map "
                            "(no 'stored' entry): it cannot be dequantized")
-            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]), kind[3:]) \
+            kind, block = quant.parse_stored(kind)
+            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]), kind, block) \
                 .astype(tensors.numpy_dtype(want))
             del out[n + ABSMAX]
             converted.add(f"q8 -> {want}")
+        elif mine and theirs and isinstance(stored, Mapping) and \
+                str(stored.get(n, "")).startswith("q8:") and \
+                stored[n] != opt.artifact.stored[n]:      # another block size (or map)
+            values = quant.dequantize(src, np.asarray(rec[n + ABSMAX]),
+                                      *quant.parse_stored(stored[n]))
+            out[n], out[n + ABSMAX] = quant.quantize(values,
+                                                     *quant.parse_stored(opt.artifact.stored[n]))
+            converted.add(f"{stored[n]} -> {opt.artifact.stored[n]}")
     return out
 
 

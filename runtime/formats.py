@@ -11,7 +11,8 @@ unchanged, and rounds the new value into the format on store, in the same pass.
                updates smaller than a bfloat16 step survive on average; also asked
                for as "bf16" with ``stochastic_rounding=True``
     "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
-               elements (runtime/quant.py; elementwise rules only)
+               elements (runtime/quant.py; elementwise rules only); "q8@128" sets the
+               block size (a power of two, at least 32; one block size per request)
 
 A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
 (those states; the others keep the default). Scalar states (host float64) and the
@@ -67,6 +68,12 @@ def _names() -> str:
 def _format(owner: str, what: str, fmt: Any) -> str:
     if fmt in FORMATS:
         return fmt
+    if isinstance(fmt, str) and fmt.startswith("q8@"):
+        size = fmt[3:]
+        if not size.isdigit() or int(size) < 32 or int(size) & (int(size) - 1):
+            raise ValueError(f"{owner}: {what} {fmt!r}: the q8 block size must be a power "
+                             f"of two of at least 32 (q8@32, q8@64, ...), got {size!r}")
+        return "q8" if int(size) == 256 else f"q8@{int(size)}"
     if fmt in PLANNED:
         raise ValueError(f"{owner}: {what} {fmt!r} is not built in this version of optgen "
                          f"(4-bit states are planned); available: {_names()}")
@@ -145,4 +152,15 @@ def dtypes(fmt: Mapping[str, str]) -> dict[str, str]:
 
 def quantized(fmt: Mapping[str, str]) -> list[str]:
     """The states of a q8 format."""
-    return [n for n, f in fmt.items() if f == "q8"]
+    return [n for n, f in fmt.items() if f == "q8" or f.startswith("q8@")]
+
+
+def block(owner: str, fmt: Mapping[str, str]) -> int:
+    """The q8 block size of a format dict (256 unless "q8@<block>" says otherwise);
+    a ValueError where its q8 states ask for different ones."""
+    sizes = {int(f[3:]) if f.startswith("q8@") else 256
+             for n, f in fmt.items() if n in quantized(fmt)}
+    if len(sizes) > 1:
+        raise ValueError(f"{owner}: state_format asks for q8 block sizes "
+                         f"{sorted(sizes)}; one optimizer takes one block size")
+    return sizes.pop() if sizes else 256

@@ -208,13 +208,14 @@ class Launcher:
         arrays = self.arrays(i, k, g, extra)
         lib = self.libs[i]
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
-        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m)
+        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m, k.quant_block)
                              for n, m in k.quant.items()}}
         at = dict(zip(k.scalars, scalars))
         new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)
         for name, value in new.items():
             if name in k.quant:          # q8: the block-wise codes of the new values
-                host[name][...], host[name + ABSMAX][...] = quant.quantize(value, k.quant[name])
+                host[name][...], host[name + ABSMAX][...] = quant.quantize(
+                    value, k.quant[name], k.quant_block)
             elif name in k.stochastic:   # bf16sr: rounded stochastically (then exact)
                 hi, lo = (int(at[n]) for n in rounding.KEY_SCALARS)
                 host[name][...] = rounding.to_bfloat16(value, hi << 16 | lo, k.stochastic[name])

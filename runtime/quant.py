@@ -23,8 +23,21 @@ import functools
 
 import numpy as np
 
-BLOCK = 256          # elements per absmax (a power of two, >= 32)
+BLOCK = 256          # elements per absmax by default (a build parameter: q8@<block>)
+MIN_BLOCK = 32       # a block size is a power of two at least this
 MAPS = ("signed", "unsigned")
+
+
+def stored(kind: str, block: int) -> str:
+    """How a q8 state is stored (``Artifact.stored``, checkpoints): "q8:<map>" for the
+    default block, "q8:<map>:<block>" otherwise."""
+    return f"q8:{kind}" + ("" if block == BLOCK else f":{block}")
+
+
+def parse_stored(text: str) -> tuple[str, int]:
+    """(map, block) of a ``stored`` string."""
+    parts = text.split(":")
+    return parts[1], int(parts[2]) if len(parts) > 2 else BLOCK
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,7 +125,7 @@ def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str,
     return (dynamic_map(kind)[flat] * scale).reshape(np.shape(codes))
 
 
-def code_of(value: float, kind: str) -> tuple[int, float]:
+def code_of(value: float, kind: str) -> tuple[int, float]:  # (any block: all alike)
     """(code, absmax) of a block whose elements all equal ``value`` (a state's init)."""
     codes, absmax = quantize(np.full(1, value, np.float32), kind)
     return int(codes[0]), float(absmax[0])

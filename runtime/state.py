@@ -69,10 +69,11 @@ def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
             st[s.name] = np.float64(init)
             continue
         if dtype.startswith("q8:"):   # codes of the init and its absmax, every block
-            code, absmax = quant.code_of(init, dtype[3:])
+            kind, block = quant.parse_stored(dtype)
+            code, absmax = quant.code_of(init, kind)
             n = int(np.prod(tuple(p.shape), dtype=np.int64))
             st[s.name] = tensors.full_like(p, lib, tuple(p.shape), code, "uint8")
-            st[s.name + formats.ABSMAX] = tensors.full_like(p, lib, (quant.blocks(n),),
+            st[s.name + formats.ABSMAX] = tensors.full_like(p, lib, (quant.blocks(n, block),),
                                                             absmax, "float32")
             continue
         a, b = chain

@@ -85,6 +85,7 @@ class KernelIR:
     state_format: dict[str, str] = field(default_factory=dict)  # state -> format
                                         # (optgen.runtime.formats); its dtype is in storage
     quant: dict[str, str] = field(default_factory=dict)  # q8 state -> its dynamic map
+    quant_block: int = 256              # q8: elements per absmax
     stochastic: dict[str, int] = field(default_factory=dict)  # state rounded to bfloat16
                                         # stochastically -> its salt (runtime/rounding.py)
 
@@ -111,7 +112,8 @@ class KernelIR:
                 "launches": [ln.to_json(index) for ln in self.launches],
                 "lazy": self.lazy.to_json(index) if self.lazy else None, "ir": ir,
                 "refresh": self.refresh, "state_format": self.state_format,
-                "quant": self.quant, "stochastic": self.stochastic}
+                "quant": self.quant, "quant_block": self.quant_block,
+                "stochastic": self.stochastic}
 
 
 def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = None

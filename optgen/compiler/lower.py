@@ -66,6 +66,7 @@ class LoweredKernel:
     writes: list[str] | None = None  # buffers the pass stores into
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
     quant: dict[str, str] = field(default_factory=dict)   # view "q8": state -> its map
+    quant_block: int = 256                                # view "q8": elements per absmax
 
 
 def buffer_var(name: str) -> str:
@@ -356,5 +357,5 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in buffers], list(kir.scalars), body,
-                         writes=list(outs), quant=dict(kir.quant))
+                         writes=list(outs), quant=dict(kir.quant), quant_block=kir.quant_block)
 

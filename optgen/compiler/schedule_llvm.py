@@ -39,7 +39,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "q8":
-        return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=quant.BLOCK, vec=vec,
+        return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
                       per_task=Q8_BLOCKS_PER_TASK,
                       parallel_min=PARALLEL_MIN_ELEMENTS)

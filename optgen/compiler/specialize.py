@@ -128,7 +128,8 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     else:
         plan(kir, merge)
     if formats.quantized(formatted):
-        quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)})
+        quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)},
+                 formats.block(spec.name, formatted))
     if formats.stochastic(formatted):
         stochastic(spec, kir, formats.stochastic(formatted))
     return kir
@@ -150,7 +151,7 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
     kir.lazy = None
 
 
-def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
+def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str], block: int = 256) -> None:
     """Store the states ``maps`` names as q8 (runtime/quant.py): the one update pass
     becomes the blocked "q8" view, which also takes each such state's absmax buffer
     (``<state>__absmax``, one float32 per block) and, per map, its values, bucket midpoints and
@@ -164,7 +165,7 @@ def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str]) -> None:
         raise ValueError(f"{spec.name} (flags {kir.flags}): state_format 'q8' applies to "
                          "elementwise rules (one pass over the elements), and this rule has "
                          f"{what}; use 'bf16' for it (docs/state-formats.md)")
-    kir.quant = dict(maps)
+    kir.quant, kir.quant_block = dict(maps), block
     absmax = [n + formats.ABSMAX for n in maps]
     tables = [f"_q{t}_{m}" for m in sorted(set(maps.values())) for t in ("map", "mid", "tab")]
     for b in absmax + tables:

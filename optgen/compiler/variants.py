@@ -19,7 +19,7 @@ DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute
 def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
                state_format: dict[str, str] | None = None) -> str:
     """``adam_f32_amsgrad``; a kernel with state formats adds them: ``adam_f32_sf_m_bf16``."""
-    fmt = [f"{s}_{f}" for s, f in (state_format or {}).items()]
+    fmt = [f"{s}_{f.replace('@', '_')}" for s, f in (state_format or {}).items()]  # q8@64
     return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on),
                      *(["sf", *fmt] if fmt else [])])
 
