@@ -74,6 +74,12 @@ class KernelInfo:
         return any(ln["view"] == "matrix" for ln in self.launches)
 
     @property
+    def master(self) -> bool:
+        """False for a bfloat16 kernel that steps the parameter itself, without a
+        float32 master (stochastic rounding: ``formats.PARAM``)."""
+        return formats.PARAM not in self.state_format
+
+    @property
     def mixed(self) -> bool:
         """Mixed precision: a float32 master ``w`` and a low-precision copy ``w_low``."""
         return self.param_dtype != self.dtype
@@ -244,18 +250,22 @@ class Artifact:
     def flags(self) -> dict[str, HyperInfo]:
         return {n: h for n, h in self.hypers.items() if h.is_flag}
 
-    def kernel_for(self, dtype: str, flags: dict[str, bool], formatted: bool = False
-                   ) -> KernelInfo | None:
+    def kernel_for(self, dtype: str, flags: dict[str, bool], formatted: bool = False,
+                   master: bool = True) -> KernelInfo | None:
         """The kernel for parameters of ``dtype``: plain for float32/float64, mixed
-        precision (float32 master) for float16/bfloat16. ``formatted``: the kernel with
+        precision (float32 master) for float16/bfloat16, or with ``master=False`` the
+        bfloat16 kernel without one (stochastic rounding). ``formatted``: the kernel with
         the artifact's state formats; where the build made none for ``flags`` because no
         formatted state is stored in the kernel dtype under them (absent, or float16 by the
         spec's ``half_when``), that is the plain kernel; matrix rules have none."""
-        for k in self.kernels:
-            if k.param_dtype == dtype and k.flags == flags and bool(k.state_format) == formatted:
+        mine = [k for k in self.kernels
+                if k.param_dtype == dtype and k.flags == flags and k.master == master]
+        for k in mine:
+            if bool(formats.states_of(k.state_format)) == formatted:
                 return k
-        if formatted and not any(k.flags == flags and k.state_format for k in self.kernels):
-            plain = self.kernel_for(dtype, flags)
+        if formatted and not any(k.flags == flags and formats.states_of(k.state_format)
+                                 and k.master == master for k in self.kernels):
+            plain = self.kernel_for(dtype, flags, master=master)
             if plain is not None and not plain.matrix:
                 return plain
         return None

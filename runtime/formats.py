@@ -34,6 +34,9 @@ FORMATS = {"bf16": "bfloat16", "bf16sr": "bfloat16",   # format -> the dtype of 
            "q8": "uint8"}                             # stored values
 CAST = ("bf16", "bf16sr")        # formats that are a dtype (the kernel casts on load/store)
 STOCHASTIC = {"bf16": "bf16sr"}  # a format -> its stochastically rounded twin
+PARAM = "w"                      # a request's entry for bfloat16 parameters stepped
+                                 # without a master copy (stochastic_rounding=True)
+EVERY = "*"                      # a request dict's entry for every tensor state
 PLANNED = ("q4",)                # named in the docs, not built yet
 ABSMAX = "__absmax"              # a q8 state "v" keeps its block scales as "v__absmax"
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
@@ -83,25 +86,26 @@ def _format(owner: str, what: str, fmt: Any) -> str:
 def rounded(owner: str, req: str | dict[str, str] | None, stochastic: Any
             ) -> str | dict[str, str] | None:
     """A canonical request with ``stochastic_rounding=True`` applied: "bf16" states
-    become "bf16sr" (ValueError where the request has no bfloat16 state)."""
+    become "bf16sr", and the request gains ``PARAM`` ("w": "bf16sr"): kernels for
+    bfloat16 parameters stepped without a float32 master, their stores rounded
+    stochastically (a request naming every state keeps that as ``EVERY``)."""
     if stochastic is False:
         return req
     if not isinstance(stochastic, bool):
         raise TypeError(f"{owner}: stochastic_rounding must be a bool, got {stochastic!r}")
-    if isinstance(req, str) and req in STOCHASTIC:
-        return STOCHASTIC[req]
-    if isinstance(req, dict) and any(f in STOCHASTIC for f in req.values()):
-        return {n: STOCHASTIC.get(f, f) for n, f in req.items()}
-    if req == "bf16sr" or isinstance(req, dict) and "bf16sr" in req.values():
-        return req
-    raise ValueError(f"{owner}: stochastic_rounding=True rounds bfloat16 state stores, and "
-                     f"state_format={key(req)!r} stores none: use state_format='bf16' "
-                     "(or a dict naming the states to keep in bfloat16)")
+    states = {} if req is None else {EVERY: req} if isinstance(req, str) else req
+    out = {**{n: STOCHASTIC.get(f, f) for n, f in states.items()}, PARAM: "bf16sr"}
+    return dict(sorted(out.items()))          # (canonical: as ``request`` orders a dict)
 
 
 def stochastic(fmt: Mapping[str, str]) -> list[str]:
     """The states of a format dict that round stochastically."""
-    return [n for n, f in fmt.items() if f == "bf16sr"]
+    return [n for n, f in fmt.items() if f == "bf16sr" and n != PARAM]
+
+
+def states_of(fmt: Mapping[str, str]) -> dict[str, str]:
+    """A format dict without its ``PARAM`` entry: the states' formats."""
+    return {n: f for n, f in fmt.items() if n != PARAM}
 
 
 def key(req: str | dict[str, str] | None) -> str | None:
@@ -110,7 +114,7 @@ def key(req: str | dict[str, str] | None) -> str | None:
         return None
     if isinstance(req, str):
         return req
-    return ".".join(f"{n}-{f}" for n, f in req.items())
+    return ".".join(f"{'all' if n == EVERY else n}-{f}" for n, f in req.items())
 
 
 def expand(owner: str, req: str | dict[str, str] | None, states: Iterable[Any]
@@ -126,8 +130,13 @@ def expand(owner: str, req: str | dict[str, str] | None, states: Iterable[Any]
             raise ValueError(f"{owner}: state_format {req!r}: the rule has no tensor states "
                              "to store in it")
         return {n: req for n in tensor}
+    if EVERY in req:                 # every tensor state, then the entries that name one
+        return {**expand(owner, req[EVERY], states),
+                **expand(owner, {n: f for n, f in req.items() if n != EVERY}, states)}
     shapes = {s.name: s.shape for s in states}
     for name in req:
+        if name == PARAM and req[name] == "bf16sr":
+            continue
         if name not in shapes:
             raise ValueError(f"{owner}: state_format names state {name!r}, which the rule "
                              f"does not have (its states: {', '.join(shapes) or 'none'})")

@@ -6,7 +6,7 @@ the message); it returns the validated value or raises the typed error of
 docs/reliability.md (TypeError for a wrong kind, ValueError for a wrong value) and
 changes nothing. The optimizer runs them all before any kernel does.
 
-May import: numpy, tensors, sparse. Imports no other runtime module.
+May import: numpy, formats, tensors, sparse. Imports no other runtime module.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import tensors
+from . import formats, tensors
 from .sparse import RowSparse
 
 NONFINITE = (None, "skip", "raise")
@@ -78,6 +78,7 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
     with another."""
     device = tensors.TARGET_DEVICE.get(artifact.target, "cpu")
     plain, mixed = artifact.dtypes, artifact.mixed_dtypes
+    sr = formats.PARAM in artifact.state_format          # stochastic_rounding=True
     libs, ranges = [], []
     for i, p in enumerate(params):
         lib = tensors.library(p)
@@ -95,10 +96,12 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                             "(convert with .astype(p.dtype.newbyteorder('=')))")
         dt = tensors.dtype_name(p, lib)
         if dt in tensors.LOW_PRECISION and dt in mixed:
-            if not multi_precision:
+            if not multi_precision and not (dt == "bfloat16" and sr):
                 raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
                                 "parameters need multi_precision=True (a float32 master "
-                                "copy and float32 states)")
+                                "copy and float32 states)" + (
+                                    ", or for bfloat16 stochastic_rounding=True (stepped "
+                                    "without a master)" if dt == "bfloat16" else ""))
         elif dt not in plain:
             raise TypeError(f"{owner}: parameter {i} has dtype {dt}; the kernels "
                             f"support {', '.join(plain + list(mixed))}"
@@ -120,6 +123,12 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                 raise ValueError(f"{owner}: parameters {j} and {i} share memory")
         libs.append(lib)
         ranges.append(r)
+    if sr and not formats.stochastic(artifact.state_format) and not any(
+            tensors.dtype_name(p, lib) == "bfloat16" for p, lib in zip(params, libs)
+            if not multi_precision):
+        raise ValueError(f"{owner}: stochastic_rounding=True rounds bfloat16 stores, and "
+                         "there are none: no state is kept as bfloat16 (state_format='bf16') "
+                         "and no bfloat16 parameter is stepped without a master copy")
     return libs
 
 
@@ -149,15 +158,17 @@ def check_centralization(owner: str, params: Sequence[Any], group_of: Sequence[i
 
 def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequence[str],
                   flags_of: Callable[[int], dict], names: Sequence[str | None],
-                  formatted: Sequence[bool]) -> None:
+                  formatted: Sequence[bool], multi_precision: bool) -> None:
     """Each parameter has a kernel for its dtype under its flags (a matrix rule has
     float32/float64 kernels only: no mixed precision; state formats compute in float32
     and apply to elementwise rules), and a matrix rule (products) gets a 2-D parameter
     (specs pick it by a shape flag, so that fails only for a spec that does not)."""
     for i, p in enumerate(params):
         dt, flags = tensors.dtype_name(p, libs[i]), flags_of(i)
-        k = artifact.kernel_for(dt, flags, formatted[i])
-        plain = artifact.kernel_for(dt, flags) if k is None and formatted[i] else None
+        master = multi_precision or dt not in tensors.LOW_PRECISION
+        k = artifact.kernel_for(dt, flags, formatted[i], master)
+        plain = artifact.kernel_for(dt, flags, master=master) \
+            if k is None and formatted[i] else None
         if plain is not None:
             why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
                    "elementwise rules") if plain.matrix else (

@@ -68,10 +68,11 @@ class Launcher:
         """The artifact's kernel for parameter ``i`` under ``flags``: by its dtype, with
         state formats where ``formatted[i]`` (cached)."""
         dtype, fmt = tensors.dtype_name(self.params[i], self.libs[i]), self.formatted[i]
-        key = (dtype, tuple(sorted(flags.items())), fmt)
+        master = self.mixed[i] or dtype not in tensors.LOW_PRECISION   # (else: no master)
+        key = (dtype, tuple(sorted(flags.items())), fmt, master)
         k = self.kernels.get(key)
         if k is None:
-            k = self.artifact.kernel_for(dtype, flags, fmt)
+            k = self.artifact.kernel_for(dtype, flags, fmt, master)
             if k is None:
                 raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
                                 + (" and state formats" if fmt else ""))

@@ -138,7 +138,7 @@ class Optimizer:
         self._refreshed: list[int | None] = [None] * n  # (step of the last refresh)
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         checks.check_kernels(name, artifact, self.params, self._lib, self._flags,
-                             self.names, self._formatted)
+                             self.names, self._formatted, self.multi_precision)
         for i in range(n):
             self._ensure_state(i)
 
@@ -154,7 +154,7 @@ class Optimizer:
             s, self.state[i], self._flags(i),
             lambda: scalars.group_env(art.hypers, self._groups[gi].hyper,
                                       self._lr_value(gi, self.t), 1.0, self.t),
-            "float32" if self._is_mixed[i] else tensors.dtype_name(self.params[i], self._lib[i]),
+            tensors.compute_dtype(tensors.dtype_name(self.params[i], self._lib[i])),
             art.stored if self._formatted[i] else {})
 
     def _ensure_state(self, i: int) -> None:

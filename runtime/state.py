@@ -50,6 +50,8 @@ def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
         raise ValueError(f"{owner}: state_format {formats.key(req)!r} needs an artifact built "
                          f"with it; {artifact.path} has state formats: {have} (optgen.create"
                          f"(..., state_format=...) or `optgen build --state-format` builds it)")
+    if not formats.states_of(want):     # (stochastic_rounding alone: no state is formatted)
+        return [False] * len(params)
     return [int(np.prod(tuple(p.shape), dtype=np.int64)) >= min_size for p in params]
 
 

@@ -23,6 +23,13 @@ TARGET_DEVICE = {"llvm": "cpu", "c": "cpu", "cuda": "cuda", "rocm": "rocm",
                  "opencl": "cpu", "metal": "metal", "webgpu": "webgpu"}
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype kernels compute a parameter of ``dtype`` in (and keep its unformatted
+    states in): float32 for float16/bfloat16 (with a master copy, or bfloat16 stepped
+    without one), else its own."""
+    return "float32" if dtype in LOW_PRECISION else dtype
+
+
 def numpy_dtype(name: str) -> np.dtype:
     """``np.dtype`` for a dtype name, bfloat16 included (from ml_dtypes)."""
     if name == "bfloat16":

@@ -4,6 +4,9 @@
 * compiled == reference interpreter for the elementwise rules of the issue's list and
   LAMB (reductions; its states are stored by the flat passes), shapes 0 .. a prime,
   float32 parameters and bfloat16 ones under multi_precision, every flag combination;
+  and bfloat16 parameters stepped without a master copy (``multi_precision=False``),
+  the parameter's own stores rounded stochastically, with float32 and with bf16sr
+  states;
 * unbiased: 200,003 roundings of one value average to it within 3 sigma, and both
   bfloat16 neighbours occur in the proportion of the distances; a value that is a
   bfloat16 stays as it is; NaN and inf stay NaN and inf;
@@ -40,22 +43,24 @@ def _flag_sets(art):
 
 @pytest.mark.parametrize("name", SPECS)
 def test_compiled_matches_reference(name, rng):
-    art = optgen.get_artifact(name, state_format="bf16sr")
+    art = optgen.get_artifact(name, state_format="bf16", stochastic_rounding=True)
     ran = 0
-    for flags, pdt in itertools.product(_flag_sets(art), ["float32", "bfloat16"]):
+    cases = [("float32", True), ("bfloat16", True), ("bfloat16", False)]   # (dtype, master)
+    for flags, (pdt, master) in itertools.product(_flag_sets(art), cases):
         hyper = busy_hypers(art, flags)
         if not valid(art, hyper):
             continue
         params = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in SHAPES]
         opts = [optgen.create(art, [p.copy() for p in params], backend=b, seed=7,
                               state_format="bf16", stochastic_rounding=True,
-                              state_format_min_size=0, multi_precision=pdt == "bfloat16",
+                              state_format_min_size=4000 if master else 0,
+                              multi_precision=pdt == "bfloat16" and master,
                               **hyper) for b in ("compiled", "reference")]
         for _ in range(3):
             gs = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in SHAPES]
             for o in opts:
                 o.step([g.copy() for g in gs])
-        label = f"{name} {pdt} flags {flags}"
+        label = f"{name} {pdt}{'' if master else ' without master'} flags {flags}"
         for i, s in enumerate(SHAPES):
             for n, v in opts[1].state[i].items():
                 mine = opts[0].state[i][n]
@@ -69,9 +74,17 @@ def test_compiled_matches_reference(name, rng):
                 np.testing.assert_allclose(np.asarray(mine, np.float32),
                                            np.asarray(v, np.float32), rtol=2 ** -7,
                                            atol=1e-30, err_msg=f"{label}: {n} {s}")
-            assert_close(np.asarray(opts[0].params[i], np.float32),
-                         np.asarray(opts[1].params[i], np.float32), "float32",
-                         f"{label}: w {s}")
+            if master:
+                assert_close(np.asarray(opts[0].params[i], np.float32),
+                             np.asarray(opts[1].params[i], np.float32), "float32",
+                             f"{label}: w {s}")
+            else:   # the parameter itself, rounded stochastically: bits as the states
+                mine, want = (np.asarray(o.params[i]) for o in opts)
+                assert mine.dtype == BF16
+                same = mine.view(np.uint16) == want.view(np.uint16)
+                assert same.size == 0 or np.mean(same) > 0.99, f"{label}: w {s}"
+                np.testing.assert_allclose(mine.astype(np.float32), want.astype(np.float32),
+                                           rtol=2 ** -7, atol=1e-30, err_msg=f"{label}: w {s}")
         ran += 1
     assert ran
 
@@ -202,9 +215,9 @@ def test_torch_drop_in():
 
 
 @pytest.mark.parametrize("kw,error,match", [
-    (dict(stochastic_rounding=True), ValueError, "rounds bfloat16 state stores"),
+    (dict(stochastic_rounding=True), ValueError, "rounds bfloat16 stores, and there are none"),
     (dict(stochastic_rounding=True, state_format="q8"), ValueError,
-     "rounds bfloat16 state stores"),
+     "rounds bfloat16 stores, and there are none"),
     (dict(stochastic_rounding=1, state_format="bf16"), TypeError,
      "stochastic_rounding must be a bool"),
     (dict(state_format="bf16sr", seed=-1), ValueError, r"seed must be an int in \[0, 2\*\*63\)"),
@@ -215,6 +228,51 @@ def test_bad_options_are_typed_errors(kw, error, match):
     with pytest.raises(error, match=match):
         optgen.create("adam", [w], **kw)
     assert np.all(w == 1.0)
+
+
+def test_bfloat16_parameters_without_a_master():
+    """multi_precision=False, stochastic_rounding=True: the bfloat16 parameter is the
+    only copy; an update far below half a bfloat16 step (lr * g = 1e-4 on 1.0, where
+    the step is 2**-7) moves it on average as float32 would, where nearest-even (a
+    float32 master rounded into the parameter) never moves it. Without either option a
+    bfloat16 parameter is a TypeError that names both."""
+    n, steps = 50_000, 100
+    w = np.ones(n, BF16)
+    opt = optgen.create("sgd", [w], lr=1e-4, momentum=0.0, stochastic_rounding=True, seed=3)
+    for _ in range(steps):
+        opt.step([np.ones(n, BF16)])
+    assert opt.params[0] is w and w.dtype == BF16 and "master" not in opt.state[0]
+    got = w.astype(np.float64)
+    assert abs(got.mean() - (1 - steps * 1e-4)) < 2e-4, got.mean()
+    # nearest-even without a master: 1 - 1e-4 rounds back to 1.0 at every step
+    assert np.float32(1 - 1e-4).astype(BF16) == 1.0
+    mixed = optgen.create("sgd", [np.ones(n, BF16)], lr=1e-4, momentum=0.0,
+                          multi_precision=True)      # a float32 master: the reference
+    for _ in range(steps):
+        mixed.step([np.ones(n, BF16)])
+    assert abs(got.mean() - float(mixed.state[0]["master"].mean())) < 2e-4
+    with pytest.raises(TypeError, match="multi_precision=True .* or for bfloat16 "
+                                        "stochastic_rounding=True"):
+        optgen.create("sgd", [np.ones(n, BF16)])
+
+
+def test_torch_bfloat16_model_without_a_master():
+    torch = pytest.importorskip("torch", reason="the torch drop-in needs torch")
+    import optgen.torch as ot
+    torch.manual_seed(0)
+    model = torch.nn.Linear(128, 64).to(torch.bfloat16)
+    opt = ot.AdamW(model.parameters(), lr=1e-2, stochastic_rounding=True, seed=4)
+    x, y = torch.randn(256, 128, dtype=torch.bfloat16), torch.randn(256, 64,
+                                                                    dtype=torch.bfloat16)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).float().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+    assert model.weight.dtype == torch.bfloat16 and "master" not in opt.state[model.weight]
 
 
 def test_row_and_column_states_are_refused_by_name():

@@ -48,13 +48,15 @@ def _needs_host(e: Expr) -> bool:
 
 def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
                merge: bool = False, state_format: dict[str, str] | None = None,
-               maps: dict[str, str] | None = None) -> KernelIR:
+               maps: dict[str, str] | None = None, master: bool = True) -> KernelIR:
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
     mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
     family's reduction template (``plan``); ``state_format`` (state -> format,
     optgen.runtime.formats) stores those of the active tensor states that the spec
     keeps in the kernel dtype in the format's dtype (loads widen, stores round), or as
-    q8 codes with the dynamic map ``maps`` names ("signed"/"unsigned"; ``quantize``)."""
+    q8 codes with the dynamic map ``maps`` names ("signed"/"unsigned"; ``quantize``).
+    ``master=False`` (with ``param_dtype`` bfloat16): no float32 master; ``w`` itself
+    is stored as bfloat16, rounded stochastically (``formats.PARAM``)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -103,7 +105,10 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
                  if n in tensor_states and n not in storage}
     storage.update(formats.dtypes(formatted))
     low_copy = []
-    if param_dtype is not None:
+    if param_dtype is not None and not master:   # bfloat16 w, stored stochastically
+        storage.update({n: param_dtype for n in ["w", "grad", *spec.inputs]})
+        formatted[formats.PARAM] = "bf16sr"
+    elif param_dtype is not None:
         assert param_dtype in MIXED_DTYPES, param_dtype
         low_copy = [LOW_COPY]
         tensor_updates[LOW_COPY] = tensor_updates["w"]   # the same value, rounded on store
@@ -130,8 +135,9 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     if formats.quantized(formatted):
         quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)},
                  formats.block(spec.name, formatted))
-    if formats.stochastic(formatted):
-        stochastic(spec, kir, formats.stochastic(formatted))
+    sr = formats.stochastic(formatted) + ([] if master else ["w"])
+    if sr:
+        stochastic(spec, kir, sr)
     return kir
 
 
@@ -139,9 +145,9 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
     """Round the stores of states ``names`` (bfloat16) stochastically: each gets its
     salt, and the kernel two more scalars, the step's key (runtime/rounding.py). The
     hash reads the element's index in the flat view, so those states must be stored
-    by flat passes (elementwise states; not row/column statistics)."""
+    by flat (or q8) passes: elementwise states, not row/column statistics."""
     for ln in kir.launches:
-        bad = [n for n in ln.outputs if n in names and ln.view != "flat"]
+        bad = [n for n in ln.outputs if n in names and ln.view not in ("flat", "q8")]
         if bad:
             raise ValueError(f"{spec.name} (flags {kir.flags}): state {bad[0]!r} is stored by "
                              f"a {ln.view} pass; stochastic rounding (bf16sr) applies to "

@@ -39,7 +39,9 @@ def kernel_irs(spec, traces, tg: targets.Target,
     target has; without float16 on the target, no IR that stores float16; without
     64-bit integers, no row-sparse variant. A ``state_format`` request (see
     optgen.runtime.formats) adds, for every elementwise flag combination, the same IRs
-    with those states in the format (matrix rules get none)."""
+    with those states in the format (matrix rules get none); its ``formats.PARAM`` entry
+    (stochastic_rounding) adds IRs for bfloat16 parameters without a master copy, with
+    plain and with formatted states."""
     if tg.name != "llvm":
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
@@ -54,11 +56,22 @@ def kernel_irs(spec, traces, tg: targets.Target,
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
                          f"{tg.name} target cannot store (it has {', '.join(tg.mixed) or 'none'})")
+    sr_params = fmt.pop(formats.PARAM, None) is not None   # bfloat16 w without a master
     made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f, maps=maps))
             for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else [None])
             for low in (None, *(() if tr.matrix else tg.mixed))]
+    made += [(f, specialize(spec, tr, "bfloat16", merge=tg.family == "cpu", state_format=f,
+                            maps=maps, master=False))
+             for tr in traces if sr_params and not tr.matrix
+             for f in ([{}, fmt] if fmt else [{}])]
     # no format IR where none of the formatted states is active: it is the plain one
-    kirs = [k for f, k in made if f is None or k.state_format]
+    # (or, without a master, the one with plain states)
+    kirs, seen = [], set()
+    for f, k in made:
+        key = (tuple(k.flags.items()), k.param_dtype, tuple(k.state_format.items()))
+        if (f is None or k.state_format) and key not in seen:
+            seen.add(key)
+            kirs.append(k)
     kirs = [k for k in kirs if tg.half_states or "float16" not in k.storage.values()]
     if not tg.lazy:
         for k in kirs:
