@@ -70,13 +70,15 @@ def setup(name: str, mode: str = "single") -> tuple:
     """A 2-layer MLP (float32), the module that runs it, optimizer ``name`` and the
     data. ``mode``: single (no process group), ddp, zero, fsdp."""
     torch.manual_seed(0)
+    # the last layer has 3 outputs: at world size 4 its weight and bias split 1, 1, 1, 0
+    # rows, so one rank holds empty shards (it still takes part in every all-reduce)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                torch.nn.Linear(32, 8))
+                                torch.nn.Linear(32, 3))
     if "-skewed" in name:
         with torch.no_grad():
             model[0].weight[:16] *= 100.0
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 8, generator=g)
+    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 3, generator=g)
     net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh

@@ -74,7 +74,7 @@ def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
 PER_STEP = {"lamb": [4, 8], "lars": [4, 8], "lamb-skewed": [4, 8],   # ||w||, ||r|| each
             "centered-nsgd": [4, 4, 4],      # mean(g), then rms(g - mean(g)): two levels
             "adamw-clip": [4, 2],            # the global norm and the non-finite flag
-            # column means of the (32, 16) and (8, 32) weights (16 + 32), their row
+            # column means of the (32, 16) and (3, 32) weights (16 + 32), their row
             # statistics' means (1 + 1), the biases' RMS of w and of the update (2 + 2);
             # then the weights' RMS of w and of the update (2 + 2)
             "adafactor": [4, 54, 4]}
