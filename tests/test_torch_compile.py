@@ -175,3 +175,18 @@ def test_compiled_step_errors_are_typed_and_change_nothing():
     with pytest.raises((TypeError, torch._dynamo.exc.Unsupported),
                        match="statistics .A. are not passed to a step under torch.compile"):
         torch.compile(lambda: opt.step(A=[None]), backend="aot_eager", fullgraph=True)()
+
+
+@pytest.mark.parametrize("fmt", [dict(state_format="q8"), dict(state_format="bf16"),
+                                 dict(state_format="bf16", stochastic_rounding=True)])
+def test_compiled_step_with_state_formats(fmt):
+    """Low-bit states (docs/state-formats.md) under a compiled train step: the same op,
+    the same results as eager, one compile (every tensor formatted: min size 0)."""
+    kw = dict(state_format_min_size=0, **fmt)
+    eager, e_opt, _ = _train("AdamW", compiled=False, steps=20, **kw)
+    comp, c_opt, counter = _train("AdamW", compiled=True, steps=20, **kw)
+    assert counter.frame_count == 1
+    _same(comp, eager, f"{fmt} compiled vs eager", rtol=0, atol=0)
+    p = next(comp.parameters())
+    want = torch.uint8 if fmt["state_format"] == "q8" else torch.bfloat16
+    assert c_opt.state[p]["m"].dtype == want
