@@ -282,6 +282,7 @@ def test_torch_drop_in_states_are_bf16():
 
 
 @pytest.mark.parametrize("fmt,names", [("bf16", ("adam", "lion")),
+                                       ("bf16sr", ("adam", "lion")),
                                        ("q8", ("adam", "adamw", "lion"))])
 def test_digits_accuracy_with_formatted_states(fmt, names):
     """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
@@ -642,7 +643,7 @@ def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q8"])
+@pytest.mark.parametrize("fmt", ["bf16", "bf16sr", "q8"])
 def test_char_language_model_loss_within_two_percent(fmt):
     """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16 or q8
     states ends within 2 % of the loss with float32 states (the model's tensors are above
