@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--state-format", help="also build the kernels that store states in a "
                    "format: bf16 (every tensor state) or per state, e.g. m=bf16,v=bf16 "
                    "(docs/state-formats.md)")
+    b.add_argument("--stochastic-rounding", action="store_true",
+                   help="bf16 states rounded stochastically, and the kernels for bfloat16 "
+                   "parameters stepped without a master copy (stochastic_rounding=True)")
     _command(sub, "list", help="list the catalog's specs with their hyperparameters")
     _command(sub, "targets", help="list the targets and what this machine can do with each",
                    description="Every target, with whether this machine can build it (TVM "
@@ -264,7 +267,7 @@ def _cmd_cache(args) -> int:
 def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog
+    from optgen.runtime import catalog, formats
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
         raise ValueError("--target names no target (e.g. --target llvm,c)")
@@ -280,7 +283,9 @@ def _cmd_build(args) -> int:
         for target in names:
             r = build(path, target, out=args.out, force=args.force, base=args.base,
                       arch=args.arch if target == "cuda" else None,
-                      state_format=_state_format(args.state_format))
+                      state_format=formats.rounded("optgen build", formats.request(
+                          "optgen build", _state_format(args.state_format)),
+                          args.stochastic_rounding))
             built += not r.cache_hit
             what = "cache hit" if r.cache_hit else "built"
             print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)

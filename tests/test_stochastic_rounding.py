@@ -284,3 +284,34 @@ def test_row_and_column_states_are_refused_by_name():
         with pytest.raises(ValueError, match="stochastic rounding .bf16sr. applies to states "
                                              "stored element by element"):
             optgen.get_artifact("adafactor", state_format="bf16sr")
+
+
+def test_cuda_build_compiles_the_rounding(tmp_path):
+    """The CUDA build of bf16sr states and bfloat16 parameters without a master (nvcc
+    compiles it for sm_80 and sm_90 where installed; running it needs a GPU)."""
+    import shutil
+    from optgen.compiler.pipeline import build
+    from optgen.runtime import catalog, formats
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
+    req = formats.rounded("adam", formats.request("adam", "bf16"), True)
+    r = build(catalog.resolve("adam"), "cuda", out=str(tmp_path), arch="sm_80,sm_90",
+              state_format=req)
+    art = optgen.Artifact.load(r.path)
+    assert set(art.manifest["binaries"]) == {"sm_80", "sm_90"}
+    assert {k.symbol for k in art.kernels if not k.master} >= {
+        "adam_bf16_sf_w_bf16sr", "adam_bf16_sf_m_bf16sr_v_bf16sr_w_bf16sr"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src = open(f"{r.path}/kernels.cu", encoding="utf-8").read()
+    assert "2654435761" in src       # the hash's multiplier (runtime/rounding.py)
+
+
+def test_cli_builds_the_rounding_kernels(tmp_path):
+    from optgen.cli import main
+    from optgen.runtime import catalog
+    assert main(["build", catalog.resolve("sgd"), "--stochastic-rounding",
+                 "--out", str(tmp_path)]) == 0
+    (folder,) = os.listdir(tmp_path)
+    art = optgen.Artifact.load(os.path.join(tmp_path, folder))
+    assert art.state_format == {"w": "bf16sr"}
