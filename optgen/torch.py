@@ -255,8 +255,6 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
                                 "optgen.torch optimizers take dense gradients")
         if self._offload is None:
-            if self._core._shards is not None:   # (what every rank must agree on)
-                self._core._shards.pattern = tuple(g is not None for g in grads)
             self._core.step([torch_shards.local(g) for g in grads], **statistics)
         elif self._core.step(self._offload.grads_to_host(
                 self._params, grads, wait_all=bool(self._core.clip_global_norm or

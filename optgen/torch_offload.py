@@ -61,8 +61,8 @@ class HostCopies:
         self._params: list = []
         self._bucket: dict[int, int] = {}
         self._events: list = []
-        self._members: list[list[int]] = []
-        self._left: list[set[int]] = []
+        self._members: list[list[int]] = []   # per bucket: its parameters
+        self._left: list[int] = []             # per bucket: how many are not stepped yet
         self.log: list[tuple[str, int]] = []
 
     def master(self, p: torch.Tensor) -> torch.Tensor:
@@ -89,11 +89,9 @@ class HostCopies:
         it."""
         out, cuda, size = [], False, 0
         # per step: parameter index -> bucket; per bucket: its end event, its parameters
-        # and those not yet stepped
+        # and how many are not stepped yet
         self._params, self._bucket, self._events = params, {}, []
-        self._members: list[list[int]] = [[]]
-        self._left: list[set[int]] = [set()]
-        self.log: list[tuple[str, int]] = []
+        self._members, self._left, self.log = [[]], [0], []
         for i, (p, g) in enumerate(zip(params, grads)):
             if g is None or not isinstance(g, torch.Tensor) or g.is_sparse or \
                     tuple(g.shape) != tuple(p.shape):
@@ -105,7 +103,7 @@ class HostCopies:
             out.append(buf)
             self.copies["grads_to_host"] += 1
             self._bucket[i] = len(self._left) - 1
-            self._left[-1].add(i)
+            self._left[-1] += 1
             self._members[-1].append(i)
             size += buf.numel() * buf.element_size()
             if size >= BUCKET_BYTES:
@@ -125,7 +123,7 @@ class HostCopies:
             event.record()
         self._events.append(event)
         self.log.append(("grads", len(self._left) - 1))
-        self._left.append(set())
+        self._left.append(0)
         self._members.append([])
 
     def ready(self, i: int) -> None:
@@ -144,7 +142,7 @@ class HostCopies:
         b = self._bucket.pop(i, None)
         if b is None:
             return
-        self._left[b].discard(i)
+        self._left[b] -= 1
         if not self._left[b]:
             for j in self._members[b]:
                 p = self._params[j]

@@ -190,10 +190,9 @@ class Launcher:
         """Parameter ``i``'s update with dense gradient ``g``, in place."""
         if self.hooks:
             self.hooks[0](i)
-            self._run(i, k, g, scalars, extra)
+        self._run(i, k, g, scalars, extra)
+        if self.hooks:
             self.hooks[1](i)
-        else:
-            self._run(i, k, g, scalars, extra)
 
     def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
              extra: Mapping[str, Any]) -> None:

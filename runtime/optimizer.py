@@ -242,7 +242,7 @@ class Optimizer:
         statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
         art = self.artifact
-        with shards_.agreed(self._shards, self.name):   # every rank passed, or none goes on
+        with shards_.agreed(self._shards, self.name, grads):   # all ranks passed, or none
             stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
             grads = self._check_grads(grads, "grads", self._checked)       # check
             extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)

@@ -70,7 +70,6 @@ class Shards:
     splits: list[Split | None]
     collective: Collective
     talks: bool = True
-    pattern: tuple = ()     # which parameters have a gradient this step (the caller's)
     rounds: int = 0
     values: int = 0
     log: list[int] = field(default_factory=list)   # values per all-reduce, in order
@@ -176,7 +175,7 @@ def whole_shapes(params: Sequence[Any], shards: Shards | None) -> list[tuple[int
 
 
 @contextlib.contextmanager
-def agreed(shards: Shards | None, owner: str) -> Iterator[None]:
+def agreed(shards: Shards | None, owner: str, grads: Any) -> Iterator[None]:
     """Run a step's checks so that every rank goes on or none does: one 32-byte
     all-reduce counts the ranks whose checks failed and compares what each rank is about
     to step (its split parameters and which have gradients: a fingerprint f, sent as
@@ -187,7 +186,8 @@ def agreed(shards: Shards | None, owner: str) -> Iterator[None]:
     if shards is None or not shards.talks:
         yield
         return
-    f = float(zlib.crc32(repr((shards.splits, shards.pattern)).encode()) % (1 << 20))
+    pattern = tuple(g is not None for g in grads) if isinstance(grads, (list, tuple)) else ()
+    f = float(zlib.crc32(repr((shards.splits, pattern)).encode()) % (1 << 20))
     sent = np.array([0.0, 1.0, f, f * f])
     try:
         yield

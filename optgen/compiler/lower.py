@@ -112,7 +112,7 @@ def narrow(value: str, dtype: str) -> str:
     let-bound value fails MakePackedAPI ("variables ... are used, but are not passed")."""
     if dtype == "bfloat16":
         bits = f'T.reinterpret("uint32", {value})'
-        is_nan = f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
+        is_nan = nan_bits(bits)
         nan = (f'T.reinterpret("float32", T.bitwise_or(T.bitwise_and({bits}, '
                f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
         value = f"T.Select({is_nan}, {nan}, {value})"
@@ -136,7 +136,13 @@ def stochastic(body: list[str], name: str, value: str, salt: int, key: list[str]
         f"{u}(65535))",
         f'{h}b: T.let = T.reinterpret("uint32", {value})']
     up = f'T.reinterpret("float32", T.bitwise_and({h}b + {h}3, {u}(4294901760)))'
-    return f"T.Select(T.bitwise_and({h}b, {u}(2147483647)) > {u}(2139095040), {value}, {up})"
+    return f"T.Select({nan_bits(h + 'b')}, {value}, {up})"
+
+
+def nan_bits(bits: str) -> str:
+    """Whether the float32 with uint32 ``bits`` is a NaN (tested on the bits: see
+    ``narrow``)."""
+    return f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
