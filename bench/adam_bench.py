@@ -41,6 +41,7 @@ LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 ADAM_BYTES_PER_PARAM = 28   # fp32: 4 arrays read, 3 written, 4 bytes each
 BF16_STATE_BYTES_PER_PARAM = 20   # w, g read and w written at 4 bytes; m, v both ways at 2
 Q8_STATE_BYTES_PER_PARAM = 16     # ... m, v codes both ways at 1 (absmax: 4 B per 256)
+Q4_STATE_BYTES_PER_PARAM = 14     # ... m, v codes both ways at 1/2 (absmax: 4 B per 128)
 TRIAD_BYTES_PER_ELEM = 12   # STREAM convention: read b, c; write a (axpy: read a, b; write a)
 FUSED = "torch fused"
 TRIAD_TORCH, TRIAD_NUMPY, AXPY_TORCH = ("triad torch (add out=)", "triad numpy (2 ufuncs)",
@@ -84,14 +85,14 @@ def machine_info(torch) -> dict:
 # -- Adam contenders (ws, gs: the parameter tensors and their gradients) ----------------
 def make_optgen(ws, gs, state_format: str | None = None) -> Contender:
     """optgen's Adam; ``state_format`` "bf16" keeps m and v as bfloat16 (20 B/param),
-    "q8" as block-wise 8-bit codes (16 B/param)."""
+    "q8" as block-wise 8-bit codes (16 B/param), "q4" as 4-bit ones (14 B/param)."""
     import optgen
     ws, gs = [w.copy() for w in ws], [g.copy() for g in gs]
     fmt = {} if state_format is None else {"state_format": state_format}
     opt = optgen.create("adam", ws, lr=LR, beta1=BETA1, beta2=BETA2, eps=EPS, **fmt)
     name = "optgen adam" + (f" {state_format} states" if state_format else "")
     moved = {None: ADAM_BYTES_PER_PARAM, "bf16": BF16_STATE_BYTES_PER_PARAM,
-             "q8": Q8_STATE_BYTES_PER_PARAM}[state_format]
+             "q8": Q8_STATE_BYTES_PER_PARAM, "q4": Q4_STATE_BYTES_PER_PARAM}[state_format]
     return Contender(name, lambda: opt.step(gs), moved, "adam", lambda: np.concatenate(ws),
                      note=f"opt.step(grads); artifact {os.path.basename(opt.artifact.path)}")
 
@@ -345,6 +346,7 @@ def main(argv=None) -> int:
         "optgen adam": lambda: make_optgen(ws, gs),
         "optgen adam bf16 states": lambda: make_optgen(ws, gs, "bf16"),
         "optgen adam q8 states": lambda: make_optgen(ws, gs, "q8"),
+        "optgen adam q4 states": lambda: make_optgen(ws, gs, "q4"),
         "bitsandbytes Adam8bit": lambda: make_8bit(torch, ws, gs, "bitsandbytes Adam8bit"),
         "torchao AdamW8bit": lambda: make_8bit(torch, ws, gs, "torchao AdamW8bit"),
         FUSED: lambda: make_torch_adam(torch, ws, gs, FUSED, fused=True),

@@ -44,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"Adam, {a.n:,} fp32 parameters in one tensor; bytes per parameter")
     print(f"{'format':<10} {'arrays':>8} {'peak RSS added':>15}")
-    for fmt in ("default", "bf16", "q8"):
+    for fmt in ("default", "bf16", "q8", "q4"):
         out = subprocess.run([sys.executable, "-c", CHILD, str(a.n), fmt], check=True,
                              capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])

@@ -43,8 +43,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adam_bench import (BETA1, BETA2, BF16_STATE_BYTES_PER_PARAM, EPS, LR,  # noqa: E402
-                        Q8_STATE_BYTES_PER_PARAM, Contender, cpu_model, make_numpy_expr,
-                        make_numpy_inplace, run)
+                        Q4_STATE_BYTES_PER_PARAM, Q8_STATE_BYTES_PER_PARAM, Contender,
+                        cpu_model, make_numpy_expr, make_numpy_inplace, run)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAMB_EPS, WD = 1e-6, 0.01
@@ -54,6 +54,8 @@ THREAD_ENV = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "OMP_NUM_THREADS"
               "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "XLA_FLAGS")
 DIFF_TOL = 1e-4        # max |w - w_ref| after all steps; a wrong rule is off by ~1e-3
 STATE_TOL = 1e-3       # ... for low-bit states, whose rounding moves w by ~1e-4 in 10 steps
+Q4_TOL = 3e-2          # ... 4-bit: an element far below its block's absmax barely moves (its
+                       # v reads as absmax / 16, its m as 0): up to lr (1e-3) a step
 WORKLOADS = ("stream", "adam-10m", "adam-100m", "bert-adam", "bert-lamb", "lamb-10m",
              "small-100x1k", "build", "memory")
 FUSED, FOREACH, OPTGEN = "torch fused", "torch foreach", "optgen adam"
@@ -62,7 +64,9 @@ LAMB_OPTGEN, LAMB_TORCH, LAMB_OPTAX = "optgen lamb", "torch foreach LAMB", "opta
 LAMB_FLAT = "optgen lamb (flatten)"
 # optgen Adam with low-bit states (docs/state-formats.md): name -> (format, bytes/param)
 STATE_ROWS = {"optgen adam bf16 states": ("bf16", BF16_STATE_BYTES_PER_PARAM),
-              "optgen adam q8 states": ("q8", Q8_STATE_BYTES_PER_PARAM)}
+              "optgen adam q8 states": ("q8", Q8_STATE_BYTES_PER_PARAM),
+              "optgen adam q4 states": ("q4", Q4_STATE_BYTES_PER_PARAM)}   # (no target)
+TARGETS = {"q8": 0.75, "bf16": 0.85}   # issue 22: x torch fused fp32 Adam (q4: none set)
 TRIAD_TVM, TRIAD_TORCH = "triad optgen-tvm", "triad torch (add out=)"
 
 
@@ -628,7 +632,8 @@ def summarize(workloads: list[dict], lim: dict) -> None:
             r["pct_limit"] = (100 * r["bytes"] / med / lim["limit_Bps"]
                               if r["bytes"] and wl["bandwidth"] and lim["limit_Bps"] else None)
             r["x_ref"] = med / _med(ref) if ref is not None and r["kind"] != "anchor" else None
-            tol = STATE_TOL if r["contender"] in STATE_ROWS else DIFF_TOL
+            fmt = STATE_ROWS.get(r["contender"], (None,))[0]
+            tol = Q4_TOL if fmt == "q4" else STATE_TOL if fmt else DIFF_TOL
             r["check"] = (None if r["max_abs_diff"] is None
                           else "ok" if r["max_abs_diff"] <= tol else "MISMATCH")
 
@@ -662,9 +667,9 @@ def goals(by: dict, lim: dict, suffix: str = "") -> list[dict]:
         add(f"{label}: optgen / torch fused", ratio(wl, OPTGEN, FUSED), "<=", 1.0)
         add(f"{label}: optgen bytes/s / limit", frac(wl, OPTGEN, ADAM_B), ">=", 0.90)
         for row, (fmt_, moved) in STATE_ROWS.items():   # issue 22's targets (GB/s and %
-            add(f"{label}: optgen {fmt_} states / torch fused fp32",   # of the limit at
-                ratio(wl, row, FUSED), "<=", 0.75 if fmt_ == "q8" else 0.85)  # their bytes:
-            # the table's rows)
+            if fmt_ in TARGETS:                       # of the limit at their bytes: the
+                add(f"{label}: optgen {fmt_} states / torch fused fp32",   # table's rows)
+                    ratio(wl, row, FUSED), "<=", TARGETS[fmt_])
     for name in (OPTGEN, OPTGEN_FLAT):
         tag = " (flatten)" if name == OPTGEN_FLAT else ""
         add(f"BERT Adam{tag}: optgen / torch fused", ratio("bert-adam", name, FUSED), "<=", 1.0)

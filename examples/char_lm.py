@@ -19,7 +19,7 @@ import torch
 import optgen.torch as ot
 
 CONTEXT = 16
-FORMATS = (None, "bf16", "q8")
+FORMATS = (None, "bf16", "q8", "q4")
 
 
 def load_text() -> str:

@@ -299,7 +299,7 @@ def main(argv=None) -> dict[str, dict]:
     """Train each optimizer from the same initial weights; print and return the results
     ``{optimizer: {"test_accuracy": ..., "final_loss": ..., "history": {...}, ...}}``."""
     args = parse_args(argv, extra=lambda p: p.add_argument(
-        "--state-format", help="store the optimizer states as bf16 or q8 (q8: elementwise "
+        "--state-format", help="store the optimizer states as bf16, q8 or q4 (q8, q4: elementwise "
         "rules only, not lamb; docs/state-formats.md)"))
     data = load_data(args.seed)
     X_train, y_train, X_test, _ = data

@@ -278,7 +278,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         self._mirror()
         sd = super().state_dict()
-        return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored) \
+        shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
+        return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored, shapes) \
             if format == "torch" else sd
 
     def save(self, path: str | os.PathLike) -> None:

@@ -129,12 +129,12 @@ def to_optgen(name: str, groups: list[dict], sd: dict[str, Any]) -> dict[str, An
     return {"state": state, "param_groups": out_groups}
 
 
-def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
-             ) -> dict[str, Any]:
+def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None,
+             shapes: dict[int, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """The drop-in's state_dict ``sd`` in torch.optim's format: ``torch.optim.<cls>``
-    loads it and continues the run. q8 states (codes and ``<state>__absmax``; ``stored``
-    names their maps) are written dequantized, as float32: torch.optim has no 8-bit
-    states."""
+    loads it and continues the run. q8/q4 states (codes and ``<state>__absmax``;
+    ``stored`` names their maps) are written dequantized, as float32, shaped as the
+    parameter (``shapes`` by state_dict index): torch.optim has no 8-bit states."""
     cls, states, keys = _format(name, "writing a torch.optim checkpoint")
     back = {ours: theirs for theirs, ours in states.items()}
     back_keys = {ours: theirs for theirs, ours in keys.items()}
@@ -145,8 +145,8 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
     for pid, rec in sd["state"].items():
         # copies: torch.optim's load keeps tensors of the right dtype and device as they
         # are, and two optimizers stepping one state tensor in place would corrupt both
-        new = {back[k]: _full_precision(k, v, rec, stored or {}) for k, v in rec.items()
-               if k in back}
+        new = {back[k]: _full_precision(k, v, rec, stored or {}, (shapes or {}).get(pid))
+               for k, v in rec.items() if k in back}
         if name == "sgd":
             if not float(rec.get(SGD_STARTED, 0.0)):
                 new["momentum_buffer"] = None
@@ -165,11 +165,12 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
     return {"state": state, "param_groups": groups}
 
 
-def _full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str]):
-    """A copy of state ``k`` for torch.optim: q8 codes dequantized to float32."""
+def _full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str],
+                    shape: tuple[int, ...] | None):
+    """A copy of state ``k`` for torch.optim: q8/q4 codes dequantized to float32."""
     if k + ABSMAX not in rec:
         return torch.as_tensor(v).detach().clone()
     codes = torch.as_tensor(v).detach().cpu().numpy()
     absmax = torch.as_tensor(rec[k + ABSMAX]).detach().cpu().numpy()
-    values = quant.dequantize(codes, absmax, *quant.parse_stored(stored[k]))
+    values = quant.dequantize(codes, absmax, *quant.parse_stored(stored[k]), shape)
     return torch.from_numpy(values).to(torch.as_tensor(v).device)

@@ -29,7 +29,7 @@ import numpy as np
 
 import torch
 
-from optgen.runtime import checkpoint, scalar_expr, shards, views
+from optgen.runtime import checkpoint, quant, scalar_expr, shards, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -60,8 +60,8 @@ def _refused(artifact: Any) -> str | None:
             return "multiplies whole matrices"
         if any({"rows", "cols"} & scalar_expr.names(e) for e in k.host_scalars.values()):
             return "reads the parameter's shape"
-    if any(v.startswith("q8:") for v in artifact.stored.values()):
-        return "keeps q8 states, whose 256-element blocks would start at each shard"
+    if any(quant.is_stored(v) for v in artifact.stored.values()):
+        return "keeps q8/q4 states, whose blocks would start at each shard"
     return None
 
 

@@ -69,7 +69,7 @@ def state_dict(opt) -> dict[str, Any]:
                        tensors.to_numpy(v, lib)) for n, v in st.items()}
                   for st, lib in zip(opt.state, opt._lib)],
         # how formatted states are stored (runtime/formats.py): "bfloat16",
-        # "q8:<map>[:<block>]"
+        # "q8:<map>[:<block>]", "q4:<map>[:<block>]"
         "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
                    if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
 
@@ -207,12 +207,12 @@ def check(opt, sd: Any) -> dict[str, Any]:
 
 def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> dict:
     """Parameter ``i``'s saved states in this optimizer's layout: a state this optimizer
-    keeps as q8 but saved in full precision is quantized; one saved as q8 (codes and
+    keeps as q8/q4 but saved in full precision is quantized; one saved as q8/q4 (codes and
     absmax; ``stored`` names its map) that this optimizer keeps in full precision is
-    dequantized (then cast to its dtype); q8 codes of another block size are dequantized
-    and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
+    dequantized (then cast to its dtype); codes of another block size, map or format
+    (q8 <-> q4) are dequantized and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
     widened. Anything else is left to the checks."""
-    st, out = opt.state[i], dict(rec)
+    st, out, shape = opt.state[i], dict(rec), tuple(opt.params[i].shape)
     for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
               and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
@@ -226,22 +226,22 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
         if mine and not theirs and (src.dtype.kind == "f" or src.dtype.name == "bfloat16"):
             out[n], out[n + ABSMAX] = quant.quantize(src.astype(np.float32),
                                                      *quant.parse_stored(opt.artifact.stored[n]))
-            converted.add(f"{src.dtype.name} -> q8")
+            converted.add(f"{src.dtype.name} -> {opt.artifact.stored[n][:2]}")
         elif theirs and not mine:
             kind = stored.get(n, "") if isinstance(stored, Mapping) else ""
-            if not kind.startswith("q8:"):
-                _fail(opt, f"state_dict state {i}.{n} is q8 codes without their map "
+            if not quant.is_stored(kind):
+                _fail(opt, f"state_dict state {i}.{n} is q8/q4 codes without their map "
                            "(no 'stored' entry): it cannot be dequantized")
-            kind, block = quant.parse_stored(kind)
-            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]), kind, block) \
+            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]),
+                                      *quant.parse_stored(kind), shape) \
                 .astype(tensors.numpy_dtype(want))
             del out[n + ABSMAX]
-            converted.add(f"q8 -> {want}")
+            converted.add(f"{kind[:2]} -> {want}")
         elif mine and theirs and isinstance(stored, Mapping) and \
-                str(stored.get(n, "")).startswith("q8:") and \
-                stored[n] != opt.artifact.stored[n]:      # another block size (or map)
+                quant.is_stored(stored.get(n)) and \
+                stored[n] != opt.artifact.stored[n]:      # another block size, map or bits
             values = quant.dequantize(src, np.asarray(rec[n + ABSMAX]),
-                                      *quant.parse_stored(stored[n]))
+                                      *quant.parse_stored(stored[n]), shape)
             out[n], out[n + ABSMAX] = quant.quantize(values,
                                                      *quant.parse_stored(opt.artifact.stored[n]))
             converted.add(f"{stored[n]} -> {opt.artifact.stored[n]}")

@@ -13,6 +13,9 @@ unchanged, and rounds the new value into the format on store, in the same pass.
     "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
                elements (runtime/quant.py; elementwise rules only); "q8@128" sets the
                block size (a power of two, at least 32; one block size per request)
+    "q4"       block-wise 4-bit codes, two a byte, one float32 absmax per 128 elements:
+               the signed 4-bit dynamic map, or for states proven non-negative the
+               zero-free linear map (runtime/quant.py); "q4@64" sets the block size
 
 A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
 (those states; the others keep the default). Scalar states (host float64) and the
@@ -22,8 +25,6 @@ square states of matrix rules keep their dtype. Tensors with fewer than
 or float16/bfloat16 ones with ``multi_precision=True``; float64 parameters get no
 format kernel (a TypeError names it).
 
-4-bit states ("q4") are not built yet; asking for "q4" is a ValueError that says so.
-
 May import: nothing of the runtime (the compiler and the runtime both read it).
 """
 from __future__ import annotations
@@ -31,14 +32,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 FORMATS = {"bf16": "bfloat16", "bf16sr": "bfloat16",   # format -> the dtype of its
-           "q8": "uint8"}                             # stored values
+           "q8": "uint8", "q4": "uint8"}              # stored values
+QUANT = {"q8": 256, "q4": 128}   # block-wise formats -> their default block size
 CAST = ("bf16", "bf16sr")        # formats that are a dtype (the kernel casts on load/store)
 STOCHASTIC = {"bf16": "bf16sr"}  # a format -> its stochastically rounded twin
 PARAM = "w"                      # a request's entry for bfloat16 parameters stepped
                                  # without a master copy (stochastic_rounding=True)
 EVERY = "*"                      # a request dict's entry for every tensor state
-PLANNED = ("q4",)                # named in the docs, not built yet
-ABSMAX = "__absmax"              # a q8 state "v" keeps its block scales as "v__absmax"
+ABSMAX = "__absmax"              # a q8/q4 state "v" keeps its block scales as "v__absmax"
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
 TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
 
@@ -65,21 +66,18 @@ def request(owner: str, state_format: Any) -> str | dict[str, str] | None:
 
 
 def _names() -> str:
-    return ", ".join(repr(f) for f in ("default", *FORMATS))
+    return ", ".join(repr(f) for f in ("default", *FORMATS)) + " ('q8@<block>', 'q4@<block>')"
 
 
 def _format(owner: str, what: str, fmt: Any) -> str:
     if fmt in FORMATS:
         return fmt
-    if isinstance(fmt, str) and fmt.startswith("q8@"):
-        size = fmt[3:]
+    if isinstance(fmt, str) and fmt[:3] in ("q8@", "q4@"):
+        q, size = fmt[:2], fmt[3:]
         if not size.isdigit() or int(size) < 32 or int(size) & (int(size) - 1):
-            raise ValueError(f"{owner}: {what} {fmt!r}: the q8 block size must be a power "
-                             f"of two of at least 32 (q8@32, q8@64, ...), got {size!r}")
-        return "q8" if int(size) == 256 else f"q8@{int(size)}"
-    if fmt in PLANNED:
-        raise ValueError(f"{owner}: {what} {fmt!r} is not built in this version of optgen "
-                         f"(4-bit states are planned); available: {_names()}")
+            raise ValueError(f"{owner}: {what} {fmt!r}: the {q} block size must be a power "
+                             f"of two of at least 32 ({q}@32, {q}@64, ...), got {size!r}")
+        return q if int(size) == QUANT[q] else f"{q}@{int(size)}"
     raise ValueError(f"{owner}: {what} must be one of {_names()}, got {fmt!r}")
 
 
@@ -160,16 +158,22 @@ def dtypes(fmt: Mapping[str, str]) -> dict[str, str]:
 
 
 def quantized(fmt: Mapping[str, str]) -> list[str]:
-    """The states of a q8 format."""
-    return [n for n, f in fmt.items() if f == "q8" or f.startswith("q8@")]
+    """The states of a block-wise format (q8, q4)."""
+    return [n for n, f in fmt.items() if f[:2] in QUANT]
+
+
+def bits(fmt: str) -> int:
+    """The code bits of a block-wise format ("q4@64": 4)."""
+    return int(fmt[1])
 
 
 def block(owner: str, fmt: Mapping[str, str]) -> int:
-    """The q8 block size of a format dict (256 unless "q8@<block>" says otherwise);
-    a ValueError where its q8 states ask for different ones."""
-    sizes = {int(f[3:]) if f.startswith("q8@") else 256
-             for n, f in fmt.items() if n in quantized(fmt)}
+    """The block size of a format dict's q8/q4 states (256 for q8 and 128 for q4 unless
+    "q8@<block>" says otherwise); a ValueError where its states ask for different
+    ones (one optimizer takes one block size: {"m": "q4", "v": "q8@128"} is fine)."""
+    sizes = {int(f[3:]) if "@" in f else QUANT[f] for n, f in fmt.items()
+             if n in quantized(fmt)}
     if len(sizes) > 1:
-        raise ValueError(f"{owner}: state_format asks for q8 block sizes "
+        raise ValueError(f"{owner}: state_format asks for block sizes "
                          f"{sorted(sizes)}; one optimizer takes one block size")
     return sizes.pop() if sizes else 256

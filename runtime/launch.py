@@ -56,6 +56,7 @@ class Launcher:
         self.grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
         # (weak references to the gradients, their span, their addresses)
         self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
+        self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
@@ -89,13 +90,27 @@ class Launcher:
         arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
-        arrays.update((b, quant.TABLES[b[:6]](b[6:])) for b in k.buffers
+        arrays.update((b, self.table(i, b)) for b in k.buffers
                       if b[:6] in quant.TABLES)        # (q8 states: maps, midpoints, codes)
         if self.mixed[i]:
             arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
         else:
             arrays["w"] = self.kargs[i]
         return arrays
+
+    def table(self, i: int, name: str) -> Any:
+        """A q8 kernel's table argument ``name`` (runtime/quant.py) for parameter ``i``:
+        the numpy array, or for compiled kernels on a GPU (torch CUDA tensors, CuPy
+        arrays) its copy on the parameter's device, made once per device and kept."""
+        host = quant.TABLES[name[:6]](name[6:])
+        lib = self.libs[i]
+        where = tensors.device(self.params[i], lib)
+        if not self.compiled or where == "cpu":
+            return host
+        key = (name, lib, where)
+        if key not in self.tables:
+            self.tables[key] = tensors.copy_to(self.params[i], lib, host)
+        return self.tables[key]
 
     def workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
         """Parameter ``i``'s workspaces for kernel ``k``, kept between steps: float64
@@ -208,7 +223,8 @@ class Launcher:
         arrays = self.arrays(i, k, g, extra)
         lib = self.libs[i]
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
-        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m, k.quant_block)
+        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m, k.quant_block,
+                                                 host["w"].shape)
                              for n, m in k.quant.items()}}
         at = dict(zip(k.scalars, scalars))
         new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)

@@ -1,5 +1,6 @@
-"""Block-wise 8-bit states (the "q8" state format, runtime/formats.py): the code maps,
-and quantization as the reference interpreter and the checkpoints compute it (numpy).
+"""Block-wise 8-bit and 4-bit states (the "q8" and "q4" state formats,
+runtime/formats.py): the code maps, and quantization as the reference interpreter and
+the checkpoints compute it (numpy).
 
 Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (ICLR 2022): a state
 tensor is cut into blocks of ``BLOCK`` elements (over its flat index); each block keeps
@@ -10,10 +11,21 @@ sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
 ``create_dynamic_map``). Signed states use the signed map, states proven non-negative
 the unsigned one (twice the resolution).
 
+4-bit codes (q4; Li et al., "Memory Efficient Optimizers with 4-bit States", NeurIPS
+2023) use blocks of ``BLOCKS[4]`` = 128 and 16-entry maps: "signed4", the signed dynamic
+map with 3 exponent bits (decades 1e-2 .. 1: 1, 2, 4 values per decade and sign, plus 0
+and 1.0), for states that can be negative; "linear4", the zero-free linear map
+(k + 1) / 16, for states proven non-negative. Those are second moments and accumulators,
+read under a square root or as a divisor, where a zero code would turn a small value
+into 1/sqrt(0). Two codes share a byte: element 2k in the high nibble, 2k + 1 in the
+low one (a tensor of odd size pads its last byte with a zero nibble), so the codes of
+an ``n``-element state are a flat uint8 array of ``(n + 1) // 2`` bytes.
+
 The kernels (templates/kernel_llvm_q8.py.j2) compute the same: the block's new values
 in float32, their largest magnitude, ``x / absmax`` (0 where absmax is 0), and the
 nearest code: the number of the map's midpoints (float32) below it, found without a
-search (``code_table``). Non-finite values are not representable.
+search (``code_table``; 4-bit: 15 compares with the midpoints as constants).
+Non-finite values are not representable.
 
 May import: numpy.
 """
@@ -23,36 +35,52 @@ import functools
 
 import numpy as np
 
-BLOCK = 256          # elements per absmax by default (a build parameter: q8@<block>)
+BLOCK = 256          # q8: elements per absmax by default (a build parameter: q8@<block>)
+BLOCKS = {8: BLOCK, 4: 128}   # the default block size by code bits
 MIN_BLOCK = 32       # a block size is a power of two at least this
-MAPS = ("signed", "unsigned")
+BITS = {"signed": 8, "unsigned": 8, "signed4": 4, "linear4": 4}   # map -> code bits
+MAPS = tuple(BITS)
+FORMAT = {8: "q8", 4: "q4"}   # code bits -> the format's name
 
 
 def stored(kind: str, block: int) -> str:
-    """How a q8 state is stored (``Artifact.stored``, checkpoints): "q8:<map>" for the
-    default block, "q8:<map>:<block>" otherwise."""
-    return f"q8:{kind}" + ("" if block == BLOCK else f":{block}")
+    """How a quantized state is stored (``Artifact.stored``, checkpoints): "q8:<map>" or
+    "q4:<map>" for the default block, "q8:<map>:<block>" otherwise."""
+    bits = BITS[kind]
+    return f"{FORMAT[bits]}:{kind}" + ("" if block == BLOCKS[bits] else f":{block}")
+
+
+def is_stored(text: object) -> bool:
+    """Whether a stored-format string names codes (q8 or q4) rather than a dtype."""
+    return isinstance(text, str) and text.startswith(tuple(f"{f}:" for f in FORMAT.values()))
 
 
 def parse_stored(text: str) -> tuple[str, int]:
     """(map, block) of a ``stored`` string."""
     parts = text.split(":")
-    return parts[1], int(parts[2]) if len(parts) > 2 else BLOCK
+    return parts[1], int(parts[2]) if len(parts) > 2 else BLOCKS[BITS[parts[1]]]
+
+
+def code_bytes(n: int, kind: str) -> int:
+    """Bytes of the codes of ``n`` elements: one per element, or two codes a byte."""
+    return n if BITS[kind] == 8 else (n + 1) // 2
 
 
 @functools.lru_cache(maxsize=None)
 def dynamic_map(kind: str) -> np.ndarray:
-    """The 256 sorted float32 values of the signed or unsigned dynamic map (cached and
-    shared, also as a kernel argument: never write to it)."""
-    signed = kind == "signed"
+    """The sorted float32 values of a map (256 for 8-bit maps, 16 for 4-bit ones; cached
+    and shared, also as a kernel argument: never write to it)."""
+    if kind == "linear4":
+        return (np.arange(1, 17, dtype=np.float32) / np.float32(16)).astype(np.float32)
+    signed, exps = kind.startswith("signed"), 7 if BITS[kind] == 8 else 3
     values = [0.0, 1.0]
-    for i in range(7):          # decade 10**(i - 6): midpoints of a linear grid on [0.1, 1]
+    for i in range(exps):       # decade 10**(i - exps + 1): midpoints of a grid on [0.1, 1]
         count = 2 ** i if signed else 2 ** (i + 1)
         edges = np.linspace(0.1, 1.0, count + 1, dtype=np.float32)
-        means = np.float32(10.0 ** (i - 6)) * ((edges[:-1] + edges[1:]) / np.float32(2))
+        means = np.float32(10.0 ** (i - exps + 1)) * ((edges[:-1] + edges[1:]) / np.float32(2))
         values += means.tolist() + ((-means).tolist() if signed else [])   # (float32 math)
     out = np.sort(np.array(values, dtype=np.float32))
-    assert out.size == 256, out.size
+    assert out.size == 1 << BITS[kind], out.size
     return out
 
 
@@ -68,7 +96,8 @@ BUCKETS = (128 << KEY_BITS) - KEY_BASE + 1   # per sign, up to the bucket of 1.0
 
 @functools.lru_cache(maxsize=None)
 def midpoints(kind: str) -> np.ndarray:
-    """The 255 float32 midpoints between consecutive map values, padded to 256 with +inf:
+    """The float32 midpoints between consecutive map values, padded with +inf to the
+    map's size:
     the code of x is the number of midpoints below it (nearest value, ties to the
     smaller, up to the rounding of the midpoints themselves)."""
     m = dynamic_map(kind)
@@ -76,8 +105,22 @@ def midpoints(kind: str) -> np.ndarray:
 
 
 def codes_of(norm: np.ndarray, kind: str) -> np.ndarray:
-    """The codes of normalized float32 values (|x| <= 1)."""
-    return np.searchsorted(midpoints(kind)[:255], norm, side="left").astype(np.uint8)
+    """The codes of normalized float32 values (|x| <= 1), one per value."""
+    return np.searchsorted(midpoints(kind)[:-1], norm, side="left").astype(np.uint8)
+
+
+def pack(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes two a byte (element 2k in the high nibble), flat."""
+    flat = np.asarray(codes, np.uint8).reshape(-1)
+    pairs = np.zeros(2 * ((flat.size + 1) // 2), np.uint8)
+    pairs[:flat.size] = flat
+    return (pairs[0::2] << 4 | pairs[1::2]).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` 4-bit codes of packed bytes, flat."""
+    flat = np.asarray(packed, np.uint8).reshape(-1)
+    return np.stack([flat >> 4, flat & 15], axis=1).reshape(-1)[:n]
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,32 +145,40 @@ def blocks(n: int, block: int = BLOCK) -> int:
 
 
 def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 codes shaped like ``x``, float32 absmax per block) of float32 values."""
+    """(uint8 codes, float32 absmax per block) of float32 values: 8-bit codes shaped like
+    ``x``, 4-bit ones packed (``pack``)."""
     flat = np.asarray(x, np.float32).reshape(-1)
     n = flat.size
     absmax = np.zeros(blocks(n, block), np.float32)
     if n == 0:
-        return np.zeros(np.shape(x), np.uint8), absmax
+        return np.zeros(np.shape(x) if BITS[kind] == 8 else (0,), np.uint8), absmax
     pad = np.zeros(absmax.size * block, np.float32)
     pad[:n] = flat
     absmax[:] = np.max(np.abs(pad.reshape(-1, block)), axis=1)
     scale = np.repeat(absmax, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         norm = np.where(scale > 0, flat / np.where(scale > 0, scale, 1), np.float32(0))
-    return codes_of(norm, kind).reshape(np.shape(x)), absmax
+    codes = codes_of(norm, kind)
+    return (codes.reshape(np.shape(x)) if BITS[kind] == 8 else pack(codes)), absmax
 
 
-def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str,
-               block: int = BLOCK) -> np.ndarray:
-    """float32 values of codes and their blocks' absmax, shaped like ``codes``."""
-    flat = np.asarray(codes).reshape(-1)
+def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str, block: int = BLOCK,
+               shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """float32 values of codes and their blocks' absmax, shaped like ``codes`` (8-bit) or
+    ``shape`` (4-bit codes are packed: the state's shape is needed)."""
+    if BITS[kind] == 4:
+        assert shape is not None, "4-bit codes are packed: dequantize needs the shape"
+        flat = unpack(codes, int(np.prod(shape, dtype=np.int64)))
+    else:
+        flat, shape = np.asarray(codes).reshape(-1), np.shape(codes)
     scale = np.repeat(np.asarray(absmax, np.float32), block)[:flat.size]
-    return (dynamic_map(kind)[flat] * scale).reshape(np.shape(codes))
+    return (dynamic_map(kind)[flat] * scale).reshape(shape)
 
 
 def code_of(value: float, kind: str) -> tuple[int, float]:  # (any block: all alike)
-    """(code, absmax) of a block whose elements all equal ``value`` (a state's init)."""
-    codes, absmax = quantize(np.full(1, value, np.float32), kind)
+    """(byte, absmax) of a block whose elements all equal ``value`` (a state's init):
+    the code, or for 4-bit maps the byte of two such codes."""
+    codes, absmax = quantize(np.full(2, value, np.float32), kind)
     return int(codes[0]), float(absmax[0])
 
 

@@ -70,11 +70,15 @@ def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
         if s.shape == "scalar":
             st[s.name] = np.float64(init)
             continue
-        if dtype.startswith("q8:"):   # codes of the init and its absmax, every block
+        if quant.is_stored(dtype):    # codes of the init and its absmax, every block
             kind, block = quant.parse_stored(dtype)
             code, absmax = quant.code_of(init, kind)
             n = int(np.prod(tuple(p.shape), dtype=np.int64))
-            st[s.name] = tensors.full_like(p, lib, tuple(p.shape), code, "uint8")
+            packed = quant.BITS[kind] == 4       # (4-bit: flat, two codes a byte)
+            st[s.name] = tensors.full_like(p, lib, (quant.code_bytes(n, kind),) if packed
+                                           else tuple(p.shape), code, "uint8")
+            if packed and n % 2:                 # the odd last byte's low nibble is 0
+                st[s.name][-1] = code & 0xF0
             st[s.name + formats.ABSMAX] = tensors.full_like(p, lib, (quant.blocks(n, block),),
                                                             absmax, "float32")
             continue

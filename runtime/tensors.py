@@ -130,6 +130,19 @@ def full_like(like: Any, lib: str, shape: tuple, value: float, dtype: str) -> An
         return cupy.full(shape, value, dtype=numpy_dtype(dtype))
 
 
+def copy_to(like: Any, lib: str, host: np.ndarray) -> Any:
+    """A copy of the numpy array ``host`` on ``like``'s library and device (a kernel's
+    constant table, runtime/quant.py); numpy: ``host`` itself."""
+    if lib == "numpy":
+        return host
+    if lib == "torch":
+        import torch
+        return torch.tensor(np.ascontiguousarray(host), device=like.device)
+    import cupy
+    with like.device:
+        return cupy.asarray(np.ascontiguousarray(host))
+
+
 def to_numpy(x: Any, lib: str) -> np.ndarray:
     """A numpy copy (host memory) of any array; bfloat16 stays bfloat16 (ml_dtypes)."""
     if lib == "numpy":

@@ -221,7 +221,7 @@ def test_checkpoint_resume_is_bit_exact_and_formats_convert(tmp_path, rng):
 
 
 @pytest.mark.parametrize("bad,error,match", [
-    ("q4", ValueError, "not built in this version"),
+    ("q4@48", ValueError, "q4 block size must be a power of two"),
     ("int7", ValueError, "must be one of 'default', 'bf16'"),
     ({"m": "bf16", "nope": "bf16"}, ValueError, "does not have"),
     ({}, TypeError, "non-empty dict"),
@@ -251,8 +251,9 @@ def test_bad_parameters_for_a_format_change_nothing():
         optgen.create("sgd", [w], state_format={"buffer_started": "bf16"})   # (host float64)
     with pytest.raises(optgen.BuildError, match="cannot store"):
         optgen.build("adam", "webgpu", state_format="bf16")
-    with pytest.raises(optgen.BuildError, match="'q8' builds for the CPU targets"):
-        optgen.build("adam", "cuda", state_format="q8")
+    with pytest.raises(optgen.BuildError, match="'q8' builds for the targets llvm, c, cuda, "
+                       "opencl so far, not webgpu"):
+        optgen.build("adam", "webgpu", state_format="q8")
     with pytest.raises(ValueError, match="'q8' applies to elementwise rules.*reductions"):
         optgen.create("lamb", [w], state_format="q8")
     assert np.all(w == 1)
@@ -283,10 +284,12 @@ def test_torch_drop_in_states_are_bf16():
 
 @pytest.mark.parametrize("fmt,names", [("bf16", ("adam", "lion")),
                                        ("bf16sr", ("adam", "lion")),
-                                       ("q8", ("adam", "adamw", "lion"))])
+                                       ("q8", ("adam", "adamw", "lion")),
+                                       ("q4", ("adam", "adamw", "adabelief"))])
 def test_digits_accuracy_with_formatted_states(fmt, names):
     """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
-    points of float32 states (10 epochs)."""
+    points of float32 states (10 epochs). (q4 with Lion does not: 0.9578 against
+    0.9822, docs/state-formats.md.)"""
     digits = load_example("train_digits")
     data = digits.load_data(0)
     init = digits.init_params(data[0].shape[1], digits.HIDDEN, 10, 0)
@@ -643,10 +646,10 @@ def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "bf16sr", "q8"])
+@pytest.mark.parametrize("fmt", ["bf16", "bf16sr", "q8", "q4"])
 def test_char_language_model_loss_within_two_percent(fmt):
-    """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16 or q8
-    states ends within 2 % of the loss with float32 states (the model's tensors are above
+    """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16, q8
+    or q4 states ends within 2 % of the loss with float32 states (the model's tensors are above
     the 4096-element threshold but for the biases)."""
     pytest.importorskip("torch", reason="the torch drop-ins need torch")
     lm = load_example("char_lm")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ..errors import BuildError
+from optgen.runtime.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
@@ -39,6 +40,9 @@ def shape_vars(k: LoweredKernel) -> dict[str, list]:
     for b in k.buffers:
         if k.view == "lazy":
             names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
+        elif k.view == "q8":   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
+            names = ("nb",) if b.name.endswith(ABSMAX) else \
+                ("n",) if b.axes and b.name not in k.quant else ()
         elif not b.axes:
             names = (f"m_{b.name}",)
         elif k.view == "flat":
@@ -99,6 +103,8 @@ def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKe
         extra = f"{k.symbol}_kernel_{len(kernels)}"
         if pattern is not None and extra in found:
             raise BuildError(f"{target} source has an unexpected kernel {extra}")
+        # (a q8 pass also stores the new absmax of the q8 states it writes)
+        writes = k.writes + [s + ABSMAX for s in k.quant if s in k.writes]
         out[k.symbol] = {"kernels": kernels, "buffers": [b.name for b in k.buffers],
-                         "writes": k.writes, "dims": dims}
+                         "writes": writes, "dims": dims}
     return out

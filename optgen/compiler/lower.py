@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
-from optgen.runtime import rounding
+from optgen.runtime import quant, rounding
 from optgen.runtime.formats import ABSMAX
 from .kernel_ir import KernelIR
 from .specialize import MASTER_DTYPE
@@ -223,10 +223,18 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return f"{buffer_var(name)}[{'i' if axes else f's * T.int64({red_stride})'}]"
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
+    def code(name: str) -> str:
+        """The code of element ``i`` of a q8 state (a byte), or of a q4 state (the high
+        nibble of byte i // 2 for even i, the low one for odd i: runtime/quant.py)."""
+        if quant.BITS[kir.quant[name]] == 8:
+            return f'T.Cast("int32", {slot_of(name)})'
+        byte = f'T.Cast("int32", {buffer_var(name)}[T.floordiv(i, T.int64(2))])'
+        shift = 'T.Cast("int32", (T.int64(1) - T.floormod(i, T.int64(2))) * T.int64(4))'
+        return f"T.bitwise_and(T.shift_right({byte}, {shift}), T.int32(15))"
+
     def load(name: str, transposed: bool = False) -> str:
         if name in kir.quant:    # q8: the code's map value times the block's old absmax
-            return (f'(B__qmap_{kir.quant[name]}[T.Cast("int32", {slot_of(name)})] '
-                    f'* qa_{name})')
+            return (f'(B__qmap_{kir.quant[name]}[{code(name)}] * qa_{name})')
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
             return widen(slot_of(name), kir.storage[name], ty)
         if name in kir.reductions:   # a matrix rule's reduction, read by name

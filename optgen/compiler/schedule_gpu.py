@@ -15,6 +15,10 @@ Each lowered pass becomes thread-bound loop nests over a one-dimensional grid of
   threads striding over the reduced elements, a block all-reduce;
 * a reduction along an outer axis (column means): one thread per output, a serial loop
   over the reduced axis; neighbouring threads read neighbouring columns (coalesced).
+* a q8 update (states as block-wise 8-bit codes, runtime/quant.py): one block per
+  quant block, ``min(quant_block, THREADS)`` threads each owning consecutive elements,
+  a block all-reduce (max) per q8 state for its new absmax, then the codes
+  (templates/kernel_gpu_q8.py.j2).
 
 The all-reduce is written directly as TVM's ``tvm_thread_allreduce`` intrinsic inside
 the thread-bound loops, with its accumulators allocated there: this avoids the three
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optgen.runtime import quant
 from .lower import LoweredKernel
 from .templates import render
 
@@ -43,10 +48,11 @@ class Grid:
     extent: list[str]            # shape variables (n, B, R, C, nrows, L)
     per_block: int
     max_blocks: int | None = None
+    threads: int = THREADS       # threads per block
 
     def to_json(self) -> dict:
         return {"extent": self.extent, "per_block": self.per_block,
-                "max_blocks": self.max_blocks, "threads": THREADS}
+                "max_blocks": self.max_blocks, "threads": self.threads}
 
     def tvm(self) -> str:
         total = " * ".join(self.extent) if self.extent else "T.int64(1)"
@@ -73,6 +79,13 @@ def _decompose(idx: str, axes: str) -> list[str]:
 def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
+    if k.view == "q8":   # one block per quant block (a power of two >= 32)
+        threads = min(k.quant_block, THREADS)
+        grid = Grid(["n"], k.quant_block, threads=threads)
+        return render("kernel_gpu_q8.py.j2", **{**ctx, "threads": threads}, grid=grid,
+                      bs=k.quant_block, per=k.quant_block // threads,
+                      key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE,
+                      buckets=quant.BUCKETS), [grid]
     if k.view == "lazy":
         grid = Grid(["nrows", "L"], THREADS)
         return render("kernel_gpu_update.py.j2", total="nrows * L", grid=grid,

@@ -41,7 +41,9 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     if k.view == "q8":
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
-                      per_task=Q8_BLOCKS_PER_TASK,
+                      per_task=Q8_BLOCKS_PER_TASK, mids={
+                          m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]
+                          for m in k.quant.values() if quant.BITS[m] == 4},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"

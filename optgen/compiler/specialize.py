@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
-from optgen.runtime import formats, rounding, scalar_expr
+from optgen.runtime import formats, quant, rounding, scalar_expr
 from optgen.runtime.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
@@ -158,22 +158,24 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
 
 
 def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str], block: int = 256) -> None:
-    """Store the states ``maps`` names as q8 (runtime/quant.py): the one update pass
-    becomes the blocked "q8" view, which also takes each such state's absmax buffer
-    (``<state>__absmax``, one float32 per block) and, per map, its values, bucket midpoints and
-    code table (runtime/quant.py) as arguments.
+    """Store the states ``maps`` names as q8 or q4 codes (runtime/quant.py): the one update
+    pass becomes the blocked "q8" view, which also takes each such state's absmax buffer
+    (``<state>__absmax``, one float32 per block) and, per map, its values (8-bit maps
+    also their bucket midpoints and code table) as arguments.
     Only a single elementwise pass can: the block's new values, their absmax and their
     codes are computed in one loop nest, and nothing else reads the states."""
     ln = kir.launches[0] if len(kir.launches) == 1 else None
     if ln is None or ln.kind != "update" or ln.view != "flat" or spec.inputs:
         what = "reductions or row/column passes" if len(kir.launches) > 1 else \
             "extra inputs" if spec.inputs else f"a {ln.view if ln else '?'} pass"
-        raise ValueError(f"{spec.name} (flags {kir.flags}): state_format 'q8' applies to "
+        fmt = " and ".join(sorted({quant.FORMAT[quant.BITS[m]] for m in maps.values()}))
+        raise ValueError(f"{spec.name} (flags {kir.flags}): state_format '{fmt}' applies to "
                          "elementwise rules (one pass over the elements), and this rule has "
                          f"{what}; use 'bf16' for it (docs/state-formats.md)")
     kir.quant, kir.quant_block = dict(maps), block
     absmax = [n + formats.ABSMAX for n in maps]
-    tables = [f"_q{t}_{m}" for m in sorted(set(maps.values())) for t in ("map", "mid", "tab")]
+    tables = [f"_q{t}_{m}" for m in sorted(set(maps.values()))
+              for t in (("map", "mid", "tab") if quant.BITS[m] == 8 else ("map",))]
     for b in absmax + tables:
         kir.buffer_axes[b] = ""
     kir.buffers = [x for b in kir.buffers

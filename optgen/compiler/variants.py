@@ -14,6 +14,9 @@ from .lower import DTYPE_TAG
 from .specialize import MASTER_DTYPE, specialize
 
 DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
+# GPU targets with q8 kernels (templates/kernel_gpu_q8.py.j2), as tested: cuda compiled
+# by nvcc, opencl run (Oclgrind) against the reference; rocm, metal and webgpu unchecked
+QUANT_GPU = ("cuda", "opencl")
 
 
 def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
@@ -48,10 +51,14 @@ def kernel_irs(spec, traces, tg: targets.Target,
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
-    if formats.quantized(fmt) and tg.family != "cpu":
-        raise BuildError(f"state_format 'q8' builds for the CPU targets (llvm, c) so far, "
-                         f"not {tg.name}")
-    maps = quant_maps(spec, traces, formats.quantized(fmt))
+    quantized = {fmt[n][:2] for n in formats.quantized(fmt)}   # "q8", "q4"
+    if quantized - {"q8"} and tg.family != "cpu":
+        raise BuildError(f"state_format {min(quantized - {'q8'})!r} builds for the CPU "
+                         f"targets (llvm, c) so far, not {tg.name}")
+    if quantized and tg.family != "cpu" and tg.name not in QUANT_GPU:
+        raise BuildError(f"state_format 'q8' builds for the targets llvm, c, "
+                         f"{', '.join(QUANT_GPU)} so far, not {tg.name}")
+    maps = quant_maps(spec, traces, {n: formats.bits(fmt[n]) for n in formats.quantized(fmt)})
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
@@ -79,12 +86,14 @@ def kernel_irs(spec, traces, tg: targets.Target,
     return kirs
 
 
-def quant_maps(spec, traces, names: list[str]) -> dict[str, str]:
-    """The dynamic map of each q8 state: "unsigned" where it is proven non-negative under
-    every flag combination that has it (optgen.compiler.nonneg), else "signed"."""
+def quant_maps(spec, traces, names: dict[str, int]) -> dict[str, str]:
+    """The map of each quantized state (``names``: state -> code bits): where it is proven
+    non-negative under every flag combination that has it (optgen.compiler.nonneg)
+    "unsigned" (8-bit) or "linear4" (4-bit, zero-free), else "signed" or "signed4"."""
     proven = set(names)
     for tr in traces:
         active = [n for n in names if n in tr.updates or
                   any(s.name == n for s in spec.active_states(tr.flags))]
         proven &= nonneg_states(spec, tr.updates, active) | (set(names) - set(active))
-    return {n: "unsigned" if n in proven else "signed" for n in names}
+    pick = {8: ("unsigned", "signed"), 4: ("linear4", "signed4")}
+    return {n: pick[b][n not in proven] for n, b in names.items()}
