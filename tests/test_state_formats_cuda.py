@@ -1,5 +1,6 @@
-"""q8 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread block per
-quant block, a block all-reduce (max) per q8 state for its new absmax, then the codes.
+"""q8 and q4 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread block
+per quant block, a block all-reduce (max) per quantized state for its new absmax, then
+the codes (q4: each thread packs its own pairs of elements, two codes a byte).
 
 * cuda, compiled: every q8 spec (and adam's q8@64, q8@512) builds, nvcc compiles it for
   sm_80 and sm_90, the device ABI binds every kernel parameter with the block's thread
@@ -33,16 +34,24 @@ from conftest import OCLGRIND_LOG
 from helpers import assert_close
 
 Q8_SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief"]
-BUILDS = [(n, "q8") for n in Q8_SPECS] + [("adam", "q8@64"), ("adam", "q8@512")]
-RUNS = [("adam", "q8"), ("lion", "q8"), ("sgd", "q8"), ("adam", "q8@64"), ("adam", "q8@512")]
+BUILDS = [(n, "q8") for n in Q8_SPECS] + [("adam", "q8@64"), ("adam", "q8@512")] + \
+    [(n, "q4") for n in Q8_SPECS] + [("adam", "q4@32"), ("adam", "q4@1024")]
+RUNS = [("adam", "q8"), ("lion", "q8"), ("sgd", "q8"), ("adam", "q8@64"), ("adam", "q8@512"),
+        ("adam", "q4"), ("lion", "q4"), ("adagrad", "q4"), ("adam", "q4@32"),
+        ("adam", "q4@512")]
 SHAPES = [0, 1, 255, 256, 257, 4097]
 HYPER = {"adam": {"lr": 1e-2}, "lion": {"lr": 1e-3, "weight_decay": 0.1},
-         "sgd": {"lr": 1e-2, "momentum": 0.9}}
+         "sgd": {"lr": 1e-2, "momentum": 0.9}, "adagrad": {"lr": 1e-2}}
 STEPS = 4
 
 
 def _block(fmt: str) -> int:
-    return int(fmt[3:]) if "@" in fmt else 256
+    return int(fmt[3:]) if "@" in fmt else 256 if fmt == "q8" else 128
+
+
+def _threads(fmt: str) -> int:
+    """Threads per block: one per element (q8), one per pair (q4), at most 256."""
+    return min(_block(fmt) // (2 if fmt.startswith("q4") else 1), 256)
 
 
 # -- cuda: the build, compiled by nvcc ----------------------------------------------------
@@ -115,8 +124,7 @@ def test_cuda_q8_kernels_compile_and_synchronize(name, fmt, cuda_build):
     assert set(art.manifest["binaries"]) == {"sm_80", "sm_90"}
     with open(os.path.join(art.path, "kernels.cu"), encoding="utf-8") as f:
         bodies = _kernel_bodies(f.read())
-    block = _block(fmt)
-    threads = min(block, 256)
+    block, threads = _block(fmt), _threads(fmt)
     found = _q8_kernels(art)
     assert found, f"{name} {fmt}: no q8 kernel in the CUDA artifact"
     # (a flag combination may only read a q8 state: adagrad without update_slots)
@@ -133,8 +141,10 @@ def test_cuda_q8_kernels_compile_and_synchronize(name, fmt, cuda_build):
         # unchanged, rmsprop's mean_grad when not centered, is neither), and the code
         # tables of the maps of the states it stores only
         bound = {p["buffer"] for p in kern["params"] if "buffer" in p}
+        tables = {m: ("map", "mid", "tab") if not m.endswith("4") else ("map",)
+                  for m in k.quant.values()}
         needed = {"w", "grad", *(f"{s}{x}" for s in stored for x in ("", "__absmax")),
-                  *(f"_q{t}_{k.quant[s]}" for s in stored for t in ("map", "mid", "tab"))}
+                  *(f"_q{t}_{k.quant[s]}" for s in stored for t in tables[k.quant[s]])}
         unused = {f"_q{t}_{m}" for m in set(k.quant.values()) - {k.quant[s] for s in stored}
                   for t in ("mid", "tab")}
         assert needed <= bound <= set(entry["buffers"]) - unused, k.symbol
@@ -142,8 +152,10 @@ def test_cuda_q8_kernels_compile_and_synchronize(name, fmt, cuda_build):
         assert [p for p in kern["params"] if "dim" in p] == [{"dim": "n", "type": "int64_t"}]
         bounds, body = bodies[kern["name"]]
         assert bounds == threads
-        # one block all-reduce per stored state: its warp stage starts with a 16-lane shuffle
-        assert body.count(", 16, 32)") == len(stored), f"{k.symbol}: all-reduces"
+        # one block all-reduce per stored state: its warp stage starts with a shuffle by
+        # half the warp (16 lanes; half the threads where a block is less than a warp)
+        first = f", {min(threads, 32) // 2}, 32)"
+        assert body.count(first) == len(stored), f"{k.symbol}: all-reduces"
         assert not _shared_races(body), f"{k.symbol}: {_shared_races(body)}"
         # the absmax slots: read (old) and written (new) by thread 0 only
         lines = body.split("\n")
@@ -169,16 +181,14 @@ def test_race_check_finds_each_missing_barrier(cuda_build):
 
 
 def test_gpu_targets_without_quantized_kernels_are_refused():
-    """q8 on the GPU targets without its kernels, and the 4-bit format (whose GPU kernel
-    does not exist yet) on any GPU target, alone or beside q8 states."""
+    """q8 and q4 on the GPU targets without their kernels, alone or together."""
     for target in ("metal", "webgpu"):
-        with pytest.raises(optgen.BuildError, match=f"'q8' builds for the targets llvm, c, "
-                                                    f"cuda, opencl so far, not {target}"):
-            optgen.build("adam", target, state_format="q8")
-    for fmt in ("q4", {"m": "q4", "v": "q8@128"}):
-        with pytest.raises(optgen.BuildError, match="'q4' builds for the CPU targets "
-                                                    r"\(llvm, c\) so far, not cuda"):
-            optgen.build("adam", "cuda", state_format=fmt)
+        for fmt, named in (("q8", "'q8'"), ("q4", "'q4'"),
+                           ({"m": "q4", "v": "q8@128"}, "'q8' and 'q4'")):
+            with pytest.raises(optgen.BuildError, match=f"{named} builds for the targets "
+                                                        f"llvm, c, cuda, opencl so far, not "
+                                                        f"{target}"):
+                optgen.build("adam", target, state_format=fmt)
 
 
 # -- comparing one step at a time ---------------------------------------------------------
@@ -208,7 +218,10 @@ def _step_and_compare(name, fmt, lib, make, host, rng):
                     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0, err_msg=what + s)
                     continue
                 assert got.dtype == np.uint8, f"{what}: {s} is {got.dtype}, not q8 codes"
-                diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+                assert got.shape == want.shape, f"{what}: {s} {got.shape} vs {want.shape}"
+                got, want = got.astype(np.int16), want.astype(np.int16)
+                diff = np.abs(got - want) if fmt.startswith("q8") else \
+                    np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16))
                 assert diff.max(initial=0) <= 1, f"{what}: {s} codes differ by {diff.max()}"
                 assert np.count_nonzero(diff) <= 0.01 * diff.size, \
                     f"{what}: {s}: {np.count_nonzero(diff)} of {diff.size} codes differ"
@@ -253,7 +266,7 @@ RACE_SCRIPT = textwrap.dedent('''
     import numpy as np, pyopencl as cl, optgen
     from optgen.runtime import opencl
     rng = np.random.default_rng(0)
-    for fmt in ("q8@64", "q8", "q8@512"):
+    for fmt in ("q8@64", "q8", "q8@512", "q4@32", "q4", "q4@1024"):
         ws = [rng.standard_normal(s).astype(np.float32) for s in (1, 300, 1100)]
         opt = optgen.create("adam", ws, target="opencl", state_format=fmt,
                             state_format_min_size=0, lr=1e-2)
@@ -273,7 +286,7 @@ RACE_SCRIPT = textwrap.dedent('''
 
 def test_opencl_q8_kernels_have_no_data_race(tmp_path):
     """Oclgrind's race detector (on for the whole process: OCLGRIND_DATA_RACES) over q8
-    steps at three block sizes reports no race in optgen's kernels, and does report the
+    and q4 steps at three block sizes each reports no race in optgen's kernels, and does report the
     race of a control kernel run after them."""
     why = _oclgrind_missing()
     if why:

@@ -79,11 +79,13 @@ def _decompose(idx: str, axes: str) -> list[str]:
 def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
-    if k.view == "q8":   # one block per quant block (a power of two >= 32)
-        threads = min(k.quant_block, THREADS)
+    if k.view == "q8":   # one block per quant block (a power of two >= 32); 4-bit
+        mids = {m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]   # states: a thread
+                for m in k.quant.values() if quant.BITS[m] == 4}       # packs its pairs
+        threads = min(k.quant_block // (2 if mids else 1), THREADS)
         grid = Grid(["n"], k.quant_block, threads=threads)
         return render("kernel_gpu_q8.py.j2", **{**ctx, "threads": threads}, grid=grid,
-                      bs=k.quant_block, per=k.quant_block // threads,
+                      bs=k.quant_block, per=k.quant_block // threads, mids=mids,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE,
                       buckets=quant.BUCKETS), [grid]
     if k.view == "lazy":

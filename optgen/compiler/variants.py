@@ -14,7 +14,7 @@ from .lower import DTYPE_TAG
 from .specialize import MASTER_DTYPE, specialize
 
 DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
-# GPU targets with q8 kernels (templates/kernel_gpu_q8.py.j2), as tested: cuda compiled
+# GPU targets with q8/q4 kernels (templates/kernel_gpu_q8.py.j2), as tested: cuda compiled
 # by nvcc, opencl run (Oclgrind) against the reference; rocm, metal and webgpu unchecked
 QUANT_GPU = ("cuda", "opencl")
 
@@ -51,13 +51,10 @@ def kernel_irs(spec, traces, tg: targets.Target,
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
-    quantized = {fmt[n][:2] for n in formats.quantized(fmt)}   # "q8", "q4"
-    if quantized - {"q8"} and tg.family != "cpu":
-        raise BuildError(f"state_format {min(quantized - {'q8'})!r} builds for the CPU "
-                         f"targets (llvm, c) so far, not {tg.name}")
+    quantized = sorted({fmt[n][:2] for n in formats.quantized(fmt)}, reverse=True)
     if quantized and tg.family != "cpu" and tg.name not in QUANT_GPU:
-        raise BuildError(f"state_format 'q8' builds for the targets llvm, c, "
-                         f"{', '.join(QUANT_GPU)} so far, not {tg.name}")
+        raise BuildError(f"state_format {' and '.join(map(repr, quantized))} builds for the "
+                         f"targets llvm, c, {', '.join(QUANT_GPU)} so far, not {tg.name}")
     maps = quant_maps(spec, traces, {n: formats.bits(fmt[n]) for n in formats.quantized(fmt)})
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
