@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
     b.add_argument("--state-format", help="also build the kernels that store states in a "
-                   "format: bf16 (every tensor state) or per state, e.g. m=bf16,v=bf16 "
-                   "(docs/state-formats.md)")
+                   "format: bf16, q8, q4 (every tensor state; q8@64 for another block "
+                   "size) or per state, e.g. m=q4,v=bf16 (docs/state-formats.md)")
     b.add_argument("--stochastic-rounding", action="store_true",
                    help="bf16 states rounded stochastically, and the kernels for bfloat16 "
                    "parameters stepped without a master copy (stochastic_rounding=True)")
@@ -129,8 +129,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="parameters and gradients each in one buffer (optgen.flatten): "
                     "an elementwise rule then steps all tensors with one kernel call")
     be.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
-    be.add_argument("--state-format", help="store the states in a format: bf16, or per "
-                    "state, e.g. m=bf16 (docs/state-formats.md)")
+    be.add_argument("--state-format", help="store the states in a format: bf16, q8, q4, or "
+                    "per state, e.g. m=q8 (docs/state-formats.md)")
     be.add_argument("--json", metavar="PATH", help="also write every sample as JSON")
     ca = _command(sub, "cache", help="the artifact cache: where, what, how big; clean it",
                         description="Without an action, print the cache folder and each "
