@@ -40,6 +40,8 @@ OPTIMIZERS = {
                                  state_format_min_size=0)),
     "adam-q8": ("Adam", dict(lr=1e-2, weight_decay=0.01, state_format="q8",
                              state_format_min_size=0)),
+    "adam-q4": ("Adam", dict(lr=1e-2, weight_decay=0.01, state_format="q4",
+                             state_format_min_size=0)),
     # a user spec with two levels of whole-tensor reductions (tests/specs/centered_nsgd.py)
     "centered-nsgd": ("tests/specs/centered_nsgd.py", dict(lr=1e-2)),
     # the global norm over every gradient, with a non-finite check
