@@ -69,6 +69,9 @@ def compiler_fingerprint() -> str:
                 if name.endswith((".py", ".j2")):
                     with open(os.path.join(dirpath, name), "rb") as f:
                         h.update(name.encode() + f.read())
+    # the q8 maps: the CPU kernel builds its table-free codes from them (fast_codes)
+    with open(os.path.join(os.path.dirname(__file__), "quant.py"), "rb") as f:
+        h.update(b"quant.py" + f.read())
     return h.hexdigest()[:16]
 
 

@@ -24,7 +24,9 @@ an ``n``-element state are a flat uint8 array of ``(n + 1) // 2`` bytes.
 The kernels (templates/kernel_llvm_q8.py.j2) compute the same: the block's new values
 in float32, their largest magnitude, ``x / absmax`` (0 where absmax is 0), and the
 nearest code: the number of the map's midpoints (float32) below it, found without a
-search (``code_table``; 4-bit: 15 compares with the midpoints as constants).
+search (``code_table``; 4-bit: 15 compares with the midpoints as constants). The CPU
+kernel's full blocks count them by arithmetic instead (``fast_codes``: no table) and
+use the tables only for a block with a value that arithmetic is not sure of.
 Non-finite values are not representable.
 
 May import: numpy.
@@ -191,3 +193,87 @@ def bucket_midpoints(kind: str) -> np.ndarray:
 
 # the kernels' table arguments by buffer name prefix (optgen.compiler.specialize.quantize)
 TABLES = {"_qmap_": dynamic_map, "_qmid_": bucket_midpoints, "_qtab_": code_table}
+
+
+# The CPU kernel's code of x without a table (kernel_llvm_q8.py.j2, full blocks): the
+# decade of |x| by compares with the six midpoints between decades (constants), then the
+# count of midpoints below |x| as the floor of a line per decade, u = |x| * slope -
+# offset, capped at the decade's last count (the line of decade 0 also counts the
+# midpoint above 0; above the midpoint below 1.0, u is the count of 1.0 + 0.5). At each
+# midpoint of a decade its line is at most 1.6e-5 above the count k that starts there
+# (one float32 step of u), and at least k just above it: where u is FAST_EPS or more
+# away from every integer, its floor is exact; elsewhere (about one value in 20,000)
+# the kernel redoes the block with the tables. fast_codes is the same arithmetic
+# in numpy; tests check it against codes_of near every midpoint and, slowly, for every
+# float32 in [-1, 1], with and without a fused multiply-add (LLVM may contract u).
+# Negative x count the midpoints at or below |x| (those below next_up(|x|)): the signed
+# map is symmetric but for the midpoint before 1.0.
+FAST_EPS = 2.0 ** -15
+
+
+@functools.lru_cache(maxsize=None)
+def fast_constants(kind: str) -> dict:
+    """An 8-bit map's constants for ``fast_codes``: "bounds" (float32[7], the midpoints
+    between decades and the one below 1.0), per region between them "slope" and
+    "offset" (float32[8]: the decades, then slope 0 above the last bound), "cap" (a
+    region's last count is floor(offset * -2.25 + cap)), "zero" (the code of 0)."""
+    signed, mids = kind == "signed", midpoints(kind)[:-1].astype(np.float64)
+    zero = int(codes_of(np.zeros(1, np.float32), kind)[0])
+    bounds, slope, offset, first = [], [], [], zero + 1
+    for d in range(7):                 # decade 10**(d - 6): codes first .. first + count - 1
+        count = 2 ** d if signed else 2 ** (d + 1)
+        bounds += [mids[first + count - 1]] if d < 6 else []
+        slope.append(10.0 ** (6 - d) * count / 0.9)
+        offset.append(count / 9 - (first - zero))   # u = count of midpoints above zero
+        first += count
+    # decade 0 also counts the midpoint above 0, mids[zero]: its line runs through it at
+    # 1 (and, unsigned, through the next one at 2), from u(0) = 0.9 (unsigned: ~0.58)
+    z, z1 = mids[zero], mids[zero + 1]
+    slope[0] = 0.1 / z if signed else 1 / (z1 - z)
+    offset[0] = -0.9 if signed else z * slope[0] - 1
+    bounds.append(mids[254])
+    return {"bounds": np.array(bounds, np.float32), "zero": zero,
+            "slope": np.array(slope + [0.0], np.float32),
+            "offset": np.array(offset + [zero - 255.5], np.float32),
+            "cap": np.float32(-0.5 if signed else 0.75)}
+
+
+def fast_codes(norm: np.ndarray, kind: str, fused: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, sure) of normalized float32 values by the kernel's arithmetic: ``sure``
+    where u is outside FAST_EPS of an integer (there the codes equal codes_of).
+    ``fused``: u and the cap rounded once (fused multiply-adds)."""
+    c, f32, f64 = fast_constants(kind), np.float32, np.float64
+    x = np.asarray(norm, f32)
+    bits = x.view(np.uint32)
+    neg = bits >> np.uint32(31)
+    if kind == "signed":
+        a = ((bits & np.uint32(0x7FFFFFFF)) + neg).view(f32)
+    else:
+        a = np.maximum(x, f32(0))
+    decade = np.searchsorted(c["bounds"], a, side="left")   # bounds below a
+    slope, offset = c["slope"][decade], c["offset"][decade]
+    if fused:   # a * slope is exact in float64, a * slope - offset rounded to odd there
+        u = _round_to_odd_sum(a.astype(f64) * slope, -offset.astype(f64)).astype(f32)
+        cap = np.floor((offset.astype(f64) * -2.25 + c["cap"]).astype(f32))   # (exact)
+    else:
+        u = (a * slope).astype(f32) - offset
+        cap = np.floor((offset * f32(-2.25)).astype(f32) + c["cap"])
+    low = np.floor(u)
+    count = np.minimum(low, cap)
+    if kind == "signed":   # 127 + count, or 127 - count for negative x (at least 0)
+        count = np.maximum(f32(c["zero"]) + np.where(neg > 0, -count, count), f32(0))
+    frac = u - low
+    sure = (frac >= f32(FAST_EPS)) & (frac <= f32(1 - FAST_EPS))
+    return count.astype(np.uint8), sure
+
+
+def _round_to_odd_sum(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """p + q in float64 rounded to odd (an inexact sum takes the neighbour with an odd
+    last bit), so that rounding it to float32 rounds p + q once, as a fused multiply-add
+    does."""
+    s = p + q
+    t = s - p
+    err = (p - (s - t)) + (q - t)   # the exact rest (Knuth's two-sum)
+    even = (s.view(np.uint64) & np.uint64(1)) == 0
+    return np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)

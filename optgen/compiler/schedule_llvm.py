@@ -44,6 +44,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
                       per_task=Q8_BLOCKS_PER_TASK, mids={
                           m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]
                           for m in k.quant.values() if quant.BITS[m] == 4},
+                      fast={m: _fast(m) for m in k.quant.values() if quant.BITS[m] == 8},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"
@@ -58,3 +59,25 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     return render(name, k=k, vec=vec, align=itemsize, chunks=REDUCE_CHUNKS, chains=REDUCE_CHAINS,
                   parallel_min_vectors=max(1, PARALLEL_MIN_ELEMENTS // vec),
                   parallel_min=PARALLEL_MIN_ELEMENTS, stride=RED_SCALAR_SIZE)
+
+
+def _fast(kind: str) -> dict:
+    """An 8-bit map's table-free codes (runtime/quant.py fast_codes) as the template
+    writes them: the slope and offset of |x|'s decade as a balanced tree of selects by
+    the bounds between regions (depth 3, not a chain of 7), float32 constants by their
+    exact repr."""
+    c = quant.fast_constants(kind)
+
+    def f32(v) -> str:
+        return f"T.float32({float(v)!r})"
+
+    def pick(values, lo: int, hi: int) -> str:   # values[d] for decades lo .. hi
+        if lo == hi:
+            return f32(values[lo])
+        mid = (lo + hi + 1) // 2                 # decade mid starts above bounds[mid - 1]
+        return (f"T.Select({f32(c['bounds'][mid - 1])} < a, {pick(values, mid, hi)}, "
+                f"{pick(values, lo, mid - 1)})")
+    last = len(c["slope"]) - 1
+    return {"slope": pick(c["slope"], 0, last), "offset": pick(c["offset"], 0, last),
+            "cap": repr(float(c["cap"])), "zero": c["zero"], "signed": kind == "signed",
+            "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS)}

@@ -1,0 +1,147 @@
+"""The CPU kernel's q8 codes without tables (runtime/quant.py fast_codes, used by
+templates/kernel_llvm_q8.py.j2 for full blocks) are exactly those of the numpy quantizer.
+
+* fast_codes (numpy, the kernel's arithmetic) against codes_of: where it is sure, equal,
+  for float32 values around every midpoint, between decades and at 0 and 1, both signs,
+  with and without a fused multiply-add; every float32 in [-1, 1] with
+  OPTGEN_EXHAUSTIVE=1 (a few minutes);
+* through the compiled adam kernel (beta1 = beta2 = 0: its new m is the gradient and its
+  new v the gradient squared, in float32): codes and absmax equal to quant.quantize of
+  the same values, for values at and around every midpoint of both maps, in blocks
+  with absmax 1 and 3, on the parallel and the serial path;
+* decoding: every code of both maps through the compiled kernels (SGD with momentum 1
+  and lr 1 from w = 0 with zero gradients writes w = -map[code]; adam with zero
+  gradients and beta1 = beta2 = 0.5 halves m and v, so a block holding one code has the
+  absmax 0.5 * |map[code]|).
+"""
+import os
+
+import numpy as np
+import pytest
+
+import optgen
+from optgen.runtime import quant
+
+F32 = np.float32
+KINDS = ["signed", "unsigned"]
+
+
+def _around(values: np.ndarray, ulps: int) -> np.ndarray:
+    """Every float32 within ``ulps`` steps of each value (both signs), clipped to [-1, 1]."""
+    bits = np.abs(np.asarray(values, F32)).view(np.uint32).astype(np.int64)
+    steps = np.arange(-ulps, ulps + 1)
+    near = (bits[:, None] + steps[None, :]).reshape(-1)
+    near = near[(near >= 0) & (near <= F32(1).view(np.uint32))].astype(np.uint32).view(F32)
+    return np.unique(np.concatenate([near, -near]))
+
+
+def _special(kind: str) -> np.ndarray:
+    c = quant.fast_constants(kind)
+    return np.concatenate([quant.midpoints(kind)[:-1], quant.dynamic_map(kind),
+                           c["bounds"], [F32(0), F32(1)]]).astype(F32)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_codes_equal_codes_of_where_sure(kind, fused, rng):
+    """Around every midpoint, map value and decade bound (64 float32 steps each way,
+    both signs) and over a million random values (uniform, and log-uniform magnitudes
+    from 1e-9): sure codes equal codes_of, and few values are unsure."""
+    near = _around(_special(kind), 64)
+    mags = 10.0 ** rng.uniform(-9, 0, 500_000)
+    rand = np.concatenate([rng.uniform(-1, 1, 500_000), mags, -mags]).astype(F32)
+    for x in (near, rand):
+        code, sure = quant.fast_codes(x, kind, fused)
+        want = quant.codes_of(x, kind)
+        wrong = np.nonzero(sure & (code != want))[0]
+        assert wrong.size == 0, (kind, fused, x[wrong[:5]], code[wrong[:5]], want[wrong[:5]])
+    unsure = np.mean(~quant.fast_codes(rand, kind, fused)[1])
+    assert unsure < 1e-4, unsure     # the kernel rarely needs its tables
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("OPTGEN_EXHAUSTIVE"),
+                    reason="every float32 in [-1, 1]: set OPTGEN_EXHAUSTIVE=1 (minutes)")
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_codes_equal_codes_of_for_every_float32(kind, fused):
+    top = int(F32(1).view(np.uint32)) + 1
+    for sign in (0, 1 << 31):
+        for start in range(0, top, 1 << 24):
+            x = (np.arange(start, min(start + (1 << 24), top), dtype=np.uint32)
+                 | np.uint32(sign)).view(F32)
+            code, sure = quant.fast_codes(x, kind, fused)
+            assert not np.any(sure & (code != quant.codes_of(x, kind))), (kind, fused, start)
+
+
+def _blocks(g: np.ndarray, scale: float) -> np.ndarray:
+    """Full 256-blocks of the float32 values ``g`` (|g| <= scale), each led by ``scale``
+    itself, so that every block's absmax is ``scale``."""
+    body = quant.BLOCK - 1
+    g = np.resize(np.asarray(g, F32), -(-g.size // body) * body).reshape(-1, body)
+    return np.concatenate([np.full((len(g), 1), scale, F32), g], axis=1).reshape(-1)
+
+
+def _sure(g: np.ndarray, scale: float, kind: str) -> np.ndarray:
+    """Whether the kernel's arithmetic is sure of g / scale, fused or not."""
+    x = (g / F32(scale)).astype(F32)
+    return quant.fast_codes(x, kind, False)[1] & quant.fast_codes(x, kind, True)[1]
+
+
+@pytest.mark.parametrize("n_min", [quant.BLOCK * 16, 1 << 16])   # serial, parallel path
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
+    """Adam with beta1 = beta2 = 0 stores m = g and v = g * g (float32): the compiled
+    kernel's codes and absmax equal quant.quantize of those values, for gradients at and
+    around every signed midpoint (m), at the square roots of values around every
+    unsigned midpoint (v), and random ones; first in blocks of values the arithmetic
+    is sure of (codes without tables), then in blocks that mix in values it is not."""
+    near_m = (_around(_special("signed"), 8) * F32(scale)).astype(F32)
+    roots = np.sqrt(np.abs(_around(_special("unsigned"), 8)).astype(np.float64))
+    near_v = (roots.astype(F32) * F32(scale)).astype(F32)
+    sure_m = near_m[_sure(near_m, scale, "signed")]
+    sure_v = near_v[_sure((near_v * near_v).astype(F32), scale * scale, "unsigned")]
+    assert sure_m.size > near_m.size // 4 and sure_v.size > near_v.size // 4
+    mixed = (rng.uniform(-1, 1, 4096) * scale).astype(F32)
+    g = np.concatenate([_blocks(sure_m, scale), _blocks(sure_v, scale), _blocks(near_m, scale),
+                        _blocks(near_v, scale), _blocks(mixed, scale)])
+    g = np.resize(g, max(n_min, g.size))
+    w = rng.standard_normal(g.size).astype(F32)
+    opt = optgen.create("adam", [w], beta1=0.0, beta2=0.0, state_format="q8",
+                        state_format_min_size=0)
+    opt.step([g.copy()])
+    st = opt.state[0]
+    for name, values, kind in (("m", g, "signed"), ("v", (g * g).astype(F32), "unsigned")):
+        codes, absmax = quant.quantize(values, kind)
+        np.testing.assert_array_equal(st[name + "__absmax"], absmax, err_msg=name)
+        bad = np.nonzero(st[name] != codes)[0]
+        assert bad.size == 0, (name, values[bad[:5]], st[name][bad[:5]], codes[bad[:5]])
+
+
+def test_kernel_decodes_every_code_exactly():
+    """Every code of the signed map through SGD (w = -map[code] * absmax, absmax 1 and
+    0.75), and of both maps through adam (one code per block: the new absmax is half
+    the code's magnitude)."""
+    codes = np.arange(256, dtype=np.uint8)
+    for absmax in (1.0, 0.75):
+        n = 64 * quant.BLOCK
+        opt = optgen.create("sgd", [np.zeros(n, F32)], lr=1.0, momentum=1.0,
+                            state_format="q8", state_format_min_size=0)
+        opt.state[0]["momentum_buffer"][:] = np.resize(codes, n)
+        opt.state[0]["momentum_buffer__absmax"][:] = absmax
+        opt.step([np.zeros(n, F32)])
+        want = -(quant.dynamic_map("signed") * F32(absmax)).astype(F32)
+        np.testing.assert_array_equal(opt.params[0], np.resize(want, n))
+    n = 256 * quant.BLOCK
+    opt = optgen.create("adam", [np.zeros(n, F32)], beta1=0.5, beta2=0.5, state_format="q8",
+                        state_format_min_size=0)
+    for name, kind in (("m", "signed"), ("v", "unsigned")):
+        zero = quant.code_of(0.0, kind)[0]
+        blocks = np.full((256, quant.BLOCK), zero, np.uint8)
+        blocks[:, 7] = codes
+        opt.state[0][name][:] = blocks.reshape(-1)
+        opt.state[0][name + "__absmax"][:] = 1.0
+    opt.step([np.zeros(n, F32)])
+    for name, kind in (("m", "signed"), ("v", "unsigned")):
+        want = (np.abs(quant.dynamic_map(kind)) * F32(0.5)).astype(F32)
+        np.testing.assert_array_equal(opt.state[0][name + "__absmax"], want, err_msg=name)
