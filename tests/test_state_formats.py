@@ -560,14 +560,16 @@ def test_nonnegative_states_get_the_unsigned_map():
                     "adabelief.m": "signed", "adabelief.s": "unsigned"}
 
 
-def test_q8_on_the_c_target_matches_reference(rng):
-    """The C target's q8 kernel (element loops, gcc) against the interpreter."""
-    shapes = [(1,), (255,), (256,), (257,), (5000,)]
+@pytest.mark.parametrize("fmt,block", [("q8", 256), ("q4", 128)])
+def test_quantized_states_on_the_c_target_match_reference(fmt, block, rng):
+    """The C target's q8 and q4 kernels (element loops, gcc) against the interpreter:
+    each code (q4: each nibble) within one, at most 1 % of the bytes different."""
+    shapes = [(1,), (block - 1,), (block,), (block + 1,), (5001,)]
     ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    opts = [optgen.create("adam", [w.copy() for w in ws], target="c", state_format="q8",
+    opts = [optgen.create("adam", [w.copy() for w in ws], target="c", state_format=fmt,
                           state_format_min_size=0),
-            optgen.create(optgen.get_artifact("adam", state_format="q8"),
-                          [w.copy() for w in ws], state_format="q8",
+            optgen.create(optgen.get_artifact("adam", state_format=fmt),
+                          [w.copy() for w in ws], state_format=fmt,
                           state_format_min_size=0, backend="reference")]
     for _ in range(5):
         gs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -575,7 +577,9 @@ def test_q8_on_the_c_target_matches_reference(rng):
             o.step([g.copy() for g in gs])
     for i in range(len(shapes)):
         for n in ("m", "v"):
-            diff = np.abs(opts[0].state[i][n].astype(int) - opts[1].state[i][n].astype(int))
+            got, want = (o.state[i][n].astype(int) for o in opts)
+            diff = np.abs(got - want) if fmt == "q8" else \
+                np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16))
             assert diff.max() <= 1 and np.sum(diff > 0) <= 0.01 * diff.size, (shapes[i], n)
         np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)
 

@@ -285,24 +285,6 @@ def test_q4_mixed_with_q8_at_one_block_size(rng):
     np.testing.assert_allclose(a.params[0], b.params[0], rtol=1e-4, atol=1e-6)
 
 
-def test_q4_on_the_c_target_matches_reference(rng):
-    shapes = [(1,), (127,), (128,), (129,), (5001,)]
-    ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    opts = [optgen.create("adam", [w.copy() for w in ws], target="c", state_format="q4",
-                          state_format_min_size=0),
-            optgen.create(optgen.get_artifact("adam", state_format="q4"),
-                          [w.copy() for w in ws], state_format="q4",
-                          state_format_min_size=0, backend="reference")]
-    for _ in range(5):
-        gs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        for o in opts:
-            o.step([g.copy() for g in gs])
-    for i in range(len(shapes)):
-        for key in ("m", "v"):
-            _codes_close(opts[0].state[i][key], opts[1].state[i][key], (shapes[i], key))
-        np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)
-
-
 def test_q4_torch_drop_in_trains_and_writes_torch_checkpoints():
     torch = pytest.importorskip("torch", reason="the torch drop-ins need torch")
     import copy
