@@ -3,8 +3,8 @@ templates/kernel_llvm_q8.py.j2 for full blocks) are exactly those of the numpy q
 
 * fast_codes (numpy, the kernel's arithmetic) against codes_of: where it is sure, equal,
   for float32 values around every midpoint, between decades and at 0 and 1, both signs,
-  with and without a fused multiply-add; every float32 in [-1, 1] with
-  OPTGEN_EXHAUSTIVE=1 (a few minutes);
+  with and without a fused multiply-add; every 61st float32 in [-1, 1] (every one:
+  ``python tests/test_q8_fast_codes.py``, a few minutes);
 * through the compiled adam kernel (beta1 = beta2 = 0: its new m is the gradient and its
   new v the gradient squared, in float32): codes and absmax equal to quant.quantize of
   the same values, for values at and around every midpoint of both maps, in blocks
@@ -14,7 +14,6 @@ templates/kernel_llvm_q8.py.j2 for full blocks) are exactly those of the numpy q
   gradients and beta1 = beta2 = 0.5 halves m and v, so a block holding one code has the
   absmax 0.5 * |map[code]|).
 """
-import os
 
 import numpy as np
 import pytest
@@ -59,19 +58,25 @@ def test_fast_codes_equal_codes_of_where_sure(kind, fused, rng):
     assert unsure < 1e-4, unsure     # the kernel rarely needs its tables
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("OPTGEN_EXHAUSTIVE"),
-                    reason="every float32 in [-1, 1]: set OPTGEN_EXHAUSTIVE=1 (minutes)")
-@pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("kind", KINDS)
-def test_fast_codes_equal_codes_of_for_every_float32(kind, fused):
+def _every_float32(kind: str, fused: bool, stride: int) -> None:
+    """Every ``stride``-th float32 in [-1, 1] by bit pattern, both signs: sure codes
+    equal codes_of. ``stride=1`` is every float32 (minutes: ``python
+    tests/test_q8_fast_codes.py``)."""
     top = int(F32(1).view(np.uint32)) + 1
+    chunk = stride << 22
     for sign in (0, 1 << 31):
-        for start in range(0, top, 1 << 24):
-            x = (np.arange(start, min(start + (1 << 24), top), dtype=np.uint32)
+        for start in range(0, top, chunk):
+            x = (np.arange(start, min(start + chunk, top), stride, dtype=np.uint32)
                  | np.uint32(sign)).view(F32)
             code, sure = quant.fast_codes(x, kind, fused)
             assert not np.any(sure & (code != quant.codes_of(x, kind))), (kind, fused, start)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_codes_equal_codes_of_over_the_float32_range(kind, fused):
+    """Every 61st float32 in [-1, 1] (a prime stride: every exponent, varied low bits)."""
+    _every_float32(kind, fused, 61)
 
 
 def _blocks(g: np.ndarray, scale: float) -> np.ndarray:
@@ -145,3 +150,10 @@ def test_kernel_decodes_every_code_exactly():
     for name, kind in (("m", "signed"), ("v", "unsigned")):
         want = (np.abs(quant.dynamic_map(kind)) * F32(0.5)).astype(F32)
         np.testing.assert_array_equal(opt.state[0][name + "__absmax"], want, err_msg=name)
+
+
+if __name__ == "__main__":   # the exhaustive check: every float32 in [-1, 1]
+    for kind in KINDS:
+        for fused in (False, True):
+            _every_float32(kind, fused, 1)
+            print(f"{kind} fused={fused}: every float32 in [-1, 1] agrees where sure")

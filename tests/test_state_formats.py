@@ -584,18 +584,27 @@ def test_quantized_states_on_the_c_target_match_reference(fmt, block, rng):
         np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)
 
 
-def test_formats_per_state_mix(rng):
-    """{"m": "q8", "v": "bf16"}: each state in its own format, compiled == reference."""
+@pytest.mark.parametrize("fmt", [{"m": "q8", "v": "bf16"}, {"m": "q4", "v": "q8@128"}])
+def test_formats_per_state_mix(fmt, rng):
+    """Each state in its own format, compiled == reference: {"m": "q8", "v": "bf16"}, and
+    {"m": "q4", "v": "q8@128"} (a 4-bit and an 8-bit state in one kernel)."""
     w = rng.standard_normal(5000).astype(np.float32)
-    fmt = {"m": "q8", "v": "bf16"}
     a = optgen.create("adam", [w.copy()], state_format=fmt)
     b = optgen.create(a.artifact, [w.copy()], state_format=fmt, backend="reference")
     for _ in range(3):
         g = rng.standard_normal(5000).astype(np.float32)
         a.step([g.copy()])
         b.step([g.copy()])
-    assert a.state[0]["m"].dtype == np.uint8 and a.state[0]["v"].dtype == BF16
-    assert np.mean(a.state[0]["m"] == b.state[0]["m"]) > 0.99
+    m, v = a.state[0]["m"], a.state[0]["v"]
+    if fmt["m"] == "q8":
+        assert m.dtype == np.uint8 and v.dtype == BF16
+        assert np.mean(m == b.state[0]["m"]) > 0.99
+    else:
+        assert m.shape == (2500,) and v.shape == (5000,)
+        got, want = m.astype(int), b.state[0]["m"].astype(int)
+        diff = np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16))
+        assert diff.max() <= 1 and np.sum(diff > 0) <= 0.01 * diff.size + 1
+        assert np.mean(v == b.state[0]["v"]) > 0.99
     np.testing.assert_allclose(a.params[0], b.params[0], rtol=1e-4, atol=1e-6)
 
 
@@ -628,10 +637,11 @@ def test_a_nonneg_assertion_with_a_negative_init_is_a_spec_error(tmp_path):
         optgen.build(str(path))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q8"])
+@pytest.mark.parametrize("fmt", ["bf16", "q8", "q4"])
 def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
-    """state_dict(format="torch") of a drop-in with bf16 or q8 states: torch.optim.Adam
-    loads it (q8 written dequantized, float32) and continues close to the optgen run."""
+    """state_dict(format="torch") of a drop-in with bf16, q8 or q4 states: torch.optim.Adam
+    loads it (q8/q4 written dequantized, float32, shaped as the parameter) and continues
+    close to the optgen run."""
     torch = pytest.importorskip("torch", reason="the torch drop-ins need torch")
     import copy
     from helpers import torch_mlp, torch_train
@@ -641,6 +651,8 @@ def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
     torch_train(model, mine, 10)
     sd = mine.state_dict(format="torch")
     assert all(s["exp_avg"].dtype != torch.uint8 for s in sd["state"].values())
+    for p, s in zip(model.parameters(), sd["state"].values()):
+        assert s["exp_avg"].shape == p.shape
     twin = copy.deepcopy(model)
     theirs = torch.optim.Adam(twin.parameters(), lr=1e-2)
     theirs.load_state_dict(sd)

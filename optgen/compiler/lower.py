@@ -69,6 +69,13 @@ class LoweredKernel:
     quant_block: int = 256                                # view "q8": elements per absmax
 
 
+def nibble_midpoints(k: LoweredKernel) -> dict[str, list[str]]:
+    """The 4-bit maps of a q8-view pass -> their 15 midpoints as float32 literals: the
+    kernels (CPU and GPU) count those below x / absmax for a code, without tables."""
+    return {m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]
+            for m in k.quant.values() if quant.BITS[m] == 4}
+
+
 def buffer_var(name: str) -> str:
     return "B_" + name
 

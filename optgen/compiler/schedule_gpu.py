@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optgen.runtime import quant
-from .lower import LoweredKernel
+from .lower import LoweredKernel, nibble_midpoints
 from .templates import render
 
 THREADS = 256          # threads per block
@@ -80,8 +80,7 @@ def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
     if k.view == "q8":   # one block per quant block (a power of two >= 32); 4-bit
-        mids = {m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]   # states: a thread
-                for m in k.quant.values() if quant.BITS[m] == 4}       # packs its pairs
+        mids = nibble_midpoints(k)                  # states: a thread packs its pairs
         threads = min(k.quant_block // (2 if mids else 1), THREADS)
         grid = Grid(["n"], k.quant_block, threads=threads)
         return render("kernel_gpu_q8.py.j2", **{**ctx, "threads": threads}, grid=grid,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from optgen.runtime import quant
-from .lower import LoweredKernel
+from .lower import LoweredKernel, nibble_midpoints
 from .matmul import MatmulPass, schedule_matmul
 from .templates import render
 
@@ -41,9 +41,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     if k.view == "q8":
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
-                      per_task=Q8_BLOCKS_PER_TASK, mids={
-                          m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]
-                          for m in k.quant.values() if quant.BITS[m] == 4},
+                      per_task=Q8_BLOCKS_PER_TASK, mids=nibble_midpoints(k),
                       fast={m: _fast(m) for m in k.quant.values() if quant.BITS[m] == 8},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
