@@ -267,7 +267,8 @@ def _cmd_cache(args) -> int:
 def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog, formats
+    from optgen.runtime import catalog
+    from optgen.core import formats
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
         raise ValueError("--target names no target (e.g. --target llvm,c)")

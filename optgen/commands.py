@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from optgen.runtime import Artifact, cache
-from optgen.runtime import hyper as hyper_rules
+from optgen.core import hyper as hyper_rules
 
 STAGES = ("spec", "ir", "tvmscript", "source")
 SOURCE_FILES = {"llvm": "kernels.ll", "c": "kernels.c", "cuda": "kernels.cu",

@@ -15,8 +15,8 @@ from typing import Any, Callable
 from .errors import SpecError
 from .ir import MATRIX_STATES, Expr, Loc, caller_loc, to_python, walk
 from .tracing import Trace, trace_spec
-from optgen.runtime.hyper import HyperInfo, Requirement
-from optgen.runtime import scalar_expr
+from optgen.core.hyper import HyperInfo, Requirement
+from optgen.core import scalar_expr
 
 RESERVED = {"t", "w", "grad", "n", "flags", "T", "rows", "cols"}
 SHAPE_NAMES = ("rows", "cols")   # R and C of a parameter's [B, R, C] view (spec.rows/cols)

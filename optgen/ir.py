@@ -329,7 +329,7 @@ _PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where"}
 
 
 def to_python(e: Expr) -> str:
-    """Render a scalar expression in the grammar of optgen.runtime.scalar_expr."""
+    """Render a scalar expression in the grammar of optgen.core.scalar_expr."""
     if e.op == "const":
         return repr(e.value)
     if e.op in ("hyper", "state", "t"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import cache, catalog, formats, schedules
+from . import cache, catalog, schedules
+from optgen.core import formats
 from .artifact import Artifact, ArtifactError, ArtifactWarning
 from .catalog import register
 from .flat import flatten
@@ -27,7 +28,7 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     """The cached artifact of a spec (catalog name or file), building it if needed.
     ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``);
     ``state_format`` gets the artifact that also holds that format's kernels
-    (runtime/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr).
+    (optgen/core/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr).
 
     The artifact is verified on load (Artifact.load). A cached one that fails (corrupted,
     truncated, another optgen/TVM version) is rebuilt with an ArtifactWarning saying why;

@@ -28,9 +28,9 @@ import numpy as np
 from .device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
-from . import scalar_expr
-from . import formats, quant
-from .hyper import HyperInfo, Requirement
+from optgen.core import scalar_expr
+from optgen.core import formats, quant
+from optgen.core.hyper import HyperInfo, Requirement
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,10 +54,10 @@ class KernelInfo:
     storage: dict[str, str]  # buffers in another dtype: float16 states, mixed-precision I/O
     refresh: dict | None = None  # matrix rules: {"every", "ir", "reads"} (host, numpy)
     state_format: dict[str, str] = dataclasses.field(default_factory=dict)  # state ->
-    # format (runtime/formats.py); empty for the plain kernels
+    # format (optgen/core/formats.py); empty for the plain kernels
     quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
     stochastic: dict[str, int] = dataclasses.field(default_factory=dict)  # bf16sr state ->
-    # its salt (runtime/rounding.py)
+    # its salt (optgen/core/rounding.py)
     quant_block: int = 256   # q8: elements per absmax
 
     @classmethod
@@ -202,7 +202,7 @@ class Artifact:
         self.reduction_dtype: str = manifest["reduction_dtype"]
         self.state_format: dict[str, str] = manifest["state_format"]   # state -> format
         # how each formatted state is stored: a dtype (bf16) or "q8:<map>[:<block>]"
-        # (runtime/quant.py)
+        # (optgen/core/quant.py)
         self.stored: dict[str, str] = {
             n: quant.stored(m, k.quant_block) for k in self.kernels
             for n, m in k.quant.items()} | {

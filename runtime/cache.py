@@ -69,9 +69,6 @@ def compiler_fingerprint() -> str:
                 if name.endswith((".py", ".j2")):
                     with open(os.path.join(dirpath, name), "rb") as f:
                         h.update(name.encode() + f.read())
-    # the q8 maps: the CPU kernel builds its table-free codes from them (fast_codes)
-    with open(os.path.join(os.path.dirname(__file__), "quant.py"), "rb") as f:
-        h.update(b"quant.py" + f.read())
     return h.hexdigest()[:16]
 
 
@@ -122,7 +119,7 @@ def _catalog_sources(spec_source: str, base: str | None) -> dict[str, str]:
 
 def artifact_key(spec_source: str, target: str, base: str | None = None,
                  state_format: str | None = None) -> str:
-    """``state_format``: the request's key text (runtime/formats.py), None for plain."""
+    """``state_format``: the request's key text (optgen/core/formats.py), None for plain."""
     parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
              "tvm": tvm_version(), "target": target, "base": base,
              "state_format": state_format,

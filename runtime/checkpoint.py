@@ -29,9 +29,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import hyper as hyper_rules
-from . import quant, tensors
-from .formats import ABSMAX
+from optgen.core import hyper as hyper_rules
+from . import tensors
+from optgen.core import quant
+from optgen.core.formats import ABSMAX
 
 FORMAT = 1
 META = "meta.json"
@@ -68,7 +69,7 @@ def state_dict(opt) -> dict[str, Any]:
         "state": [{n: (float(v) if isinstance(v, np.floating) else
                        tensors.to_numpy(v, lib)) for n, v in st.items()}
                   for st, lib in zip(opt.state, opt._lib)],
-        # how formatted states are stored (runtime/formats.py): "bfloat16",
+        # how formatted states are stored (optgen/core/formats.py): "bfloat16",
         # "q8:<map>[:<block>]", "q4:<map>[:<block>]"
         "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
                    if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
@@ -96,7 +97,7 @@ def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -
 
 
 # dtype pairs a state may change between a checkpoint and the optimizer loading it: a
-# state format's dtype and the full-precision float32 (runtime/formats.py)
+# state format's dtype and the full-precision float32 (optgen/core/formats.py)
 REFORMAT = [{"float32", "bfloat16"}]
 
 
@@ -192,7 +193,7 @@ def check(opt, sd: Any) -> dict[str, Any]:
             if (src.dtype.name, list(src.shape)) != want:
                 _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
                            f"expected {want[0]}{want[1]}")
-    if converted:   # another state format (runtime/formats.py): rounded or widened
+    if converted:   # another state format (optgen/core/formats.py): rounded or widened
         warnings.warn(f"{opt.name}: state_dict states converted to this optimizer's state "
                       f"format ({', '.join(sorted(converted))})", stacklevel=3)
     return {"defaults": defaults, "groups": restored, "t": int(sd["t"]),

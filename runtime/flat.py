@@ -145,7 +145,7 @@ def fusable(k: Any, has_inputs: bool, flat_axes: str) -> bool:
     may share a call per pass with its neighbours (scalar states, such as SGD's
     buffer_started, are checked equal per step). Specs with extra inputs never fuse, nor
     stochastically rounded states (their random numbers are keyed per parameter:
-    runtime/rounding.py)."""
+    optgen/core/rounding.py)."""
     if has_inputs or k.stochastic:
         return False
     if all("seg_symbol" in ln for ln in k.launches):

@@ -27,7 +27,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from . import hyper as hyper_rules
+from optgen.core import hyper as hyper_rules
 from . import schedules, tensors
 
 # alias -> spec name; used only when the spec has no hyperparameter of the alias's name

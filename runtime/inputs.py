@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import formats, tensors
+from . import tensors
+from optgen.core import formats
 from .sparse import RowSparse
 
 NONFINITE = (None, "skip", "raise")

@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, quant, reference, rounding, shards, tensors, views
-from .formats import ABSMAX
+from . import flat, shards, tensors
+from optgen.core import quant, reference, rounding, views
+from optgen.core.formats import ABSMAX
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
-from .reference import LOW_COPY
+from optgen.core.reference import LOW_COPY
 from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
@@ -61,7 +62,7 @@ class Launcher:
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
         (offloaded states wait for their gradients' copies and send their parameters
-        back per bucket: optgen/torch_offload.py)."""
+        back per bucket: optgen/torch/offload.py)."""
         self.hooks = ready, done
 
     # -- kernels and plans ---------------------------------------------------------------
@@ -99,7 +100,7 @@ class Launcher:
         return arrays
 
     def table(self, i: int, name: str) -> Any:
-        """A q8 kernel's table argument ``name`` (runtime/quant.py) for parameter ``i``:
+        """A q8 kernel's table argument ``name`` (optgen/core/quant.py) for parameter ``i``:
         the numpy array, or for compiled kernels on a GPU (torch CUDA tensors, CuPy
         arrays) its copy on the parameter's device, made once per device and kept."""
         host = quant.TABLES[name[:6]](name[6:])

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, formats, launch, preprocess, refresh, scalar_expr, scalars, state
+from . import checkpoint, flat, launch, preprocess, refresh, scalars, state
+from optgen.core import formats, scalar_expr
 from . import shards as shards_
 from . import groups as grouping
 from . import inputs as checks
-from . import tensors, views
+from . import tensors
+from optgen.core import views
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import inputs, reference, tensors
+from . import inputs, tensors
+from optgen.core import reference
 
 
 def every(k: Any, hyper: Mapping[str, Any]) -> int:

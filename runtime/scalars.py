@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import rounding, scalar_expr
+from optgen.core import rounding, scalar_expr
 
 
 def group_env(infos: Mapping[str, Any], hyper: Mapping[str, Any], lr: float | None,
@@ -73,7 +73,7 @@ def pack(k: Any, values: Mapping[str, Any]) -> np.ndarray:
 
 def keyed(k: Any, packed: np.ndarray, seed: int, step: int, index: int) -> np.ndarray:
     """A stochastically rounding kernel's scalars with parameter ``index``'s key for
-    its ``step`` (runtime/rounding.py): a copy, as packed arrays are shared."""
+    its ``step`` (optgen/core/rounding.py): a copy, as packed arrays are shared."""
     out = packed.copy()
     for name, v in zip(rounding.KEY_SCALARS, rounding.key_scalars(
             rounding.key(seed, step, index))):

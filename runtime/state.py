@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, formats, quant, scalar_expr, tensors, views
+from . import flat, tensors
+from optgen.core import formats, quant, scalar_expr, views
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
 
@@ -38,7 +39,7 @@ def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
 
 def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
               min_size: int) -> list[bool]:
-    """Which parameters store their states in the requested format (runtime/formats.py):
+    """Which parameters store their states in the requested format (optgen/core/formats.py):
     those with at least ``min_size`` elements. The artifact must hold the request's
     kernels (``optgen.create(..., state_format=...)`` builds them)."""
     formats.check_min_size(owner, min_size)

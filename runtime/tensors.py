@@ -132,7 +132,7 @@ def full_like(like: Any, lib: str, shape: tuple, value: float, dtype: str) -> An
 
 def copy_to(like: Any, lib: str, host: np.ndarray) -> Any:
     """A copy of the numpy array ``host`` on ``like``'s library and device (a kernel's
-    constant table, runtime/quant.py); numpy: ``host`` itself."""
+    constant table, optgen/core/quant.py); numpy: ``host`` itself."""
     if lib == "numpy":
         return host
     if lib == "torch":

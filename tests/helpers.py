@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from optgen.runtime.hyper import busy_hypers, valid  # noqa: F401  (shared with optgen check)
+from optgen.core.hyper import busy_hypers, valid  # noqa: F401  (shared with optgen check)
 
 # float32: ~80 ulps. Kernel and interpreter round differently where LLVM fuses multiply-adds,
 # in T.pow against np.power, and in the order of float64 reduction sums; rules that

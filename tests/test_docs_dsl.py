@@ -32,7 +32,8 @@ from optgen.compiler import pipeline, targets
 from optgen.compiler.loader import load_spec
 from optgen.compiler.verify import verify
 from optgen.errors import SpecError
-from optgen.runtime import Artifact, scalar_expr, views
+from optgen.runtime import Artifact
+from optgen.core import scalar_expr, views
 from helpers import busy_hypers, default_hypers, valid
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Offloaded states (optgen/torch_offload.py): ``offload="cpu"`` and the seeds'
+"""Offloaded states (optgen/torch/offload.py): ``offload="cpu"`` and the seeds'
 ``AdamOffload``. Without a GPU the "device" side is torch CPU tensors and the host side
 separate buffers, so every copy runs: 50 steps equal the optimizer that keeps its states
 beside the parameters, bit for bit; the copies are counted (one gradient to the host and
@@ -52,7 +52,7 @@ def test_copies_go_by_bucket(monkeypatch, clip):
     copies only); results equal the optimizer without offload bit for bit. With a
     global-norm clip every gradient is read before any kernel, which changes nothing
     here (CPU copies are synchronous) but the order of the log stays the same."""
-    from optgen import torch_offload
+    from optgen.torch import offload as torch_offload
     monkeypatch.setattr(torch_offload, "BUCKET_BYTES", 64)
     kept, moved = _model(), _model()
     a = ot.AdamW(kept.parameters(), lr=1e-2, clip_global_norm=clip)

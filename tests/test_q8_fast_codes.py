@@ -1,4 +1,4 @@
-"""The CPU kernel's q8 codes without tables (runtime/quant.py fast_codes, used by
+"""The CPU kernel's q8 codes without tables (optgen/core/quant.py fast_codes, used by
 templates/kernel_llvm_q8.py.j2 for full blocks) are exactly those of the numpy quantizer.
 
 * fast_codes (numpy, the kernel's arithmetic) against codes_of: where it is sure, equal,
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import quant
+from optgen.core import quant
 
 F32 = np.float32
 KINDS = ["signed", "unsigned"]

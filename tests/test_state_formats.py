@@ -1,4 +1,4 @@
-"""State formats (runtime/formats.py, docs/state-formats.md): bfloat16 states compiled
+"""State formats (optgen/core/formats.py, docs/state-formats.md): bfloat16 states compiled
 into the kernels.
 
 * compiled == reference interpreter for the rules of the issue's list plus LAMB
@@ -493,7 +493,7 @@ def test_q8_block_size_memory_and_checkpoint_conversion(tmp_path, rng):
     with pytest.warns(UserWarning, match="q8:signed:64 -> q8:signed"):
         b.load(tmp_path / "q64.npz")
     assert b.state[0]["m__absmax"].shape == (n // 256,)
-    from optgen.runtime import quant
+    from optgen.core import quant
     want = quant.dequantize(a.state[0]["m"], a.state[0]["m__absmax"], "signed", 64)
     got = quant.dequantize(b.state[0]["m"], b.state[0]["m__absmax"], "signed", 256)
     np.testing.assert_allclose(got, want, rtol=0.1, atol=1e-3 * np.abs(want).max())
@@ -510,13 +510,13 @@ def test_q8_memory_and_threshold():
 
 def test_q8_checkpoint_resume_is_bit_exact_and_converts(tmp_path, rng):
     """q8 states resume bit for bit; a full-precision checkpoint loads into a q8
-    optimizer quantized (as runtime/quant.py does it), and a q8 one into a
+    optimizer quantized (as optgen/core/quant.py does it), and a q8 one into a
     full-precision optimizer dequantized, each with a warning line."""
     w, a = _resumed("adamw", "q8", tmp_path, rng)
     full = optgen.create("adamw", [w.copy()])
     with pytest.warns(UserWarning, match="q8 -> float32"):
         full.load_state_dict(a.state_dict())
-    from optgen.runtime import quant
+    from optgen.core import quant
     for n, kind in (("m", "signed"), ("v", "unsigned")):
         want = quant.dequantize(a.state[0][n], a.state[0][n + "__absmax"], kind)
         np.testing.assert_array_equal(full.state[0][n], want)

@@ -346,7 +346,7 @@ def test_tables_are_copied_to_the_device_once():
     interpreter) the numpy tables themselves. torch's "meta" device stands in for a GPU
     here: it allocates nothing, but has a device and tensors of its own."""
     torch = pytest.importorskip("torch", reason="the device-table case uses torch tensors")
-    from optgen.runtime import quant
+    from optgen.core import quant
     from optgen.runtime.launch import Launcher
     params = [torch.empty(300, device="meta"), torch.empty(7, device="meta"),
               torch.empty(5)]

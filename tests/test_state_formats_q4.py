@@ -1,4 +1,4 @@
-"""4-bit states ("q4": runtime/quant.py, docs/state-formats.md): block-wise codes, two a
+"""4-bit states ("q4": optgen/core/quant.py, docs/state-formats.md): block-wise codes, two a
 byte, one float32 absmax per 128 elements.
 
 * an independent oracle written here from the papers: the signed 4-bit dynamic
@@ -60,7 +60,7 @@ def oracle_dequantize(packed, absmax, qmap, n, block=128):
 
 
 def test_maps_are_the_papers():
-    from optgen.runtime import quant
+    from optgen.core import quant
     np.testing.assert_array_equal(quant.dynamic_map("signed4"), signed_exponent_map())
     np.testing.assert_array_equal(quant.dynamic_map("linear4"), linear_map())
     assert 0.0 not in quant.dynamic_map("linear4")
@@ -212,7 +212,7 @@ def test_q4_checkpoints_resume_bit_exact_and_convert(tmp_path, rng):
     with the warning line, and a float32 one into q4 (quantized again: within half a
     step of the map; not always the same codes, since the signed map's most negative
     value is -0.8875, not -1, so a block's absmax can shrink)."""
-    from optgen.runtime import quant
+    from optgen.core import quant
     n = 6001
     w = rng.standard_normal(n).astype(np.float32)
     gs = [rng.standard_normal(n).astype(np.float32) for _ in range(6)]

@@ -1,4 +1,4 @@
-"""Stochastic rounding of bfloat16 states (runtime/rounding.py, docs/state-formats.md):
+"""Stochastic rounding of bfloat16 states (optgen/core/rounding.py, docs/state-formats.md):
 ``state_format="bf16sr"``, or ``"bf16"`` with ``stochastic_rounding=True``.
 
 * compiled == reference interpreter for the elementwise rules of the issue's list and
@@ -291,7 +291,8 @@ def test_cuda_build_compiles_the_rounding(tmp_path):
     compiles it for sm_80 and sm_90 where installed; running it needs a GPU)."""
     import shutil
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog, formats
+    from optgen.runtime import catalog
+    from optgen.core import formats
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
     req = formats.rounded("adam", formats.request("adam", "bf16"), True)
@@ -304,7 +305,7 @@ def test_cuda_build_compiles_the_rounding(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         src = open(f"{r.path}/kernels.cu", encoding="utf-8").read()
-    assert "2654435761" in src       # the hash's multiplier (runtime/rounding.py)
+    assert "2654435761" in src       # the hash's multiplier (optgen/core/rounding.py)
 
 
 def test_cli_builds_the_rounding_kernels(tmp_path):

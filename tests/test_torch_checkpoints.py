@@ -1,4 +1,4 @@
-"""torch.optim checkpoints into the drop-ins and back (optgen/torch_format.py): a run
+"""torch.optim checkpoints into the drop-ins and back (optgen/torch/format.py): a run
 saved by torch.optim.X continues in optgen.torch.X, and the reverse, for Adam, AdamW,
 Adamax, NAdam, RAdam, Adadelta, Adagrad and SGD,
 with the same parameters as the run that stayed (float32 rounding; optgen's Adam adds

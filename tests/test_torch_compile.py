@@ -1,4 +1,4 @@
-"""The drop-ins under torch.compile (optgen/torch_ops.py): forward, backward, ``step`` and
+"""The drop-ins under torch.compile (optgen/torch/ops.py): forward, backward, ``step`` and
 ``zero_grad`` in one ``fullgraph=True`` graph (fullgraph makes any graph break an error),
 50 steps under an lr scheduler equal to the same steps run eagerly, and no recompile when
 the scheduler or the trainer changes lr and betas.
@@ -87,7 +87,7 @@ def test_compiled_train_step_equals_eager(name):
 
 
 def test_compiled_offloaded_step():
-    """offload="cpu" (optgen/torch_offload.py) under a compiled train step: the op copies
+    """offload="cpu" (optgen/torch/offload.py) under a compiled train step: the op copies
     gradients to the host and parameters back as it does eagerly."""
     eager, _, _ = _train("AdamW", compiled=False, steps=20, offload="cpu")
     comp, opt, counter = _train("AdamW", compiled=True, steps=20, offload="cpu")

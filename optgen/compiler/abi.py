@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..errors import BuildError
-from optgen.runtime.formats import ABSMAX
+from optgen.core.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "

@@ -83,11 +83,11 @@ class KernelIR:
     early: dict[str, Expr] = field(default_factory=dict)   # state -> new value, stored by
                                         # the first (reduce) pass; later passes read it back
     state_format: dict[str, str] = field(default_factory=dict)  # state -> format
-                                        # (optgen.runtime.formats); its dtype is in storage
+                                        # (optgen.core.formats); its dtype is in storage
     quant: dict[str, str] = field(default_factory=dict)  # q8 state -> its dynamic map
     quant_block: int = 256              # q8: elements per absmax
     stochastic: dict[str, int] = field(default_factory=dict)  # state rounded to bfloat16
-                                        # stochastically -> its salt (runtime/rounding.py)
+                                        # stochastically -> its salt (optgen/core/rounding.py)
 
     @property
     def scalars(self) -> list[str]:

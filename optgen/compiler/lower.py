@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
-from optgen.runtime import quant, rounding
-from optgen.runtime.formats import ABSMAX
+from optgen.core import quant, rounding
+from optgen.core.formats import ABSMAX
 from .kernel_ir import KernelIR
 from .specialize import MASTER_DTYPE
 
@@ -129,7 +129,7 @@ def narrow(value: str, dtype: str) -> str:
 def stochastic(body: list[str], name: str, value: str, salt: int, key: list[str]) -> str:
     """``value`` (float32) rounded stochastically to a bfloat16 value, still as float32
     (``narrow`` then casts it exactly): adds the element's 16-bit hash
-    (runtime/rounding.py, from its flat index ``i``, the key scalars and the state's
+    (optgen/core/rounding.py, from its flat index ``i``, the key scalars and the state's
     salt) to the bits and drops the low 16. Appends the hash's let lines to ``body``."""
     u = 'T.uint32'
     hi, lo = (f'T.Cast("uint32", {k})' for k in key)
@@ -232,7 +232,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
 
     def code(name: str) -> str:
         """The code of element ``i`` of a q8 state (a byte), or of a q4 state (the high
-        nibble of byte i // 2 for even i, the low one for odd i: runtime/quant.py)."""
+        nibble of byte i // 2 for even i, the low one for odd i: optgen/core/quant.py)."""
         if quant.BITS[kir.quant[name]] == 8:
             return f'T.Cast("int32", {slot_of(name)})'
         byte = f'T.Cast("int32", {buffer_var(name)}[T.floordiv(i, T.int64(2))])'
@@ -348,7 +348,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         if name in kir.quant:
             return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name], "uint8")
         if name.endswith(ABSMAX) or name.startswith(("_qmap_", "_qmid_", "_qtab_")):
-            return LoweredBuffer(name, buffer_var(name), "",           # (q8: runtime/quant.py)
+            return LoweredBuffer(name, buffer_var(name), "",           # (q8: optgen/core/quant.py)
                                  "int32" if name.startswith("_qtab_") else "float32")
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))

@@ -1,5 +1,5 @@
 """Which states are never negative: the q8 state format stores those with the unsigned
-dynamic map (twice the resolution of the signed one; runtime/quant.py).
+dynamic map (twice the resolution of the signed one; optgen/core/quant.py).
 
 A state is non-negative when its init is, and its update is non-negative whenever every
 state it reads is (induction over steps, every state at once). The proof is a sign

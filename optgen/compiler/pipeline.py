@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.runtime import cache, formats
+from optgen.runtime import cache
+from optgen.core import formats
 from optgen.runtime.artifact import Artifact, ArtifactError
 from optgen.runtime.manifest import warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
@@ -72,7 +73,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     """Build (or find in the cache) the artifact of a spec file for ``target``; ``base``
     picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA architectures
     nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the kernels that
-    store states in a format (optgen.runtime.formats) beside the plain ones."""
+    store states in a format (optgen.core.formats) beside the plain ones."""
     start = time.perf_counter()
     tg = targets.get(target)
     archs = targets.parse_archs(arch) if target == "cuda" else ()

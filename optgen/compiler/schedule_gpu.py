@@ -15,7 +15,7 @@ Each lowered pass becomes thread-bound loop nests over a one-dimensional grid of
   threads striding over the reduced elements, a block all-reduce;
 * a reduction along an outer axis (column means): one thread per output, a serial loop
   over the reduced axis; neighbouring threads read neighbouring columns (coalesced).
-* a q8 update (states as block-wise 8-bit codes, runtime/quant.py): one block per
+* a q8 update (states as block-wise 8-bit codes, optgen/core/quant.py): one block per
   quant block, ``min(quant_block, THREADS)`` threads each owning consecutive elements,
   a block all-reduce (max) per q8 state for its new absmax, then the codes
   (templates/kernel_gpu_q8.py.j2).
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optgen.runtime import quant
+from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
 from .templates import render
 

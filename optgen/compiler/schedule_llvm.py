@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from optgen.runtime import quant
+from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
 from .matmul import MatmulPass, schedule_matmul
 from .templates import render
@@ -60,7 +60,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
 
 
 def _fast(kind: str) -> dict:
-    """An 8-bit map's table-free codes (runtime/quant.py fast_codes) as the template
+    """An 8-bit map's table-free codes (optgen/core/quant.py fast_codes) as the template
     writes them: the slope and offset of |x|'s decade as a balanced tree of selects by
     the bounds between regions (depth 3, not a chain of 7), float32 constants by their
     exact repr."""

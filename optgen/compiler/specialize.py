@@ -29,8 +29,8 @@ from __future__ import annotations
 from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
-from optgen.runtime import formats, quant, rounding, scalar_expr
-from optgen.runtime.reference import LOW_COPY
+from optgen.core import formats, quant, rounding, scalar_expr
+from optgen.core.reference import LOW_COPY
 from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
 from .plan_matrix import plan_matrix
@@ -52,7 +52,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
     mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
     family's reduction template (``plan``); ``state_format`` (state -> format,
-    optgen.runtime.formats) stores those of the active tensor states that the spec
+    optgen.core.formats) stores those of the active tensor states that the spec
     keeps in the kernel dtype in the format's dtype (loads widen, stores round), or as
     q8 codes with the dynamic map ``maps`` names ("signed"/"unsigned"; ``quantize``).
     ``master=False`` (with ``param_dtype`` bfloat16): no float32 master; ``w`` itself
@@ -143,7 +143,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
 
 def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
     """Round the stores of states ``names`` (bfloat16) stochastically: each gets its
-    salt, and the kernel two more scalars, the step's key (runtime/rounding.py). The
+    salt, and the kernel two more scalars, the step's key (optgen/core/rounding.py). The
     hash reads the element's index in the flat view, so those states must be stored
     by flat (or q8) passes: elementwise states, not row/column statistics."""
     for ln in kir.launches:
@@ -158,7 +158,7 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
 
 
 def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str], block: int = 256) -> None:
-    """Store the states ``maps`` names as q8 or q4 codes (runtime/quant.py): the one update
+    """Store the states ``maps`` names as q8 or q4 codes (optgen/core/quant.py): the one update
     pass becomes the blocked "q8" view, which also takes each such state's absmax buffer
     (``<state>__absmax``, one float32 per block) and, per map, its values (8-bit maps
     also their bucket midpoints and code table) as arguments.

@@ -6,7 +6,7 @@ The pipeline lowers these; the manifest (optgen.compiler.manifest) lists them.
 from __future__ import annotations
 
 from ..errors import BuildError
-from optgen.runtime import formats
+from optgen.core import formats
 from . import targets
 from .nonneg import nonneg_states
 from .kernel_ir import KernelIR
@@ -41,7 +41,7 @@ def kernel_irs(spec, traces, tg: targets.Target,
     """The IRs a target gets: every flag combination, plain and in each mixed dtype the
     target has; without float16 on the target, no IR that stores float16; without
     64-bit integers, no row-sparse variant. A ``state_format`` request (see
-    optgen.runtime.formats) adds, for every elementwise flag combination, the same IRs
+    optgen.core.formats) adds, for every elementwise flag combination, the same IRs
     with those states in the format (matrix rules get none); its ``formats.PARAM`` entry
     (stochastic_rounding) adds IRs for bfloat16 parameters without a master copy, with
     plain and with formatted states."""

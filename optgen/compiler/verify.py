@@ -15,8 +15,8 @@ from ..ir import matrix_shape, walk
 from ..tracing import Trace
 from .loader import spec_line_error
 from .nonneg import init_nonneg
-from optgen.runtime import hyper as hyper_rules
-from optgen.runtime import scalar_expr
+from optgen.core import hyper as hyper_rules
+from optgen.core import scalar_expr
 
 MAX_FLAGS = 6  # 64 kernels per dtype at most
 

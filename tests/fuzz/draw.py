@@ -17,7 +17,7 @@ import numpy as np
 
 import optgen
 from optgen.runtime import catalog, schedules, tensors
-from optgen.runtime import hyper as hyper_rules
+from optgen.core import hyper as hyper_rules
 
 
 

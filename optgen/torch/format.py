@@ -1,4 +1,4 @@
-"""torch.optim checkpoints in and out of the torch drop-ins (optgen/torch.py).
+"""torch.optim checkpoints in and out of the torch drop-ins (optgen/torch/__init__.py).
 
 A job that trains with ``torch.optim.AdamW`` saves ``opt.state_dict()``: per parameter
 ``step`` (a float32 tensor), ``exp_avg`` and ``exp_avg_sq``; per group torch's
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from optgen.runtime import quant
-from optgen.runtime.formats import ABSMAX
+from optgen.core import quant
+from optgen.core.formats import ABSMAX
 
 # catalog name -> (torch.optim class, torch state -> spec state, torch group key -> spec's)
 FORMATS: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {

@@ -15,7 +15,7 @@ hyperparameter names, with ``betas=(beta1, beta2)`` where the spec has both.
 the Parameter objects stay the same) and gives them ``.grad`` views of a second buffer,
 which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
 then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
-``offload="cpu"`` keeps states and master copies in host memory (optgen/torch_offload.py).
+``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
 
 Classes: ``optgen.torch.Adam``, ``SGD``, ``AdamW``, ``LAMB``, ... (``optgen.torch.CLASSES``
 names them), or ``optgen.torch.make(spec, base=None)`` for any spec file or wrapper.
@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from optgen import torch_format, torch_offload, torch_ops, torch_shards
-from optgen.torch_kfac import KFACStatistics
+from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
+from .kfac import KFACStatistics
 from optgen.runtime import catalog, flatten, get_artifact
 from optgen.runtime import groups as grouping
-from optgen.runtime import hyper as hyper_rules
+from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
 # catalog name -> class name, in torch's spelling where torch has the optimizer
@@ -93,7 +93,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
         self._core: _Core | None = None
         self._synced: list[dict[str, Any]] = []
-        self._op_handle = torch_ops.register(self)   # torch.compile's view (optgen/torch_ops.py)
+        self._op_handle = torch_ops.register(self)   # torch.compile's view (optgen/torch/ops.py)
         self._op_tensors: tuple[list, list] = ([], [])
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
 
@@ -231,7 +231,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if torch.compiler.is_compiling():   # one opaque op (optgen/torch_ops.py)
+        if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
                                 " are not passed to a step under torch.compile; step "
@@ -273,7 +273,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, format: str = "optgen") -> dict[str, Any]:
         """torch's state_dict with the spec's state names, or (``format="torch"``) the
-        one torch.optim's optimizer of the same algorithm loads (optgen/torch_format.py)."""
+        one torch.optim's optimizer of the same algorithm loads (optgen/torch/format.py)."""
         if format not in ("optgen", "torch"):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         self._mirror()
@@ -286,7 +286,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of
         states, step counts and hyperparameters. With parameters sharded across ranks
         (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
-        ``load`` then reads it at any world size (optgen/torch_shards.py)."""
+        ``load`` then reads it at any world size (optgen/torch/shards.py)."""
         self._sync()
         if any(torch_shards.is_dtensor(p) for p in self._params):
             torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
@@ -379,7 +379,7 @@ def make(spec: str | os.PathLike, base: str | None = None, name: str | None = No
 
 
 def __getattr__(attr: str) -> type:
-    if attr == "AdamOffload":   # the seeds' name (optgen/torch_offload.py)
+    if attr == "AdamOffload":   # the seeds' name (optgen/torch/offload.py)
         return _made.setdefault(("AdamOffload",), torch_offload.seed_class(make("adam")))
     for stem, cls_name in CLASSES.items():
         if cls_name == attr:

@@ -29,7 +29,8 @@ import numpy as np
 
 import torch
 
-from optgen.runtime import checkpoint, quant, scalar_expr, shards, views
+from optgen.runtime import checkpoint, shards
+from optgen.core import quant, scalar_expr, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard

@@ -1,5 +1,5 @@
 """Block-wise 8-bit and 4-bit states (the "q8" and "q4" state formats,
-runtime/formats.py): the code maps, and quantization as the reference interpreter and
+optgen/core/formats.py): the code maps, and quantization as the reference interpreter and
 the checkpoints compute it (numpy).
 
 Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (ICLR 2022): a state

@@ -37,7 +37,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
     dtype, except ``w_low`` (mixed precision): the new ``w`` in the kernel dtype, which
     rounds when assigned into the low-precision parameter (it need not be in ``arrays``),
     and the outputs in ``raw``, also in the kernel dtype (the caller rounds them:
-    stochastic rounding, runtime/rounding.py).
+    stochastic rounding, optgen/core/rounding.py).
 
     ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
     ``(B, R, C)``."""

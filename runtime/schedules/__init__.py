@@ -13,14 +13,14 @@ callable step -> lr) is normalized by ``as_schedule``. docs/schedules.md states 
 formula and its relation to MXNet, torch.optim.lr_scheduler and optax.
 
 This module is the public face: the constructors below. The classes behind them (and
-``as_schedule``, which builds them) are in runtime/schedule_kinds.py, the argument
-checks in runtime/schedule_args.py.
+``as_schedule``, which builds them) are in runtime/schedules/kinds.py, the argument
+checks in runtime/schedules/args.py.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .schedule_kinds import (Schedule, _Constant, _Cosine, _Factor, _Join, _LinearWarmup,
+from .kinds import (Schedule, _Constant, _Cosine, _Factor, _Join, _LinearWarmup,
                              _MultiFactor, _OneCycle, _Polynomial, _Sequence, as_schedule)
 
 __all__ = ["Schedule", "as_schedule", "constant", "cosine", "factor", "join", "linear_warmup",

@@ -7,15 +7,15 @@ unchanged, and rounds the new value into the format on store, in the same pass.
 
     "default"  the compute dtype (the parameter's, float32 under mixed precision)
     "bf16"     bfloat16, rounded to nearest even (2 bytes a value instead of 4)
-    "bf16sr"   bfloat16, rounded stochastically (runtime/rounding.py): unbiased, so
+    "bf16sr"   bfloat16, rounded stochastically (optgen/core/rounding.py): unbiased, so
                updates smaller than a bfloat16 step survive on average; also asked
                for as "bf16" with ``stochastic_rounding=True``
     "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
-               elements (runtime/quant.py; elementwise rules only); "q8@128" sets the
+               elements (optgen/core/quant.py; elementwise rules only); "q8@128" sets the
                block size (a power of two, at least 32; one block size per request)
     "q4"       block-wise 4-bit codes, two a byte, one float32 absmax per 128 elements:
                the signed 4-bit dynamic map, or for states proven non-negative the
-               zero-free linear map (runtime/quant.py); "q4@64" sets the block size
+               zero-free linear map (optgen/core/quant.py); "q4@64" sets the block size
 
 A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
 (those states; the others keep the default). Scalar states (host float64) and the

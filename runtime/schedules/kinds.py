@@ -1,6 +1,6 @@
 """The schedule classes behind runtime/schedules.py's constructors: the ``Schedule`` base
 (call checks, products) and one class per kind. Pure functions of the step, no mutable
-state. Imports schedule_args (the checks)."""
+state. Imports schedules.args (the checks)."""
 from __future__ import annotations
 
 import abc
@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .schedule_args import (_increasing_ints, _int_arg, _is_real, _lr_result, _materialize,
+from .args import (_increasing_ints, _int_arg, _is_real, _lr_result, _materialize,
                             _real_arg, _shown, _step_arg)
 
 
