@@ -6,7 +6,8 @@ under torch.compile, on the same MLP, batches and threads, in one process.
     python bench/compile_bench.py --width 2048 --reps 50 --json compile.json
     python bench/compile_bench.py --quiet-pools      # idle thread pools sleep (bench/README.md)
 
-Rows (each its own model copy, interleaved repetitions, medians of wall time per step):
+Rows (each its own model copy, repetitions interleaved by optgen.benchmark, medians of
+wall time per step):
 - optgen, one graph: forward + backward + ``opt.step()`` + ``zero_grad`` compiled with
   ``fullgraph=True`` (backward traced: torch's ``trace_autograd_ops``); the step is the
   ``optgen::step`` custom op.
@@ -21,13 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_bench import quiet_pools  # noqa: E402
+from optgen.benchmark import Contender, interleave, quiet_pools
 
 
 def mlp(width: int, depth: int):
@@ -82,18 +79,15 @@ def main() -> None:
         "torch fused eager": contender(
             lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01, fused=True), False, False),
     }
-    times: dict[str, list[float]] = {k: [] for k in rows}
-    for _ in range(a.reps):
-        for name, (fn, _) in rows.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t) * 1e3)
+    contenders = [Contender(name, fn) for name, (fn, _) in rows.items()]
+    interleave(contenders, a.reps, warmup=0)        # (warmed up above, compiles included)
+    times = {c.name: c.median * 1e3 for c in contenders}
     n = sum(p.numel() for p in mlp(a.width, a.depth).parameters())
     print(f"MLP {a.depth} x {a.width} ({n / 1e6:.2f}M params), batch {a.batch}, "
           f"{torch.get_num_threads()} threads, {a.reps} reps, medians:")
     result = {"params": n, "threads": torch.get_num_threads(), "rows": {}}
     for name, (_, warm) in rows.items():
-        med = statistics.median(times[name])
+        med = times[name]
         result["rows"][name] = {"ms": med, "first_3_calls_s": warm}
         print(f"  {name:30s} {med:8.2f} ms/step   (first 3 calls {warm:.1f} s)")
     ratio = (result["rows"]["optgen compiled (fullgraph)"]["ms"]

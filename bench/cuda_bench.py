@@ -20,9 +20,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from optgen.benchmark import Contender, Sampler, interleave, median  # noqa: E402
+from params import bert_base_shapes  # noqa: E402
+
+
+def event_sampler(cp) -> Sampler:
+    """Seconds per call between two CUDA events around ``inner`` calls."""
+    def sample(step, inner: int) -> float:
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(inner):
+            step()
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3 / inner
+    return sample
+
+
+def timed(contenders: list[Contender], reps: int, sync, sample: Sampler) -> dict[str, list[float]]:
+    """Warm every contender up (modules loaded, states allocated), then interleave;
+    the samples in ms by contender."""
+    for c in contenders:
+        c.step()
+    sync()
+    interleave(contenders, reps, warmup=0, sample=sample)
+    return {c.name: [t * 1e3 for t in c.times] for c in contenders}
 
 
 def main() -> None:
@@ -36,20 +64,12 @@ def main() -> None:
     import cupy as cp
     import optgen
 
-    def timed(fn) -> float:
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end)  # ms
-
+    sample = event_sampler(cp)
     try:
         import torch
         have_torch = torch.cuda.is_available()
     except ImportError:
         have_torch = False
-    rows: dict[str, list[float]] = {}
     results = []
     for n in (int(s) for s in args.sizes.split(",")):
         rng = np.random.default_rng(0)
@@ -68,47 +88,33 @@ def main() -> None:
             p.grad = torch.tensor(g0, device="cuda")
             topt = torch.optim.Adam([p], lr=1e-3, fused=True)
             contenders["torch fused adam"] = (topt.step, 28)
-        for fn, _ in contenders.values():  # warm up (loads modules, allocates states)
-            fn()
-        cp.cuda.Device().synchronize()
         names = list(contenders)
-        rows = {k: [] for k in names}
-        for r in range(args.reps):
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                rows[k].append(timed(contenders[k][0]))
-        copy_bw = contenders["copy d2d"][1] * n / (statistics.median(rows["copy d2d"]) * 1e-3)
+        rows = timed([Contender(k, fn) for k, (fn, _) in contenders.items()], args.reps,
+                     cp.cuda.Device().synchronize, sample)
+        copy_bw = contenders["copy d2d"][1] * n / (median(rows["copy d2d"]) * 1e-3)
         print(f"n = {n:,}")
         print(f"  {'contender':18} {'median ms':>10} {'GB/s':>8} {'x copy bw':>10} {'x torch':>8}")
-        torch_ms = statistics.median(rows["torch fused adam"]) if have_torch else None
+        torch_ms = median(rows["torch fused adam"]) if have_torch else None
         for k in names:
-            ms = statistics.median(rows[k])
+            ms = median(rows[k])
             bw = contenders[k][1] * n / (ms * 1e-3)
             ratio = f"{ms / torch_ms:8.2f}" if torch_ms else "       -"
             print(f"  {k:18} {ms:10.3f} {bw / 1e9:8.1f} {bw / copy_bw:10.2f} {ratio}")
             results.append({"n": n, "contender": k, "median_ms": ms, "samples_ms": rows[k],
                             "bytes_per_param": contenders[k][1]})
     if args.bert:
-        results += bert(timed, args.reps)
+        results += bert(sample, args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
 
 
-def bert_shapes() -> list[tuple[int, ...]]:
-    """BERT-base (uncased) parameter shapes: embeddings, 12 layers, pooler (199 tensors)."""
-    h, f = 768, 3072
-    shapes = [(30522, h), (512, h), (2, h), (h,), (h,)]
-    for _ in range(12):
-        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
-    return shapes + [(h, h), (h,)]
-
-
-def bert(timed, reps: int) -> list[dict]:
+def bert(sample: Sampler, reps: int) -> list[dict]:
     """AdamW over BERT-base's tensors: optgen on one flat buffer (one kernel call) and
     on the loose tensors (one call each), torch fused AdamW (multi_tensor_apply)."""
     import torch
     import optgen
-    shapes = bert_shapes()
+    shapes = [shape for _, shape in bert_base_shapes()]     # 199 tensors
     n = sum(int(np.prod(s)) for s in shapes)
     rng = np.random.default_rng(0)
     init = [torch.from_numpy(rng.standard_normal(s, dtype=np.float32)).cuda() for s in shapes]
@@ -125,20 +131,15 @@ def bert(timed, reps: int) -> list[dict]:
     contenders = {"optgen adamw flat": lambda: a.step(flat_g),
                   "optgen adamw loose": lambda: b.step(grads),
                   "torch fused adamw": t.step}
-    for fn in contenders.values():
-        fn()
-    torch.cuda.synchronize()
     names = list(contenders)
-    rows = {k: [] for k in names}
-    for r in range(reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            rows[k].append(timed(contenders[k]))
-    torch_ms = statistics.median(rows["torch fused adamw"])
+    rows = timed([Contender(k, fn) for k, fn in contenders.items()], reps,
+                 torch.cuda.synchronize, sample)
+    torch_ms = median(rows["torch fused adamw"])
     print(f"BERT-base AdamW: {len(shapes)} tensors, {n:,} parameters")
     print(f"  {'contender':20} {'median ms':>10} {'GB/s':>8} {'x torch':>8}")
     out = []
     for k in names:
-        ms = statistics.median(rows[k])
+        ms = median(rows[k])
         print(f"  {k:20} {ms:10.3f} {28 * n / (ms * 1e-3) / 1e9:8.1f} {ms / torch_ms:8.2f}")
         out.append({"n": n, "tensors": len(shapes), "contender": k, "median_ms": ms,
                     "samples_ms": rows[k], "bytes_per_param": 28})

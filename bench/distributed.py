@@ -23,21 +23,19 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from optgen.benchmark import Contender, interleave  # noqa: E402
+from params import bert_base_shapes  # noqa: E402
 
 
 def bert_shapes(layers: int) -> list[tuple[int, ...]]:
     """BERT-base (uncased) parameter shapes: embeddings, ``layers`` layers, pooler."""
-    h, f = 768, 3072
-    shapes = [(30522, h), (512, h), (2, h), (h,), (h,)]
-    for _ in range(layers):
-        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
-    return shapes + [(h, h), (h,)]
+    return [shape for _, shape in bert_base_shapes(layers)]
 
 
 def rank_main(world: int, rank: int, port: str, args: argparse.Namespace) -> None:
@@ -72,6 +70,18 @@ def rank_main(world: int, rank: int, port: str, args: argparse.Namespace) -> Non
         if cuda:
             torch.cuda.synchronize()
 
+    def slowest_rank(step, inner: int) -> float:
+        """A sample: every rank starts together; the slowest rank's seconds per step."""
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        sync()
+        t = torch.tensor([(time.perf_counter() - t0) / inner])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     fused = {"fused": True} if cuda else {"foreach": True}
     rows = {
         "torch AdamW " + next(iter(fused)): lambda ps: torch.optim.AdamW(ps, lr=1e-4, **fused),
@@ -86,18 +96,11 @@ def rank_main(world: int, rank: int, port: str, args: argparse.Namespace) -> Non
             opt.step()
         sent = getattr(getattr(opt, "_core", None), "_shards", None)
         before = sent.values if sent else 0
-        times = []
-        for _ in range(args.reps):
-            sync()
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.step()
-            sync()
-            t = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)   # the slowest rank
-            times.append(float(t))
+        # one row at a time: the counters are read around its own steps
+        c = Contender(name, opt.step)
+        interleave([c], args.reps, warmup=0, sample=slowest_rank)
         per_step = ((sent.values - before) / args.reps) if sent else 0.0
-        results[name] = {"ms": 1e3 * statistics.median(times), "bytes": 8 * per_step,
+        results[name] = {"ms": 1e3 * c.median, "bytes": 8 * per_step,
                          "rounds": (len(sent.log) / (args.reps + 2)) if sent else 0}
         del opt, m
     if rank == 0:

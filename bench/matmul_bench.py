@@ -51,9 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from optgen.compiler import tvm_backend  # noqa: E402
 from optgen.compiler.matmul import MatmulPass, schedule_matmul  # noqa: E402
-
-sys.path.insert(0, HERE)
-from adam_bench import cpu_model  # noqa: E402
+from optgen.benchmark import Contender, cpu_model, interleave, wall_clock  # noqa: E402
 
 MUON_A, MUON_B, MUON_C = 3.4445, -4.7750, 2.0315    # Muon's Newton-Schulz coefficients
 BATCH_SECONDS = 0.02     # a batch of calls lasts about this long
@@ -157,15 +155,6 @@ def build(ks: list[Kernel], folder: str) -> dict[str, Callable]:
     return {sym: module[sym] for sym in funcs}
 
 
-def _batch(fn: Callable[[], None], number: int, gap: float = 0.0) -> float:
-    time.sleep(gap)
-    fn()                                   # wakes the pool if it went to sleep in the gap
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number
-
-
 def run_case(case: Case, fn: Callable, reps: int, gap: float, rng: np.random.Generator) -> None:
     k, p = case.kernel, case.kernel.matmul
     dtype = np.dtype(p.dtype)
@@ -176,15 +165,17 @@ def run_case(case: Case, fn: Callable, reps: int, gap: float, rng: np.random.Gen
     o_tvm, o_np = np.empty(shapes[p.out], dtype), np.empty(shapes[p.out], dtype)
     args = [arrays[b] if b != p.out else o_tvm for b, _ in p.buffers] + [s]
     inputs = [arrays[b] for b, _ in p.buffers if b != p.out]
-    contenders = {"optgen": lambda: fn(*args), "numpy": lambda: k.numpy(o_np, *inputs, s)}
-    for c in contenders.values():            # warm up
-        c()
-    number = {n: max(1, int(BATCH_SECONDS / max(min(_batch(c, 1) for _ in range(3)), 1e-7)))
-              for n, c in contenders.items()}
-    names = list(contenders)
-    for r in range(reps):
-        for n in names[r % 2:] + names[:r % 2]:
-            case.times[n].append(_batch(contenders[n], number[n], gap))
+    contenders = [Contender("optgen", lambda: fn(*args)),
+                  Contender("numpy", lambda: k.numpy(o_np, *inputs, s))]
+    sample = wall_clock()
+    for c in contenders:                     # warm up, then calls per ~20 ms batch
+        c.step()
+        c.inner = max(1, int(BATCH_SECONDS / max(min(sample(c.step, 1) for _ in range(3)),
+                                                 1e-7)))
+    # each batch after a pause and one untimed call that wakes the own pool
+    interleave(contenders, reps, warmup=0, gap_s=gap, wake=True)
+    for c in contenders:
+        case.times[c.name] = c.times
     case.flops = flops(case)
     case.err = float(np.abs(o_tvm - o_np).max() / max(np.abs(o_np).max(), 1e-30))
 

@@ -14,13 +14,8 @@ repetitions, medians; a script, not a test.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adam_bench import quiet_pools  # noqa: E402
+from optgen.benchmark import Contender, interleave, quiet_pools
 
 
 def main() -> None:
@@ -53,22 +48,14 @@ def main() -> None:
         with torch.no_grad():
             p3.copy_(host_w)
 
-    rows = {"optgen offload=cpu": offloaded.step, "optgen (states beside params)": kept.step,
-            "torch fused, offloaded by hand": torch_offloaded}
-    for fn in rows.values():
-        fn()
-    times = {k: [] for k in rows}
-    for r in range(a.reps):
-        names = list(rows)
-        for name in names[r % 3:] + names[:r % 3]:
-            t = time.perf_counter()
-            rows[name]()
-            times[name].append((time.perf_counter() - t) * 1e3)
+    rows = [Contender("optgen offload=cpu", offloaded.step),
+            Contender("optgen (states beside params)", kept.step),
+            Contender("torch fused, offloaded by hand", torch_offloaded)]
+    interleave(rows, a.reps, warmup=1)
     print(f"Adam, {a.n:,} fp32 parameters, {torch.get_num_threads()} threads, {a.reps} reps:")
-    ref = statistics.median(times["torch fused, offloaded by hand"])
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"  {name:32s} {med:8.2f} ms   x torch offloaded {med / ref:.2f}")
+    ref = rows[-1].median
+    for c in rows:
+        print(f"  {c.name:32s} {c.median * 1e3:8.2f} ms   x torch offloaded {c.median / ref:.2f}")
 
 
 if __name__ == "__main__":

@@ -13,29 +13,11 @@ sum of the state arrays' sizes over N. A script, not a test.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import os
 import sys
 
-CHILD = r"""
-import json, resource, sys
-import numpy as np
-import optgen
-n, fmt = int(sys.argv[1]), (None if sys.argv[2] == "default" else sys.argv[2])
-art = optgen.get_artifact("adam", state_format=fmt)    # built or cached before measuring
-fmt_kw = {} if fmt is None else {"state_format": fmt}
-small = [np.ones(1 << 16, np.float32)]                 # loads the kernel library first
-optgen.create(art, small, **fmt_kw).step([np.ones(1 << 16, np.float32)])
-w = np.zeros(n, np.float32); w += 1.0
-g = np.full(n, 0.5, np.float32)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-opt = optgen.create(art, [w], **fmt_kw)
-for _ in range(2):
-    opt.step([g])
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-arrays = sum(a.nbytes for a in opt.state[0].values() if hasattr(a, "nbytes"))
-print(json.dumps({"format": fmt or "default", "rss_added": after - before, "arrays": arrays}))
-"""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import spawn  # noqa: E402
 
 
 def main() -> None:
@@ -45,9 +27,7 @@ def main() -> None:
     print(f"Adam, {a.n:,} fp32 parameters in one tensor; bytes per parameter")
     print(f"{'format':<10} {'arrays':>8} {'peak RSS added':>15}")
     for fmt in ("default", "bf16", "q8", "q4"):
-        out = subprocess.run([sys.executable, "-c", CHILD, str(a.n), fmt], check=True,
-                             capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        _, r = spawn("state-memory", str(a.n), fmt)     # children.state_memory
         print(f"{r['format']:<10} {r['arrays'] / a.n:8.3f} {r['rss_added'] / a.n:15.3f}")
 
 

@@ -17,12 +17,11 @@ import math
 import os
 import re
 import shutil
-import statistics
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from optgen.benchmark import Contender, interleave
 from optgen.runtime import Artifact, cache
 from optgen.core import hyper as hyper_rules
 
@@ -185,31 +184,13 @@ def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
 
 # -- bench ------------------------------------------------------------------------------
 @dataclass
-class Timing:
-    name: str
-    bytes: int                     # bytes one call must move (STREAM's count for anchors)
-    times: list[float] = field(default_factory=list)   # seconds per call, one per rep
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def best(self) -> float:
-        return min(self.times)
-
-    def gbps(self, seconds: float) -> float:
-        return self.bytes / seconds / 1e9
-
-
-@dataclass
 class BenchResult:
     spec: str
     dtype: str
     sizes: list[int]               # parameter tensor sizes (elements)
     threads: int
-    step: Timing                   # the whole Python step, opt.step(grads)
-    anchors: dict[str, Timing]     # copy, triad, axpy on the same element count
+    step: Contender                # the whole Python step, opt.step(grads)
+    anchors: dict[str, Contender]  # copy, triad, axpy on the same element count
 
     @property
     def limit(self) -> float:
@@ -242,8 +223,8 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
           reps: int = 20, seed: int = 0, flat: bool = False, **hyper) -> BenchResult:
     """Time ``reps`` steps of ``art`` on ``n`` parameters (split into ``tensors`` numpy
     arrays of plain numpy alignment) and the bandwidth anchors on ``n`` elements,
-    interleaved: rep r times every contender once, starting at contender r mod k, after
-    one warm-up call each. ``flat``: parameters and gradients each in one buffer
+    interleaved by ``optgen.benchmark.interleave``: rep r times every contender once,
+    starting at contender r mod k, after one warm-up call each. ``flat``: parameters and gradients each in one buffer
     (``optgen.flatten``), so an elementwise rule steps them with one call. ``hyper``
     goes to the optimizer."""
     import optgen
@@ -266,28 +247,20 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
     inputs = {name: [0.5 * g for g in grads] for name in art.inputs}
     opt = optgen.create(art, params, **hyper)
     opt.step(grads, **inputs)                 # warm-up: states allocated, handles cached
-    step = Timing(f"{art.name} step", _moved(opt, grads, inputs))
+    step = Contender(f"{art.name} step", lambda: opt.step(grads, **inputs),
+                     _moved(opt, grads, inputs))
 
     kernels = anchors.functions(dtype)
     a, b, c = (np.full(n, v, dtype=dtype) for v in (1.0, 2.0, 0.5))
     s = np.array([1e-3], dtype=dtype)
     arrays = {"a": a, "b": b, "c": c}
-    calls = {"step": lambda: opt.step(grads, **inputs)}
-    timings = {"step": step}
+    rows = {}
     for name, (buffers, _, _) in anchors.KERNELS.items():
         fn, args = kernels[name], [arrays[x] for x in buffers] + [s]
-        calls[name] = (lambda fn=fn, args=args: fn(*args))
-        timings[name] = Timing(name, anchors.stream_bytes(name, dtype) * n)
-    for call in calls.values():
-        call()
-    order = list(calls)
-    for r in range(reps):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            start = time.perf_counter()
-            calls[name]()
-            timings[name].times.append(time.perf_counter() - start)
-    return BenchResult(art.name, dtype, sizes, get_num_threads(), step,
-                       {k: v for k, v in timings.items() if k != "step"})
+        rows[name] = Contender(name, lambda fn=fn, args=args: fn(*args),
+                               anchors.stream_bytes(name, dtype) * n)
+    interleave([step, *rows.values()], reps, warmup=1)
+    return BenchResult(art.name, dtype, sizes, get_num_threads(), step, rows)
 
 
 # -- cache -------------------------------------------------------------------------------
