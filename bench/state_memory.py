@@ -5,10 +5,11 @@ tensor of N fp32 parameters (default 100M), each format in a fresh process.
     python bench/state_memory.py                 # 100M parameters: about 2.5 GB per process
     python bench/state_memory.py --n 10000000
 
-A process loads the kernels (a small optimizer's step), allocates the parameter and its
-gradient, reads its peak RSS, creates the optimizer and takes two steps, and reads its
-peak RSS again: the difference is what the optimizer added (states, workspaces). Bytes per parameter are that difference over N; the "arrays" column is the
-sum of the state arrays' sizes over N. A script, not a test.
+A process (children.state_memory) loads the kernels (a small optimizer's step),
+allocates the parameter and its gradient, reads its peak RSS, creates the optimizer
+and takes two steps, and reads its peak RSS again: the difference is what the
+optimizer added (states, workspaces). Bytes per parameter are that difference over N;
+the "arrays" column is the sum of the state arrays' sizes over N. A script, not a test.
 """
 from __future__ import annotations
 

@@ -224,9 +224,9 @@ def bench(art: Artifact, n: int = 10_000_000, dtype: str = "float32", tensors: i
     """Time ``reps`` steps of ``art`` on ``n`` parameters (split into ``tensors`` numpy
     arrays of plain numpy alignment) and the bandwidth anchors on ``n`` elements,
     interleaved by ``optgen.benchmark.interleave``: rep r times every contender once,
-    starting at contender r mod k, after one warm-up call each. ``flat``: parameters and gradients each in one buffer
-    (``optgen.flatten``), so an elementwise rule steps them with one call. ``hyper``
-    goes to the optimizer."""
+    starting at contender r mod k, after one warm-up call each. ``flat``: parameters
+    and gradients each in one buffer (``optgen.flatten``), so an elementwise rule steps
+    them with one call. ``hyper`` goes to the optimizer."""
     import optgen
     from optgen.compiler import anchors
     from optgen.runtime.threads import get_num_threads
