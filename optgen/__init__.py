@@ -24,7 +24,7 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
     ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90");
     ``state_format``: also the kernels with states in that format (bf16)."""
     from optgen.compiler.pipeline import build as _build
-    from optgen.runtime import catalog
+    from optgen.runtime.artifact import catalog
     return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
                   state_format=state_format)
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..runtime import cache
+from ..runtime.artifact import cache
 from . import tvm_backend
 from .templates import render
 

@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.runtime import cache
+from optgen.runtime.artifact import cache
 from optgen.core import formats
 from optgen.runtime.artifact import Artifact, ArtifactError
-from optgen.runtime.manifest import warn_rebuild
+from optgen.runtime.artifact.manifest import warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
 from .lower import LoweredKernel, lower

@@ -63,7 +63,7 @@ def warn_rebuild(path: str, reason: str) -> None:
     """Report a broken artifact that is rebuilt, pointing at the first caller outside
     optgen (the trainer's get_artifact/create line)."""
     roots = tuple(os.path.dirname(m.__file__) + os.sep for m in
-                  (sys.modules["optgen"], sys.modules[__package__]))
+                  (sys.modules["optgen"], sys.modules["optgen.runtime"]))
     level, frame = 2, sys._getframe(1)   # level 1 is this function, 2 its caller
     while frame is not None and frame.f_code.co_filename.startswith(roots):
         level, frame = level + 1, frame.f_back

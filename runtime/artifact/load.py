@@ -5,7 +5,7 @@ global symbol namespace: the runtime library provides the thread pool and worksp
 hooks the kernels call (tvm-notes §7), and ``import tvm`` (seconds) is never needed.
 
 Loading reads the manifest and nothing else that could run code (never spec.py or the
-wrapper module), and verifies the artifact before anything uses it (runtime/manifest.py:
+wrapper module), and verifies the artifact before anything uses it (runtime/artifact/manifest.py:
 format, keys, versions, file sizes and hashes; ArtifactError names what is wrong and the
 rebuild command; those names are re-exported here).
 """
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .device import DeviceError, DeviceProgram
+from ..device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
 from optgen.core import scalar_expr
