@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from optgen.runtime import Artifact
-from optgen.runtime.artifact import cache
+from optgen.core import cache
 from optgen.core import hyper as hyper_rules
 
 STAGES = ("spec", "ir", "tvmscript", "source")

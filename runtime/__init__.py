@@ -9,10 +9,10 @@ import os
 from typing import Any
 
 from . import schedules
-from .artifact import cache, catalog
+from optgen.core import cache, catalog
 from optgen.core import formats
 from .artifact import Artifact, ArtifactError, ArtifactWarning
-from .artifact.catalog import register
+from optgen.core.catalog import register
 from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse

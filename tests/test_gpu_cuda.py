@@ -12,7 +12,7 @@ import pytest
 
 import optgen
 from optgen.runtime import tensors
-from optgen.runtime.artifact import catalog
+from optgen.core import catalog
 from helpers import assert_close, busy_hypers, default_hypers, matrix_specs, valid as _valid
 
 cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")

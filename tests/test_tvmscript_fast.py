@@ -43,7 +43,7 @@ from optgen.compiler.loader import load_spec
 from optgen.compiler.matmul import MatmulPass, schedule_matmul
 from optgen.compiler.tvmscript_fast import Unsupported, load_prim_func
 from optgen.errors import BuildError, SpecError
-from optgen.runtime.artifact import catalog
+from optgen.core import catalog
 
 SAMPLE = 300          # texts compared with from_source (unless OPTGEN_TVMSCRIPT_FULL=1)
 FALLBACKS: set[str] = set()   # catalog texts deliberately left to from_source: none

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 
-from .._version import __version__
-from optgen.runtime.artifact import cache
+from ..core._version import __version__
+from optgen.core import cache
 from optgen.core import formats
-from optgen.runtime.artifact.manifest import runtime_files
+from optgen.core.manifest import runtime_files
 from . import abi, nvcc, schedule_gpu, targets, tvm_backend
 from .kernel_ir import KernelIR
 from .schedule_llvm import RED_SCALAR_SIZE

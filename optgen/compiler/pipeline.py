@@ -27,10 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.runtime.artifact import cache
-from optgen.core import formats
-from optgen.runtime.artifact import Artifact, ArtifactError
-from optgen.runtime.artifact.manifest import warn_rebuild
+from optgen.core import cache, formats
+from optgen.core.manifest import ArtifactError, load_verified, warn_rebuild
 from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
 from .lower import LoweredKernel, lower
@@ -165,13 +163,20 @@ def _is_current(dest: str, key: str) -> bool:
     if not os.path.lexists(dest):
         return False
     try:
-        found = Artifact.load(dest).key
+        found = load_verified(os.path.abspath(dest), _key_of)
     except ArtifactError as e:
         warn_rebuild(dest, e.problem)
         return False
     if found != key and os.path.dirname(dest) == cache.cache_dir():  # named by its key
         warn_rebuild(dest, f"its manifest's key {found[:16]}... is not {key[:16]}...")
     return found == key
+
+
+def _key_of(path: str, manifest: dict) -> str:
+    """A verified manifest's key; one without a string key is malformed."""
+    if not isinstance(manifest["key"], str):
+        raise TypeError(f"'key' is a {type(manifest['key']).__name__}, not a string")
+    return manifest["key"]
 
 
 # -- publishing -----------------------------------------------------------------------
