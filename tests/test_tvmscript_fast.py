@@ -94,7 +94,7 @@ def catalog_texts() -> dict[str, str]:
 @functools.lru_cache(maxsize=None)
 def distinct_texts() -> dict[str, str]:
     """One key per text, texts that differ only in their symbol counted once (the
-    canonical form of pipeline._same_functions)."""
+    canonical form of plan._share_functions)."""
     first: dict[str, str] = {}
     for key, text in catalog_texts().items():
         sym = key.rsplit("/", 1)[1]
