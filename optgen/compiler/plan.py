@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from ..declarations import Spec
 from . import schedule_gpu, schedule_llvm, targets
 from .kernel_ir import KernelIR
 from .loader import load_spec
@@ -65,10 +66,10 @@ class KernelPlan:
 @dataclass
 class BuildPlan:
     """What the front end decided for one (spec, target, base, state format)."""
-    spec: object                     # the loaded spec (optgen.declarations)
+    spec: Spec
     target: targets.Target
     base: str | None
-    state_format: object             # the request (optgen.core.formats.request)
+    state_format: str | dict[str, str] | None   # the request (optgen.core.formats.request)
     kirs: list[KernelIR]
     kernels: list[KernelPlan]
 
@@ -96,7 +97,7 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
 
 
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
-              state_format=None) -> BuildPlan:
+              state_format: str | dict[str, str] | None = None) -> BuildPlan:
     """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
     their TVMScript (and GPU grids and shape variables)."""
     spec = load_spec(spec_path, base)                                # 1 load
