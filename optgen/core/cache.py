@@ -50,7 +50,8 @@ def machine() -> str:
 
 
 # What decides what a kernel computes, by installed package: every .py and .j2 file of
-# the package (None), or the files named. The cache key hashes these and nothing else, so
+# the package (None), or the files named (a name ending in "/": every .py and .j2 file of
+# that sub-folder). The cache key hashes these and nothing else, so
 # editing the CLI, the torch drop-ins or the runtime keeps the cached kernels, and editing
 # any of these rebuilds them (tests/test_cache_key.py edits each in a copy of the tree).
 KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
@@ -64,7 +65,7 @@ KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
 # module is in one list or the other): the CLI, the errors' wording, where artifacts live,
 # the catalog, the manifest checks
 NOT_SEMANTIC: dict[str, tuple[str, ...]] = {
-    "optgen": ("__init__.py", "cli.py", "commands.py", "errors.py"),
+    "optgen": ("__init__.py", "cli.py", "commands.py", "errors.py", "torch/"),
     "optgen.core": ("__init__.py", "cache.py", "catalog.py", "manifest.py", "tvm_runtime.py"),
 }
 
@@ -89,11 +90,18 @@ def fingerprint(folders: dict[str, str]) -> str:
         for dirpath, dirnames, files in sorted(os.walk(top)):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in sorted(files):
-                rel = os.path.relpath(os.path.join(dirpath, name), top)
-                if (rel in names) if names is not None else name.endswith((".py", ".j2")):
+                rel = os.path.relpath(os.path.join(dirpath, name), top).replace(os.sep, "/")
+                if _hashed(rel, names):
                     with open(os.path.join(dirpath, name), "rb") as f:
                         h.update(f"{package}/{rel}\0".encode() + f.read())
     return h.hexdigest()[:16]
+
+
+def _hashed(rel: str, names: tuple[str, ...] | None) -> bool:
+    code = rel.endswith((".py", ".j2"))
+    if names is None:
+        return code
+    return rel in names or code and any(n.endswith("/") and rel.startswith(n) for n in names)
 
 
 @functools.lru_cache(maxsize=1)
