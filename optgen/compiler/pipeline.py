@@ -34,6 +34,7 @@ from . import abi, nvcc, targets, tvm_backend
 from .manifest import name_of, write_artifact, write_sources
 from .manifest import SOURCE_SUFFIX, class_name, render_wrapper  # noqa: F401 (their old home)
 from .plan import make_plan, schedule  # noqa: F401 (schedule: its old home)
+from .schedule_llvm import RED_SCALAR_SIZE  # noqa: F401 (tests read it)
 from .specialize import MIXED_DTYPES
 from .variants import DTYPES, kernel_irs, symbol_for, variants  # noqa: F401 (tests read them)
 
