@@ -10,7 +10,7 @@ kernels, and step it from a trainer::
 ``import optgen`` does not import TVM; building a spec does (see optgen.compiler).
 ``optgen.torch`` holds drop-in ``torch.optim.Optimizer`` classes (imports torch).
 """
-from ._version import __version__
+from .core._version import __version__
 
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402
@@ -24,7 +24,7 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
     ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90");
     ``state_format``: also the kernels with states in that format (bf16)."""
     from optgen.compiler.pipeline import build as _build
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
                   state_format=state_format)
 

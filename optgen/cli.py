@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _artifact(spec: str, target: str = "llvm", base: str | None = None, state_format=None):
     import optgen
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     if base is not None:
         catalog.resolve(base)
     return optgen.Artifact.load(optgen.build(spec, target, base=base,
@@ -251,7 +251,7 @@ def _cmd_bench(args) -> int:
 
 def _cmd_cache(args) -> int:
     from optgen import commands
-    from optgen.runtime import cache
+    from optgen.core import cache
     if args.action == "clean":
         count, freed = commands.clean_cache()
         print(f"removed {count} artifact(s), {commands.human(freed)}, from {cache.cache_dir()}")
@@ -267,7 +267,7 @@ def _cmd_cache(args) -> int:
 def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     from optgen.core import formats
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
@@ -315,7 +315,7 @@ def _cmd_targets(args) -> int:
 def _cmd_list(args) -> int:
     from optgen import commands
     from optgen.compiler.loader import load_spec
-    from optgen.runtime import cache, catalog
+    from optgen.core import cache, catalog
     for name, path in catalog.list_specs().items():
         spec = load_spec(path)
         first = " ".join(spec.doc.strip().split("\n\n")[0].split())  # the first paragraph

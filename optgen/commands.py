@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from optgen.benchmark import Contender, interleave
-from optgen.runtime import Artifact, cache
+from optgen.runtime import Artifact
+from optgen.core import cache
 from optgen.core import hyper as hyper_rules
 
 STAGES = ("spec", "ir", "tvmscript", "source")

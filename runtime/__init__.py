@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import cache, catalog, schedules
+from . import schedules
+from optgen.core import cache, catalog
 from optgen.core import formats
 from .artifact import Artifact, ArtifactError, ArtifactWarning
-from .catalog import register
+from optgen.core.catalog import register
 from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse

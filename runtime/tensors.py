@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from optgen.core.dtypes import LOW_PRECISION
+
 ALIGN = 64
-LOW_PRECISION = ("float16", "bfloat16")
 
 # the device kind of the arrays each target's kernels take (OpenCL kernels take host
 # arrays, copied to the OpenCL device per call: see runtime/device.py)

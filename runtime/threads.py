@@ -11,11 +11,11 @@ from __future__ import annotations
 import numbers
 import os
 
-from . import artifact
+from optgen.core.tvm_runtime import load_tvm_runtime
 
 
 def _started() -> bool:
-    return artifact._load_tvm_runtime.cache_info().currsize > 0
+    return load_tvm_runtime.cache_info().currsize > 0
 
 
 def set_num_threads(n: int) -> None:
@@ -36,6 +36,6 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     """The number of threads the CPU kernels use now."""
-    artifact._load_tvm_runtime()
+    load_tvm_runtime()
     import tvm_ffi
     return int(tvm_ffi.get_global_func("runtime.NumThreads")())

@@ -42,7 +42,7 @@ def matrix_specs() -> frozenset:
     no mixed-precision variant of their 2-D rule."""
     from optgen.compiler.loader import load_spec
     from optgen.compiler.verify import verify
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     return frozenset(n for n, path in catalog.list_specs().items()
                      if any(tr.matrix for tr in verify(load_spec(path))))
 

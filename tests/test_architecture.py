@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # package -> folder, as pyproject.toml's [tool.setuptools.package-dir] installs them
 PACKAGES = {"optgen": "optgen", "optgen.compiler": "optgen/compiler",
             "optgen.core": "optgen/core", "optgen.torch": "optgen/torch",
-            "optgen.runtime": "runtime", "optgen.runtime.schedules": "runtime/schedules", "optgen.specs": "specs",
+            "optgen.runtime": "runtime", "optgen.runtime.artifact": "runtime/artifact",
+            "optgen.runtime.schedules": "runtime/schedules", "optgen.specs": "specs",
             "optgen.templates": "templates"}
 CHECKED = ("optgen", "runtime")   # the folders whose modules must stay small
 MAX_LINES = 400
@@ -181,9 +182,9 @@ def test_packages_match_pyproject():
 def test_the_import_graph_sees_every_kind_of_import():
     """Guards the collector: module-level and function-level, absolute and relative."""
     edges = {(e.source, e.target, e.in_function) for e in import_graph()}
-    assert ("optgen.compiler.pipeline", "optgen.compiler.verify", False) in edges   # from .verify
+    assert ("optgen.compiler.plan", "optgen.compiler.verify", False) in edges   # from .verify
     assert ("optgen.compiler.anchors", "optgen.compiler.pipeline", True) in edges   # in a function
-    assert ("optgen.compiler.pipeline", "optgen.runtime.cache", False) in edges    # absolute
+    assert ("optgen.compiler.pipeline", "optgen.core.cache", False) in edges    # absolute
     assert ("optgen.dsl", "optgen.compiler.loader", False) in edges      # from .compiler import
     assert len({e.source for e in import_graph()}) > 30
 
@@ -215,3 +216,22 @@ def test_no_module_is_too_large():
     large = {p: n for p, n in sorted(sizes.items()) if n > MAX_LINES}
     assert not large, (f"modules over {MAX_LINES} lines (split them along a seam):\n"
                        + "\n".join(f"    {p}: {n} lines" for p, n in large.items()))
+
+
+def test_the_compiler_reaches_the_runtime_only_through_the_core():
+    """The compiler (optgen.compiler) imports no module of the runtime (optgen.runtime):
+    what both read (formats, keys, the manifest checks, ...) is the kernel core's
+    (optgen.core), and the runtime calls the compiler, never the other way."""
+    wrong = [e for e in import_graph() if e.source.startswith("optgen.compiler")
+             and (e.target == "optgen.runtime" or e.target.startswith("optgen.runtime."))]
+    assert not wrong, ("the compiler imports the runtime (move what both need to "
+                       "optgen.core):\n" + "\n".join(f"    {e}" for e in wrong))
+
+
+def test_the_core_imports_nothing_of_optgen_outside_it():
+    """optgen.core depends on no other part of optgen, so the compiler and the runtime
+    can both import it without importing each other."""
+    wrong = [e for e in import_graph() if e.source.startswith("optgen.core")
+             and not (e.target == "optgen.core" or e.target.startswith("optgen.core."))]
+    assert not wrong, ("the kernel core imports optgen outside optgen.core:\n"
+                       + "\n".join(f"    {e}" for e in wrong))

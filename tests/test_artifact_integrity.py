@@ -17,7 +17,8 @@ import pytest
 
 import optgen
 from optgen.compiler import pipeline
-from optgen.runtime import Artifact, ArtifactError, ArtifactWarning, cache
+from optgen.runtime import Artifact, ArtifactError, ArtifactWarning
+from optgen.core import cache
 
 # a one-line rule: the smallest build (about 1.3 s on two cores once TVM is imported)
 TINY = '''"""Plain gradient descent: w = w - lr * grad."""

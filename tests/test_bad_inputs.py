@@ -287,7 +287,7 @@ def test_zero_d_arrays_are_scalars_for_hyperparameters():
 
 # -- non-finite gradients with the check off (nonfinite=None, the default) ----------------
 def _catalog():
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     return sorted(catalog.list_specs())
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import catalog, tensors
+from optgen.runtime import tensors
+from optgen.core import catalog
 from helpers import assert_close, busy_hypers, default_hypers, matrix_specs, valid as _valid
 
 cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")

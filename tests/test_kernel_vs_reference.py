@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import artifact, catalog
+from optgen.runtime import artifact
+from optgen.core import catalog
 from optgen.core import reference, scalar_expr, views
 from conftest import offset_array
 from helpers import (TOL, assert_close, busy_hypers, default_hypers, matrix_specs, statistics,

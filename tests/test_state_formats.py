@@ -303,7 +303,7 @@ def test_cuda_source_stores_bf16_states(tmp_path):
     """The CUDA build (source; nvcc compiles it where installed) has the format kernels."""
     import shutil
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     archs = "sm_80" if shutil.which("nvcc") else None
     if archs is None:
         pytest.skip("nvcc is not installed: the CUDA source is not compiled here")

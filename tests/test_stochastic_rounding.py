@@ -291,7 +291,7 @@ def test_cuda_build_compiles_the_rounding(tmp_path):
     compiles it for sm_80 and sm_90 where installed; running it needs a GPU)."""
     import shutil
     from optgen.compiler.pipeline import build
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     from optgen.core import formats
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
@@ -310,7 +310,7 @@ def test_cuda_build_compiles_the_rounding(tmp_path):
 
 def test_cli_builds_the_rounding_kernels(tmp_path):
     from optgen.cli import main
-    from optgen.runtime import catalog
+    from optgen.core import catalog
     assert main(["build", catalog.resolve("sgd"), "--stochastic-rounding",
                  "--out", str(tmp_path)]) == 0
     (folder,) = os.listdir(tmp_path)

@@ -33,7 +33,7 @@ import pytest
 import optgen
 from optgen.compiler import pipeline, targets
 from optgen.errors import BuildError
-from optgen.runtime import catalog
+from optgen.core import catalog
 from helpers import matrix_specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -43,7 +43,7 @@ from optgen.compiler.loader import load_spec
 from optgen.compiler.matmul import MatmulPass, schedule_matmul
 from optgen.compiler.tvmscript_fast import Unsupported, load_prim_func
 from optgen.errors import BuildError, SpecError
-from optgen.runtime import catalog
+from optgen.core import catalog
 
 SAMPLE = 300          # texts compared with from_source (unless OPTGEN_TVMSCRIPT_FULL=1)
 FALLBACKS: set[str] = set()   # catalog texts deliberately left to from_source: none
@@ -94,7 +94,7 @@ def catalog_texts() -> dict[str, str]:
 @functools.lru_cache(maxsize=None)
 def distinct_texts() -> dict[str, str]:
     """One key per text, texts that differ only in their symbol counted once (the
-    canonical form of pipeline._same_functions)."""
+    canonical form of plan._share_functions)."""
     first: dict[str, str] = {}
     for key, text in catalog_texts().items():
         sym = key.rsplit("/", 1)[1]

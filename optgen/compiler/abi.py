@@ -15,6 +15,7 @@ import re
 from ..errors import BuildError
 from optgen.core.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
+from .plan import PassPlan
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
        "order; each is launched on a 1-D grid of grid.threads threads per block and "
@@ -31,29 +32,6 @@ _SIGNATURES = {
     "metal": re.compile(r'kernel void ()(\w+)\('),
     "webgpu": re.compile(r'fn ()(\w+)\(\n'),
 }
-_DIMS = {"b": "B", "r": "R", "c": "C"}
-
-
-def shape_vars(k: LoweredKernel) -> dict[str, list]:
-    """Shape variable -> [buffer, axis] that defines it, as the templates declare them."""
-    out: dict[str, list] = {}
-    for b in k.buffers:
-        if k.view == "lazy":
-            names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
-        elif k.view == "q8":   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
-            names = ("nb",) if b.name.endswith(ABSMAX) else \
-                ("n",) if b.axes and b.name not in k.quant else ()
-        elif not b.axes:
-            names = (f"m_{b.name}",)
-        elif k.view == "flat":
-            names = ("n",)
-        else:
-            names = tuple(_DIMS[a] for a in b.axes)
-        for axis, name in enumerate(names):
-            out.setdefault(name, [b.name, axis])
-    return out
-
-
 def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
     by_var = {f"{b.var}_ptr": b.name for b in k.buffers}
     params = []
@@ -72,9 +50,10 @@ def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
     return params
 
 
-def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKernel],
-                   grids: dict[str, list]) -> dict[str, dict]:
-    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass."""
+def device_kernels(target: str, sources: dict[str, str],
+                   passes: list[PassPlan]) -> dict[str, dict]:
+    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass, its
+    kernels' grids and shape variables as the plan (the schedule) declares them."""
     text = next(iter(sources.values()), "")
     pattern = _SIGNATURES.get(target)
     found: dict[str, tuple[str | None, str | None]] = {}
@@ -83,16 +62,16 @@ def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKe
             found.setdefault(m.group(2), (m.group(1) or None, m.group(3) if m.lastindex and
                                           m.lastindex >= 3 else None))
     out = {}
-    for k in lowered:
-        dims = shape_vars(k)
+    for p in passes:
+        k, grids, dims = p.lowered, p.grids, p.dims
         kernels = []
-        for j, grid in enumerate(grids[k.symbol]):
+        for j, grid in enumerate(grids):
             name = f"{k.symbol}_kernel" + (f"_{j}" if j else "")
             entry = {"name": name, "grid": grid.to_json()}
             if pattern is not None:
                 if name not in found:
                     raise BuildError(f"{target} source has no kernel {name} (the schedule "
-                                     f"of {k.symbol} expected {len(grids[k.symbol])})")
+                                     f"of {k.symbol} expected {len(grids)})")
                 bounds, plist = found[name]
                 if bounds is not None and int(bounds) != grid.to_json()["threads"]:
                     raise BuildError(f"{name}: launch bounds {bounds}, schedule "

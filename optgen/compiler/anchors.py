@@ -25,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..runtime import cache
+from ..core import cache
+from ..core.tvm_runtime import load_tvm_runtime
 from . import tvm_backend
 from .templates import render
 
@@ -82,8 +83,7 @@ def library() -> str:
 def functions(dtype: str) -> dict[str, Callable]:
     """The anchors for ``dtype`` by name: ``fn(*arrays, s)``, the arrays named by
     ``KERNELS[name][0]`` (1-D, one length) and ``s`` a one-element array of the scalar."""
-    from ..runtime import artifact
-    artifact._load_tvm_runtime()
+    load_tvm_runtime()
     import tvm_ffi
     module = tvm_ffi.load_module(library())
     return {name: module[f"{name}_{DTYPES[dtype]}"] for name in KERNELS}

@@ -12,7 +12,7 @@ import types
 
 from ..declarations import Spec
 from ..errors import SpecError
-from ..runtime import catalog
+from ..core import catalog
 
 
 def spec_line_error(exc: BaseException, path: str) -> SpecError:
@@ -77,5 +77,5 @@ def load_spec(path: str, base: str | None = None) -> Spec:
 
 def base_spec(name: str) -> Spec:
     """Load catalog spec ``name`` to build on (``Spec.extend``). The artifact key of a spec
-    that does this covers the base's source too (optgen.runtime.cache)."""
+    that does this covers the base's source too (optgen.core.cache)."""
     return load_spec(catalog.resolve(name))

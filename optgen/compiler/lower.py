@@ -67,6 +67,8 @@ class LoweredKernel:
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
     quant: dict[str, str] = field(default_factory=dict)   # view "q8": state -> its map
     quant_block: int = 256                                # view "q8": elements per absmax
+    role: str = "launch"        # which manifest slot runs it: "launch" (launches[launch]
+    launch: int | None = None   # ["symbol"]), "seg" (its "seg_symbol") or "lazy"
 
 
 def nibble_midpoints(k: LoweredKernel) -> dict[str, list[str]]:
@@ -165,14 +167,20 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
     multi = len(kir.launches) > 1
     names = [f"{symbol}_p{k}" if multi else symbol for k in range(len(kir.launches))]
-    out = [_lower_launch(kir, ln, dtype, name, acc_dtype)
-           for ln, name in zip(kir.launches, names) if ln.kind != "repeat"]
+    out = [_tagged(_lower_launch(kir, ln, dtype, name, acc_dtype), "launch", j)
+           for j, (ln, name) in enumerate(zip(kir.launches, names)) if ln.kind != "repeat"]
     if kir.lazy is not None:
-        out.append(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy", acc_dtype))
+        out.append(_tagged(_lower_launch(kir, kir.lazy, dtype, f"{symbol}_lazy", acc_dtype),
+                           "lazy", None))
     if red_stride is not None and kir.segmentable:
-        out += [_lower_launch(kir, ln, dtype, f"{name}_seg", acc_dtype, red_stride)
-                for ln, name in zip(kir.launches, names)]
+        out += [_tagged(_lower_launch(kir, ln, dtype, f"{name}_seg", acc_dtype, red_stride),
+                        "seg", j) for j, (ln, name) in enumerate(zip(kir.launches, names))]
     return out
+
+
+def _tagged(k: LoweredKernel, role: str, launch: int | None) -> LoweredKernel:
+    k.role, k.launch = role, launch
+    return k
 
 
 def _branch_only_powers(order: list[Expr], roots: list[Expr], stop) -> set[int]:

@@ -25,17 +25,15 @@ def version() -> str:
     return lines[-1].strip() if lines else "unknown"
 
 
-def compile_all(source: str, archs: tuple[str, ...], folder: str) -> dict[str, dict[str, str]]:
-    """Write ``kernels.cu`` into ``folder`` and compile it to ``kernels.<arch>.ptx`` (nvcc)
-    and ``kernels.<arch>.cubin`` (ptxas on that PTX: half the time of a second nvcc run),
-    archs in parallel. Returns arch -> files."""
+def compile_all(cu: str, archs: tuple[str, ...], folder: str) -> dict[str, dict[str, str]]:
+    """Compile the CUDA source ``cu`` (the artifact's ``kernels.cu``, written by the
+    manifest stage) to ``kernels.<arch>.ptx`` (nvcc) and ``kernels.<arch>.cubin`` (ptxas
+    on that PTX: half the time of a second nvcc run) in ``folder``, archs in parallel.
+    Returns arch -> files."""
     exe = targets.nvcc()
     if exe is None:
         raise BuildError("target cuda needs nvcc to compile PTX and cubin: nvcc is not on "
                          "PATH (install the CUDA toolkit, or put its bin/ on PATH)")
-    cu = os.path.join(folder, "kernels.cu")
-    with open(cu, "w", encoding="utf-8") as f:
-        f.write(source)
     ptxas = os.path.join(os.path.dirname(exe), "ptxas")
     if not os.path.exists(ptxas):
         ptxas = shutil.which("ptxas") or ptxas

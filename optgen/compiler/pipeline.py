@@ -5,10 +5,12 @@
 
 ``OPTGEN_DEBUG=1`` prints what each stage produced to stderr.
 
-Each stage is a module of optgen.compiler (its docstring lists them); ``variants`` says
-which kernels a target gets and ``manifest`` writes the artifact's files. This module
-runs the stages (``front_end`` for 1-5, which need no TVM; ``build`` for all) and
-publishes the artifact: a temporary folder renamed into place under a file lock.
+Each stage is a module of optgen.compiler (its docstring lists them). Stages 1-5 need no
+TVM and make the build plan (optgen.compiler.plan: per kernel and per pass its symbol,
+TVMScript, grids, shape variables and buffers), which the later stages read: the TVM
+build, the device ABI (``abi``) and the artifact's files (``manifest``). This module
+runs them (``build``) and publishes the artifact: a temporary folder renamed into place
+under a file lock.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -27,19 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.runtime import cache
-from optgen.core import formats
-from optgen.runtime.artifact import Artifact, ArtifactError
-from optgen.runtime.manifest import warn_rebuild
-from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
-from .loader import load_spec
-from .lower import LoweredKernel, lower
-from .manifest import name_of, write_artifact
+from optgen.core import cache, formats
+from optgen.core.manifest import ArtifactError, load_verified, warn_rebuild
+from . import abi, nvcc, targets, tvm_backend
+from .manifest import name_of, write_artifact, write_sources
 from .manifest import SOURCE_SUFFIX, class_name, render_wrapper  # noqa: F401 (their old home)
-from .schedule_llvm import RED_SCALAR_SIZE
+from .plan import make_plan, schedule  # noqa: F401 (schedule: its old home)
+from .schedule_llvm import RED_SCALAR_SIZE  # noqa: F401 (tests read it)
 from .specialize import MIXED_DTYPES
-from .variants import DTYPES, kernel_irs, symbol_for, variants
-from .verify import verify
+from .variants import DTYPES, kernel_irs, symbol_for, variants  # noqa: F401 (tests read them)
 
 TARGETS = tuple(targets.TARGETS)
 BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
@@ -51,20 +48,6 @@ class BuildResult:
     cache_hit: bool
     seconds: float
     name: str
-
-
-def _debug(stage: str, text: str) -> None:
-    if os.environ.get("OPTGEN_DEBUG"):
-        print(f"--- optgen: after {stage} ---\n{text}", file=sys.stderr)
-
-
-def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
-    """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
-    if tg.family == "gpu":
-        return schedule_gpu.schedule(k, tg.acc_dtype)
-    # the C target gets scalar loops: TVM's C codegen cannot print vector sqrt, and gcc
-    # vectorizes the scalar loops itself (tvm-notes §8)
-    return schedule_llvm.schedule(k, vector=tg.name == "llvm"), None
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
@@ -98,63 +81,41 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         if not force and _is_current(dest, key):
             return BuildResult(dest, True, time.perf_counter() - start, name_of(dest))
         _remove_leftovers(dest)
-        spec, kirs, lowered, scheduled = front_end(spec_path, tg, base, req)  # 1-5
-        same = _same_functions(scheduled) if tg.family != "gpu" else {}
-        scripts = {sym: text for sym, (text, _) in scheduled.items() if sym not in same}
-        funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in scripts.items()}
+        plan = make_plan(spec_path, tg, base, req)                   # 1-5
+        funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
+                 for sym, text in plan.scripts().items()}
         tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.",
                                dir=os.path.dirname(dest))
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
-                def start_nvcc(src: dict[str, str]):                 # 6c, during the export
-                    return native.submit(nvcc.compile_all, src["cuda"], archs, tmp) \
-                        if archs else None
+                def written(src: dict[str, str]):    # the sources, written once; nvcc
+                    files = write_sources(tmp, src)  # (6c) compiles during the export
+                    return native.submit(nvcc.compile_all, os.path.join(tmp, files["cuda"]),
+                                         archs, tmp) if archs else None
                 sources, nvcc_done = tvm_backend.build_library(       # 6 build
                     funcs, tvm_backend.target_for(target, archs[0] if archs else None),
-                    os.path.join(tmp, "kernels.so"), then=start_nvcc)
+                    os.path.join(tmp, "kernels.so"), then=written)
                 binaries = nvcc_done.result() if nvcc_done is not None else {}
             device = None
             if tg.family == "gpu":                                   # 6b device ABI
-                device = abi.device_kernels(target, sources, lowered,
-                                            {s: g for s, (_, g) in scheduled.items()})
-            write_artifact(tmp, spec, kirs, scripts, sources, key, target,
-                           time.perf_counter() - start, tg, archs, device, binaries,
-                           base, same, state_format=req)             # 7 write
+                device = abi.device_kernels(target, sources, plan.passes)
+            write_artifact(tmp, plan, sources, key, time.perf_counter() - start, archs,
+                           device, binaries)                         # 7 write
             _publish(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     global BUILD_COUNT
     BUILD_COUNT += 1
-    return BuildResult(dest, False, time.perf_counter() - start, spec.name)
+    return BuildResult(dest, False, time.perf_counter() - start, plan.spec.name)
 
 
 def front_end(spec_path: str, tg: targets.Target, base: str | None = None,
               state_format=None):
-    """Stages 1-5, which need no TVM: the spec, its kernel IRs, the lowered passes and
-    each pass's TVMScript text (and GPU grids) by symbol."""
-    spec = load_spec(spec_path, base)                                # 1 load
-    traces = verify(spec)                                            # 2 verify
-    kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
-    _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-    lowered = [k for kir, dt, pdt in variants(kirs, tg.dtypes)        # 4 lower
-               for k in lower(kir, dt, symbol_for(spec.name, pdt, kir.flags, kir.state_format),
-                              tg.acc_dtype,
-                              RED_SCALAR_SIZE if tg.family == "cpu" else None)]
-    scheduled = {k.symbol: schedule(k, tg) for k in lowered}          # 5 schedule
-    _debug("schedule", "\n\n".join(text for text, _ in scheduled.values()))
-    return spec, kirs, lowered, scheduled
-
-
-def _same_functions(scheduled: dict[str, tuple[str, list | None]]) -> dict[str, str]:
-    """symbol -> an earlier symbol whose function is the same text but for its name.
-    Flag combinations share many passes (every matmul of a matrix rule, a fallback rule
-    under flags it ignores): each is compiled once and the launches name the first."""
-    first: dict[str, str] = {}
-    out = {}
-    for sym, (text, _) in scheduled.items():
-        canonical = text.replace(f"def {sym}(", "def _(").replace(f'"{sym}"', '"_"')
-        out[sym] = first.setdefault(canonical, sym)
-    return {s: f for s, f in out.items() if s != f}
+    """Stages 1-5 as the stages' outputs: the spec, its kernel IRs, the lowered passes
+    and each pass's TVMScript text (and GPU grids) by symbol (the plan: ``make_plan``)."""
+    plan = make_plan(spec_path, tg, base, state_format)
+    return (plan.spec, plan.kirs, [p.lowered for p in plan.passes],
+            {p.symbol: (p.script, p.grids) for p in plan.passes})
 
 
 def _is_current(dest: str, key: str) -> bool:
@@ -165,13 +126,20 @@ def _is_current(dest: str, key: str) -> bool:
     if not os.path.lexists(dest):
         return False
     try:
-        found = Artifact.load(dest).key
+        found = load_verified(os.path.abspath(dest), _key_of)
     except ArtifactError as e:
         warn_rebuild(dest, e.problem)
         return False
     if found != key and os.path.dirname(dest) == cache.cache_dir():  # named by its key
         warn_rebuild(dest, f"its manifest's key {found[:16]}... is not {key[:16]}...")
     return found == key
+
+
+def _key_of(path: str, manifest: dict) -> str:
+    """A verified manifest's key; one without a string key is malformed."""
+    if not isinstance(manifest["key"], str):
+        raise TypeError(f"'key' is a {type(manifest['key']).__name__}, not a string")
+    return manifest["key"]
 
 
 # -- publishing -----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optgen.core import quant
+from optgen.core.formats import ABSMAX
 from .lower import LoweredKernel, nibble_midpoints
 from .templates import render
 
@@ -59,6 +60,27 @@ class Grid:
         blocks = total if self.per_block == 1 else \
             f"({total} + T.int64({self.per_block - 1})) // T.int64({self.per_block})"
         return f"T.min(T.int64({self.max_blocks}), {blocks})" if self.max_blocks else blocks
+
+
+def shape_vars(k: LoweredKernel) -> dict[str, list]:
+    """Shape variable -> [buffer, axis] that defines it, as the templates declare them
+    (the device ABI names each kernel parameter that is one of these)."""
+    out: dict[str, list] = {}
+    for b in k.buffers:
+        if k.view == "lazy":
+            names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
+        elif k.view == "q8":   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
+            names = ("nb",) if b.name.endswith(ABSMAX) else \
+                ("n",) if b.axes and b.name not in k.quant else ()
+        elif not b.axes:
+            names = (f"m_{b.name}",)
+        elif k.view == "flat":
+            names = ("n",)
+        else:
+            names = tuple(DIMS[a] for a in b.axes)
+        for axis, name in enumerate(names):
+            out.setdefault(name, [b.name, axis])
+    return out
 
 
 def _product(axes: str) -> str:

@@ -31,7 +31,7 @@ from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
 from optgen.core import formats, quant, rounding, scalar_expr
 from optgen.core.reference import LOW_COPY
-from optgen.runtime.tensors import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
+from optgen.core.dtypes import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
 from .plan_matrix import plan_matrix
 

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 
 from optgen.runtime import opencl
-from optgen.runtime.cache import DEFAULT_CUDA_ARCHS
+from optgen.core.cache import DEFAULT_CUDA_ARCHS
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..errors import BuildError
-from optgen.runtime.artifact import torch_hidden
+from optgen.core.tvm_runtime import torch_hidden
 from . import tvmscript_fast
 
 

@@ -30,7 +30,8 @@ import torch
 
 from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
 from .kfac import KFACStatistics
-from optgen.runtime import catalog, flatten, get_artifact
+from optgen.runtime import flatten, get_artifact
+from optgen.core import catalog
 from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core

@@ -5,19 +5,14 @@ global symbol namespace: the runtime library provides the thread pool and worksp
 hooks the kernels call (tvm-notes §7), and ``import tvm`` (seconds) is never needed.
 
 Loading reads the manifest and nothing else that could run code (never spec.py or the
-wrapper module), and verifies the artifact before anything uses it (runtime/manifest.py:
+wrapper module), and verifies the artifact before anything uses it (optgen/core/manifest.py:
 format, keys, versions, file sizes and hashes; ArtifactError names what is wrong and the
 rebuild command; those names are re-exported here).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import importlib.util
-import json
 import os
-import sys
 import threading
 import dataclasses
 from dataclasses import dataclass
@@ -25,9 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .device import DeviceError, DeviceProgram
-from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
-                       rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
+from ..device import DeviceError, DeviceProgram
+from optgen.core.manifest import ArtifactError, load_verified, verify_files
+from optgen.core.tvm_runtime import load_tvm_runtime as _load_tvm_runtime  # noqa: F401
 from optgen.core import scalar_expr
 from optgen.core import formats, quant
 from optgen.core.hyper import HyperInfo, Requirement
@@ -121,41 +116,6 @@ class StateInfo:
 _lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def torch_hidden():
-    """Imports inside make ``import torch`` fail, unless this process has imported torch.
-
-    tvm_ffi's ``__init__`` and TVM's relax package import torch whenever it is installed
-    (1.5-2 s of a cold build or a first step here): tvm_ffi to dodge a symbol clash seen
-    on Windows and to load a DLPack addon that torch >= 2.10 makes unnecessary
-    (torch.Tensor has ``__dlpack_c_exchange_api__`` itself), relax for its PyTorch
-    interop, which optgen does not use. A process that has imported torch gets both
-    unchanged; one that has not gets them as if torch were absent, and tensors of a
-    torch imported later still pass to kernels through DLPack
-    (tests/test_torch_interop.py runs that order in a new process)."""
-    hide = "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None   # makes `import torch` raise ImportError
-    try:
-        yield
-    finally:
-        if hide and "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
-
-
-@functools.lru_cache(maxsize=1)
-def _load_tvm_runtime() -> None:
-    """Load libtvm_runtime.so once, with a sensible thread count (tvm-notes §0)."""
-    os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-    with torch_hidden():
-        import tvm_ffi  # noqa: F401  — loads libtvm_ffi.so, which libtvm_runtime.so links
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or spec.origin is None:
-        raise ArtifactError("the apache-tvm package is not installed (pip install apache-tvm)")
-    lib = os.path.join(os.path.dirname(spec.origin), "lib", "libtvm_runtime.so")
-    ctypes.CDLL(lib, ctypes.RTLD_GLOBAL)
-
-
 @functools.lru_cache(maxsize=1)
 def _bfloat16_view() -> tuple[Callable, Any]:
     _load_tvm_runtime()
@@ -214,37 +174,7 @@ class Artifact:
     def load(cls, path: str | os.PathLike) -> "Artifact":
         """The verified artifact at ``path``: reads manifest.json and hashes the files the
         runtime reads; runs no code of the artifact (the library is opened on first use)."""
-        path = os.path.abspath(os.fspath(path))
-        for _ in range(2):
-            before = _folder_id(path)
-            try:
-                return cls._load_once(path)
-            except ArtifactError:
-                # a builder replaced the folder while we read it (old manifest, new
-                # library): read the new one; a broken folder that stays put is the error
-                if _folder_id(path) == before:
-                    raise
-        return cls._load_once(path)
-
-    @classmethod
-    def _load_once(cls, path: str) -> "Artifact":
-        mpath = os.path.join(path, "manifest.json")
-        if not os.path.isdir(path):
-            raise ArtifactError(f"{path}: no such artifact directory")
-        try:
-            with open(mpath, encoding="utf-8") as f:
-                manifest = json.load(f)
-        except FileNotFoundError:
-            raise _broken(mpath, "missing (not a complete optgen artifact)", path) from None
-        except (OSError, ValueError) as e:
-            raise _broken(mpath, f"unreadable manifest ({e})", path) from None
-        verify_manifest(path, manifest)
-        verify_files(path, manifest)
-        try:
-            return cls(path, manifest)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", path,
-                          manifest) from None
+        return load_verified(os.path.abspath(os.fspath(path)), cls)
 
     @property
     def flags(self) -> dict[str, HyperInfo]:

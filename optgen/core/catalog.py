@@ -2,6 +2,7 @@
 specs a trainer registers at run time with ``optgen.register``."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 
@@ -9,8 +10,11 @@ _registered: dict[str, str] = {}
 
 
 def specs_dir() -> str:
-    import optgen.specs
-    return os.path.dirname(optgen.specs.__file__)
+    # found, not imported: the core imports nothing of optgen outside itself
+    spec = importlib.util.find_spec("optgen.specs")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the package optgen.specs is not installed")
+    return list(spec.submodule_search_locations)[0]
 
 
 def list_specs() -> dict[str, str]:

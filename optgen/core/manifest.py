@@ -3,7 +3,8 @@ the optgen and TVM versions it was built with (they must be the running ones), a
 size and sha256 of every file the runtime reads (``runtime_files``). A failure is an
 ArtifactError naming the file, what is wrong and the rebuild command (``rebuild_hint``).
 
-Imports: cache, catalog and optgen._version; nothing that loads a kernel.
+Both sides read it: the compiler checks a cached artifact before reusing it, the
+runtime before loading it. Imports: cache, catalog, _version; nothing that loads a kernel.
 """
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import os
 import re
 import sys
 import warnings
-from typing import Any
+import json
+from typing import Any, Callable, TypeVar
 
-from optgen._version import __version__
+from ._version import __version__
 
 from . import cache, catalog
 from .cache import FORMAT
@@ -63,7 +65,7 @@ def warn_rebuild(path: str, reason: str) -> None:
     """Report a broken artifact that is rebuilt, pointing at the first caller outside
     optgen (the trainer's get_artifact/create line)."""
     roots = tuple(os.path.dirname(m.__file__) + os.sep for m in
-                  (sys.modules["optgen"], sys.modules[__package__]))
+                  (sys.modules.get("optgen"), sys.modules.get("optgen.runtime")) if m)
     level, frame = 2, sys._getframe(1)   # level 1 is this function, 2 its caller
     while frame is not None and frame.f_code.co_filename.startswith(roots):
         level, frame = level + 1, frame.f_back
@@ -175,3 +177,43 @@ def verify_files(path: str, manifest: dict) -> None:
                            "another build)")
         if problem:
             raise _broken(fpath, problem, path, manifest)
+
+
+T = TypeVar("T")
+
+
+def load_verified(path: str, make: Callable[[str, dict], T]) -> T:
+    """``make(path, manifest)`` for the verified manifest of the artifact at ``path``
+    (absolute): its format, keys, versions and the files the runtime reads; a manifest
+    ``make`` cannot read (KeyError, TypeError, ...) is a malformed one. Runs no code of
+    the artifact. The runtime makes an Artifact, the compiler reads the key."""
+    for _ in range(2):
+        before = _folder_id(path)
+        try:
+            return _load_once(path, make)
+        except ArtifactError:
+            # a builder replaced the folder while we read it (old manifest, new
+            # library): read the new one; a broken folder that stays put is the error
+            if _folder_id(path) == before:
+                raise
+    return _load_once(path, make)
+
+
+def _load_once(path: str, make: Callable[[str, dict], T]) -> T:
+    mpath = os.path.join(path, "manifest.json")
+    if not os.path.isdir(path):
+        raise ArtifactError(f"{path}: no such artifact directory")
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise _broken(mpath, "missing (not a complete optgen artifact)", path) from None
+    except (OSError, ValueError) as e:
+        raise _broken(mpath, f"unreadable manifest ({e})", path) from None
+    verify_manifest(path, manifest)
+    verify_files(path, manifest)
+    try:
+        return make(path, manifest)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", path,
+                      manifest) from None

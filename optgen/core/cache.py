@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -48,28 +49,66 @@ def machine() -> str:
     return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
-# optgen/ modules that never decide what a kernel computes: editing them keeps the cache
-NOT_COMPILER = frozenset({"__init__.py", "cli.py", "commands.py", "torch.py"})
+# What decides what a kernel computes, by installed package: every .py and .j2 file of
+# the package (None), or the files named (a name ending in "/": every .py and .j2 file of
+# that sub-folder). The cache key hashes these and nothing else, so
+# editing the CLI, the torch drop-ins or the runtime keeps the cached kernels, and editing
+# any of these rebuilds them (tests/test_cache_key.py edits each in a copy of the tree).
+KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
+    "optgen": ("blocks.py", "declarations.py", "dsl.py", "ir.py", "tracing.py"),
+    "optgen.compiler": None,
+    "optgen.core": ("_version.py", "dtypes.py", "formats.py", "hyper.py", "quant.py",
+                    "reference.py", "rounding.py", "scalar_expr.py", "views.py"),
+    "optgen.templates": None,
+}
+# the modules of those packages that do not (tests/test_cache_key.py checks that every
+# module is in one list or the other): the CLI, the errors' wording, where artifacts live,
+# the catalog, the manifest checks
+NOT_SEMANTIC: dict[str, tuple[str, ...]] = {
+    "optgen": ("__init__.py", "cli.py", "commands.py", "errors.py", "torch/"),
+    "optgen.core": ("__init__.py", "cache.py", "catalog.py", "manifest.py", "tvm_runtime.py"),
+}
+
+
+def package_folders() -> dict[str, str]:
+    """The installed folder of each package of KERNEL_SEMANTIC, found without importing
+    it (optgen.compiler imports TVM's front end)."""
+    out = {}
+    for package in KERNEL_SEMANTIC:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(f"the package {package} is not installed")
+        out[package] = list(spec.submodule_search_locations)[0]
+    return out
+
+
+def fingerprint(folders: dict[str, str]) -> str:
+    """A hash of the KERNEL_SEMANTIC files, each package read from ``folders[package]``."""
+    h = hashlib.sha256()
+    for package, names in KERNEL_SEMANTIC.items():
+        top = folders[package]
+        for dirpath, dirnames, files in sorted(os.walk(top)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(files):
+                rel = os.path.relpath(os.path.join(dirpath, name), top).replace(os.sep, "/")
+                if _hashed(rel, names):
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        h.update(f"{package}/{rel}\0".encode() + f.read())
+    return h.hexdigest()[:16]
+
+
+def _hashed(rel: str, names: tuple[str, ...] | None) -> bool:
+    code = rel.endswith((".py", ".j2"))
+    if names is None:
+        return code
+    return rel in names or code and any(n.endswith("/") and rel.startswith(n) for n in names)
 
 
 @functools.lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
-    """optgen's version plus a hash of the code that decides what a kernel computes."""
-    import optgen.templates
-    from optgen import _version
-    h = hashlib.sha256(_version.__version__.encode())
-    top = os.path.dirname(_version.__file__)
-    roots = [top, os.path.dirname(optgen.templates.__file__)]
-    for root in roots:
-        for dirpath, dirnames, files in sorted(os.walk(root)):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-            for name in sorted(files):
-                if dirpath == top and name in NOT_COMPILER:
-                    continue
-                if name.endswith((".py", ".j2")):
-                    with open(os.path.join(dirpath, name), "rb") as f:
-                        h.update(name.encode() + f.read())
-    return h.hexdigest()[:16]
+    """A hash of the code that decides what a kernel computes (KERNEL_SEMANTIC); the
+    version is among it (_version.py)."""
+    return fingerprint(package_folders())
 
 
 @functools.lru_cache(maxsize=1)

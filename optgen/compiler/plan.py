@@ -1,0 +1,132 @@
+"""The build plan: stages 1-5 of the pipeline (load, verify, IR, lower, schedule), which
+need no TVM, and what they decided, recorded once per kernel and per pass.
+
+Every later stage reads the plan instead of deciding again: the build (TVM) compiles
+``BuildPlan.scripts``, the device ABI (optgen.compiler.abi) reads each pass's grids,
+shape variables and buffers, and the manifest (optgen.compiler.manifest) lists each
+kernel with the symbols of its passes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from ..declarations import Spec
+from . import schedule_gpu, schedule_llvm, targets
+from .kernel_ir import KernelIR
+from .loader import load_spec
+from .lower import LoweredKernel, lower
+from .schedule_llvm import RED_SCALAR_SIZE
+from .variants import kernel_irs, symbol_for, variants
+from .verify import verify
+
+
+@dataclass
+class PassPlan:
+    """One function of the library: a launch of a kernel, its segmented twin (CPU) or
+    its row-sparse pass."""
+    lowered: LoweredKernel
+    script: str                      # its TVMScript
+    grids: list | None               # GPU: the grid of each device kernel it becomes
+    dims: dict[str, list] | None     # GPU: shape variable -> [buffer, axis] it is read off
+    compiled_as: str                 # the symbol that runs it: its own, or an earlier
+    #                                  pass's whose function is the same text (CPU)
+
+    @property
+    def symbol(self) -> str:
+        return self.lowered.symbol
+
+
+@dataclass
+class KernelPlan:
+    """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype."""
+    kir: KernelIR
+    dtype: str
+    param_dtype: str
+    symbol: str
+    passes: list[PassPlan]
+
+    def manifest_entry(self) -> dict:
+        """The manifest's record of the kernel: its IR, and each launch (and lazy pass)
+        with the symbol that runs it."""
+        entry = {"symbol": self.symbol, "dtype": self.dtype, "param_dtype": self.param_dtype,
+                 **self.kir.to_json()}
+        for p in self.passes:
+            role, j = p.lowered.role, p.lowered.launch
+            if role == "lazy":
+                entry["lazy"]["symbol"] = p.compiled_as
+            else:
+                entry["launches"][j]["seg_symbol" if role == "seg" else "symbol"] = \
+                    p.compiled_as
+        return entry
+
+
+@dataclass
+class BuildPlan:
+    """What the front end decided for one (spec, target, base, state format)."""
+    spec: Spec
+    target: targets.Target
+    base: str | None
+    state_format: str | dict[str, str] | None   # the request (optgen.core.formats.request)
+    kirs: list[KernelIR]
+    kernels: list[KernelPlan]
+
+    @property
+    def passes(self) -> list[PassPlan]:
+        return [p for k in self.kernels for p in k.passes]
+
+    def scripts(self) -> dict[str, str]:
+        """symbol -> TVMScript of every function the library exports, in plan order."""
+        return {p.symbol: p.script for p in self.passes if p.compiled_as == p.symbol}
+
+
+def _debug(stage: str, text: str) -> None:
+    if os.environ.get("OPTGEN_DEBUG"):
+        print(f"--- optgen: after {stage} ---\n{text}", file=sys.stderr)
+
+
+def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
+    """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
+    if tg.family == "gpu":
+        return schedule_gpu.schedule(k, tg.acc_dtype)
+    # the C target gets scalar loops: TVM's C codegen cannot print vector sqrt, and gcc
+    # vectorizes the scalar loops itself (tvm-notes §8)
+    return schedule_llvm.schedule(k, vector=tg.name == "llvm"), None
+
+
+def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
+              state_format: str | dict[str, str] | None = None) -> BuildPlan:
+    """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
+    their TVMScript (and GPU grids and shape variables)."""
+    spec = load_spec(spec_path, base)                                # 1 load
+    traces = verify(spec)                                            # 2 verify
+    kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
+    _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
+    kernels = []
+    for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
+        symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
+        passes = []
+        for k in lower(kir, dt, symbol, tg.acc_dtype,
+                       RED_SCALAR_SIZE if tg.family == "cpu" else None):
+            text, grids = schedule(k, tg)                            # 5 schedule
+            dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
+            passes.append(PassPlan(k, text, grids, dims, k.symbol))
+        kernels.append(KernelPlan(kir, dt, pdt, symbol, passes))
+    plan = BuildPlan(spec, tg, base, state_format, kirs, kernels)
+    if tg.family != "gpu":      # GPU passes keep their own symbols: each has device kernels
+        _share_functions(plan.passes)
+    _debug("schedule", "\n\n".join(p.script for p in plan.passes))
+    return plan
+
+
+def _share_functions(passes: list[PassPlan]) -> None:
+    """Point each pass at the first one whose function is the same text but for its
+    name. Flag combinations share many passes (every matmul of a matrix rule, a fallback
+    rule under flags it ignores): each is compiled once and the launches name the first."""
+    first: dict[str, str] = {}
+    for p in passes:
+        canonical = p.script.replace(f"def {p.symbol}(", "def _(").replace(
+            f'"{p.symbol}"', '"_"')
+        p.compiled_as = first.setdefault(canonical, p.symbol)
