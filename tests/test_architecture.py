@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"optgen": "optgen", "optgen.compiler": "optgen/compiler",
             "optgen.core": "optgen/core", "optgen.torch": "optgen/torch",
             "optgen.runtime": "runtime", "optgen.runtime.schedules": "runtime/schedules", "optgen.specs": "specs",
-            "optgen.templates": "templates"}
+            "optgen.templates": "templates", "optgen.core.formats": "optgen/core/formats"}
 CHECKED = ("optgen", "runtime")   # the folders whose modules must stay small
 MAX_LINES = 400
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 
 from ..errors import BuildError
-from optgen.core.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
@@ -37,11 +36,12 @@ _DIMS = {"b": "B", "r": "R", "c": "C"}
 def shape_vars(k: LoweredKernel) -> dict[str, list]:
     """Shape variable -> [buffer, axis] that defines it, as the templates declare them."""
     out: dict[str, list] = {}
+    companions = {c for s, f in k.formats.items() for c in f.companions(s, 0)}
     for b in k.buffers:
         if k.view == "lazy":
             names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
-        elif k.view == "q8":   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
-            names = ("nb",) if b.name.endswith(ABSMAX) else \
+        elif k.blocked:   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
+            names = ("nb",) if b.name in companions else \
                 ("n",) if b.axes and b.name not in k.quant else ()
         elif not b.axes:
             names = (f"m_{b.name}",)
@@ -104,7 +104,8 @@ def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKe
         if pattern is not None and extra in found:
             raise BuildError(f"{target} source has an unexpected kernel {extra}")
         # (a q8 pass also stores the new absmax of the q8 states it writes)
-        writes = k.writes + [s + ABSMAX for s in k.quant if s in k.writes]
+        writes = k.writes + [c for s, f in k.formats.items() if s in k.writes
+                             for c in f.companions(s, 0)]
         out[k.symbol] = {"kernels": kernels, "buffers": [b.name for b in k.buffers],
                          "writes": writes, "dims": dims}
     return out

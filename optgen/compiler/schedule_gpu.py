@@ -79,7 +79,7 @@ def _decompose(idx: str, axes: str) -> list[str]:
 def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
-    if k.view == "q8":   # one block per quant block (a power of two >= 32); 4-bit
+    if k.blocked:   # one block per quant block (a power of two >= 32); 4-bit
         mids = nibble_midpoints(k)                  # states: a thread packs its pairs
         threads = min(k.quant_block // (2 if mids else 1), THREADS)
         grid = Grid(["n"], k.quant_block, threads=threads)
