@@ -5,7 +5,8 @@ module asks that value (its dtype, block, companion buffers, numpy encode/decode
 code lower emits) instead of reading the text. The texts that manifests, artifact keys
 and checkpoints hold are printed back by the registry, unchanged.
 
-May import: numpy, optgen.core.quant, optgen.core.rounding (the family modules).
+May import: numpy (ml_dtypes for bfloat16 arrays); the families (cast.py, blocked.py)
+import this module, never the reverse.
 """
 from __future__ import annotations
 
