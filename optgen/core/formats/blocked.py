@@ -102,7 +102,9 @@ class BlockQuantized(StateFormat):
 
     def allocate(self, fmt: Format, state: str, init: float, shape: tuple[int, ...],
                  fill: Fill) -> dict[str, Any]:
-        code, absmax = quant.code_of(init, fmt.map)   # (every block alike)
+        # every block alike: the byte (q4: two codes) and absmax of a block of the init
+        codes, scales = self.quantize(fmt, np.full(2, init, np.float32))
+        code, absmax = int(codes[0]), float(scales[0])
         n = int(np.prod(shape, dtype=np.int64))
         codes = fill(self.code_shape(fmt, shape), code, "uint8")
         if self.bits(fmt) == 4 and n % 2:              # the odd last byte's low nibble is 0

@@ -206,6 +206,7 @@ def syntax() -> str:
     return ", ".join(["'default'", *(f.syntax() for f in FAMILIES)])
 
 
+@functools.lru_cache(maxsize=None)
 def of(text: str) -> Format:
     """The Format of a canonical request text (one the registry printed)."""
     return parse("state format", "the format", text)
