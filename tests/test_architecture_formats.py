@@ -9,6 +9,7 @@ taken from the code before the registry.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,32 @@ def test_no_format_text_is_read_outside_the_registry():
                                  str(p.relative_to(ROOT)))]
     assert not found, "format texts decoded outside optgen/core/formats/:\n    " + \
         "\n    ".join(found)
+
+
+# the templates ask the kernel (k.blocked, k.tables, k.companions, k.packed: the
+# registry's FormattedKernel) rather than testing names: no comparison with a format
+# name and no prefix/suffix test of a buffer name against a format's
+TEMPLATE_TESTS = re.compile(
+    r'(==|!=|\bin)\s*\(?\s*"(q8|q4|bf16|bf16sr)"'
+    r'|\.(startswith|endswith)\(\(?\s*"(_q|q8|q4|bf16|[0-9]"|__absmax)')
+
+
+def test_no_template_tests_a_format_name():
+    found = [f"{p.name}:{n}: {line.strip()}"
+             for p in sorted((ROOT / "templates").glob("*.j2"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if TEMPLATE_TESTS.search(line)]
+    assert not found, "templates testing format names:\n    " + "\n    ".join(found)
+
+
+@pytest.mark.parametrize("line", [   # templates/_buffers.j2 before the registry
+    '{%- elif k.view == "q8" %}',
+    '{%- elif k.view == "q8" and b.name.startswith(("_qtab_", "_qmid_")) %}',
+    '{%- elif k.view == "q8" and k.quant.get(b.name, "").endswith("4") %}',
+    '{%- elif b.name.endswith("__absmax") %}',
+])
+def test_the_template_checker_flags_the_templates_before_the_registry(line):
+    assert TEMPLATE_TESTS.search(line)
 
 
 def test_the_registry_is_scanned_around_not_missed():
