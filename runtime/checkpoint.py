@@ -12,7 +12,7 @@ states, groups, step counts and multipliers (``opt.params``, ``opt.state``, ``op
 ``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); ``apply`` sets what ``check``
 returns.
 
-May import: numpy, formats, hyper, quant, tensors.
+May import: numpy, formats, hyper, tensors.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from optgen.core import hyper as hyper_rules
 from . import tensors
-from optgen.core import quant
+from optgen.core import formats
 from optgen.core.formats import ABSMAX
 
 FORMAT = 1
@@ -224,27 +224,23 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
             out[n] = src.astype(tensors.numpy_dtype(want))
             converted.add(f"{src.dtype.name} -> {want}")
             continue
+        ours = formats.from_stored(opt.artifact.stored.get(n))
+        theirs_fmt = formats.from_stored(stored.get(n)) if isinstance(stored, Mapping) else None
         if mine and not theirs and (src.dtype.kind == "f" or src.dtype.name == "bfloat16"):
-            out[n], out[n + ABSMAX] = quant.quantize(src.astype(np.float32),
-                                                     *quant.parse_stored(opt.artifact.stored[n]))
-            converted.add(f"{src.dtype.name} -> {opt.artifact.stored[n][:2]}")
+            out[n], out[n + ABSMAX] = ours.quantize(src.astype(np.float32))
+            converted.add(f"{src.dtype.name} -> {ours.name}")
         elif theirs and not mine:
-            kind = stored.get(n, "") if isinstance(stored, Mapping) else ""
-            if not quant.is_stored(kind):
+            if theirs_fmt is None:
                 _fail(opt, f"state_dict state {i}.{n} is q8/q4 codes without their map "
                            "(no 'stored' entry): it cannot be dequantized")
-            out[n] = quant.dequantize(src, np.asarray(rec[n + ABSMAX]),
-                                      *quant.parse_stored(kind), shape) \
+            out[n] = theirs_fmt.dequantize((src, np.asarray(rec[n + ABSMAX])), shape) \
                 .astype(tensors.numpy_dtype(want))
             del out[n + ABSMAX]
-            converted.add(f"{kind[:2]} -> {want}")
-        elif mine and theirs and isinstance(stored, Mapping) and \
-                quant.is_stored(stored.get(n)) and \
+            converted.add(f"{theirs_fmt.name} -> {want}")
+        elif mine and theirs and theirs_fmt is not None and \
                 stored[n] != opt.artifact.stored[n]:      # another block size, map or bits
-            values = quant.dequantize(src, np.asarray(rec[n + ABSMAX]),
-                                      *quant.parse_stored(stored[n]), shape)
-            out[n], out[n + ABSMAX] = quant.quantize(values,
-                                                     *quant.parse_stored(opt.artifact.stored[n]))
+            values = theirs_fmt.dequantize((src, np.asarray(rec[n + ABSMAX])), shape)
+            out[n], out[n + ABSMAX] = ours.quantize(values)
             converted.add(f"{stored[n]} -> {opt.artifact.stored[n]}")
     return out
 

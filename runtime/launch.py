@@ -14,7 +14,7 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It shares the optimizer's lists of parameters and states (the same list objects), and
 is told the rest (kernels prepared, groups, multipliers, step counts) when it needs it.
 
-May import: numpy, artifact, flat, formats, quant, reference, rounding, shards, sparse,
+May import: numpy, artifact, flat, formats, reference, rounding, shards, sparse,
 tensors, views.
 """
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import flat, shards, tensors
-from optgen.core import quant, reference, rounding, views
-from optgen.core.formats import ABSMAX
+from optgen.core import formats, reference, rounding, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
@@ -91,8 +90,7 @@ class Launcher:
         arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
-        arrays.update((b, self.table(i, b)) for b in k.buffers
-                      if b[:6] in quant.TABLES)        # (q8 states: maps, midpoints, codes)
+        arrays.update((b, self.table(i, b)) for b in k.tables)   # (block-quantized states)
         if self.mixed[i]:
             arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
         else:
@@ -100,10 +98,10 @@ class Launcher:
         return arrays
 
     def table(self, i: int, name: str) -> Any:
-        """A q8 kernel's table argument ``name`` (optgen/core/quant.py) for parameter ``i``:
+        """A kernel's table argument ``name`` (optgen/core/formats) for parameter ``i``:
         the numpy array, or for compiled kernels on a GPU (torch CUDA tensors, CuPy
         arrays) its copy on the parameter's device, made once per device and kept."""
-        host = quant.TABLES[name[:6]](name[6:])
+        host = formats.table(name)
         lib = self.libs[i]
         where = tensors.device(self.params[i], lib)
         if not self.compiled or where == "cpu":
@@ -224,15 +222,17 @@ class Launcher:
         arrays = self.arrays(i, k, g, extra)
         lib = self.libs[i]
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
-        values = {**host, **{n: quant.dequantize(host[n], host[n + ABSMAX], m, k.quant_block,
-                                                 host["w"].shape)
-                             for n, m in k.quant.items()}}
+        values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
+                                             host["w"].shape)
+                             for n, f in k.formats.items()}}
         at = dict(zip(k.scalars, scalars))
         new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)
         for name, value in new.items():
-            if name in k.quant:          # q8: the block-wise codes of the new values
-                host[name][...], host[name + ABSMAX][...] = quant.quantize(
-                    value, k.quant[name], k.quant_block)
+            if name in k.formats:        # block-quantized: the codes of the new values
+                fmt = k.formats[name]
+                for arr, new in zip([host[name], *(host[c] for c in fmt.companions(name, 0))],
+                                    fmt.quantize(value)):
+                    arr[...] = new
             elif name in k.stochastic:   # bf16sr: rounded stochastically (then exact)
                 hi, lo = (int(at[n]) for n in rounding.KEY_SCALARS)
                 host[name][...] = rounding.to_bfloat16(value, hi << 16 | lo, k.stochastic[name])

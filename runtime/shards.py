@@ -22,7 +22,7 @@ The collective itself comes from the caller (``Collective``: optgen/torch/shards
 passes torch.distributed's all-reduce over the parameter's mesh); this module imports
 no communication library.
 
-May import: numpy, views. Imports no other runtime module.
+May import: numpy, views, formats. Imports no other runtime module.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 
 from optgen.core import views
+from optgen.core.formats import FLAT_VIEWS
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,13 @@ def split(shards: Shards | None, i: int) -> Split | None:
 def needs_sum(launch: dict, split: Split | None) -> bool:
     """Whether a reduction launch reduces over the axis ``split`` cuts."""
     return split is not None and launch["kind"] == "reduce" and \
-        (launch["view"] in ("flat", "q8") or split.axis in launch["reduced"])
+        (launch["view"] in FLAT_VIEWS or split.axis in launch["reduced"])
 
 
 def pending(launch: dict, buffers: dict[str, Any], workspaces: dict[str, str],
             local: tuple[int, int, int], split: Split) -> list[tuple[str, Pending]]:
     """The buffers a reduction launch fills that must be summed, by name."""
-    reduced = views.AXES if launch["view"] in ("flat", "q8") else launch["reduced"]
+    reduced = views.AXES if launch["view"] in FLAT_VIEWS else launch["reduced"]
     out = []
     for red, op in [(launch["red"], launch["op"])] + [(a["red"], a["op"])
                                                         for a in launch.get("also", [])]:

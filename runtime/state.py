@@ -9,7 +9,7 @@ init and dtype, is one buffer for the chain, so states are back to back wherever
 parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
 belong here.
 
-May import: numpy, flat, formats, quant, scalar_expr, tensors, views.
+May import: numpy, flat, formats, scalar_expr, tensors, views.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import flat, tensors
-from optgen.core import formats, quant, scalar_expr, views
+from optgen.core import formats, scalar_expr, views
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
 
@@ -71,17 +71,10 @@ def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
         if s.shape == "scalar":
             st[s.name] = np.float64(init)
             continue
-        if quant.is_stored(dtype):    # codes of the init and its absmax, every block
-            kind, block = quant.parse_stored(dtype)
-            code, absmax = quant.code_of(init, kind)
-            n = int(np.prod(tuple(p.shape), dtype=np.int64))
-            packed = quant.BITS[kind] == 4       # (4-bit: flat, two codes a byte)
-            st[s.name] = tensors.full_like(p, lib, (quant.code_bytes(n, kind),) if packed
-                                           else tuple(p.shape), code, "uint8")
-            if packed and n % 2:                 # the odd last byte's low nibble is 0
-                st[s.name][-1] = code & 0xF0
-            st[s.name + formats.ABSMAX] = tensors.full_like(p, lib, (quant.blocks(n, block),),
-                                                            absmax, "float32")
+        coded = formats.from_stored(dtype)
+        if coded is not None:         # codes of the init and their companions
+            st.update(coded.allocate(s.name, init, tuple(p.shape),
+                                     lambda shape, v, dt: tensors.full_like(p, lib, shape, v, dt)))
             continue
         a, b = chain
         if s.shape == "param" and b - a > 1 and all(new(j, s) == found for j in range(a, b)):
@@ -102,7 +95,7 @@ def convert(st: dict[str, Any], lib: str, k: Any) -> None:
     """Store each of kernel ``k``'s buffers in the dtype ``k`` wants (a storage flag
     changed: the state is converted, rounding once)."""
     for n in k.buffers:
-        if n in k.quant or n.endswith(formats.ABSMAX):
+        if n in k.formats or n in k.companions:   # (codes: never cast)
             continue
         want = k.storage.get(n, k.dtype)
         v = st.get(n)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 
 from ..errors import BuildError
-from optgen.core.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
 from .plan import PassPlan
 
@@ -83,7 +82,8 @@ def device_kernels(target: str, sources: dict[str, str],
         if pattern is not None and extra in found:
             raise BuildError(f"{target} source has an unexpected kernel {extra}")
         # (a q8 pass also stores the new absmax of the q8 states it writes)
-        writes = k.writes + [s + ABSMAX for s in k.quant if s in k.writes]
+        writes = k.writes + [c for s, f in k.formats.items() if s in k.writes
+                             for c in f.companions(s, 0)]
         out[k.symbol] = {"kernels": kernels, "buffers": [b.name for b in k.buffers],
                          "writes": writes, "dims": dims}
     return out

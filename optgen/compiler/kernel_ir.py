@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
+from optgen.core import formats
 
 
 @dataclass
@@ -84,8 +85,8 @@ class KernelIR:
                                         # the first (reduce) pass; later passes read it back
     state_format: dict[str, str] = field(default_factory=dict)  # state -> format
                                         # (optgen.core.formats); its dtype is in storage
-    quant: dict[str, str] = field(default_factory=dict)  # q8 state -> its dynamic map
-    quant_block: int = 256              # q8: elements per absmax
+    quant: dict[str, str] = field(default_factory=dict)  # block-quantized state -> its map
+    quant_block: int = formats.NO_BLOCK  # block-quantized states: elements per absmax
     stochastic: dict[str, int] = field(default_factory=dict)  # state rounded to bfloat16
                                         # stochastically -> its salt (optgen/core/rounding.py)
 

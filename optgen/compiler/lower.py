@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
-from optgen.core import quant, rounding
-from optgen.core.formats import ABSMAX
+from optgen.core import formats, rounding
 from .kernel_ir import KernelIR
 from .specialize import MASTER_DTYPE
 
@@ -43,7 +42,7 @@ class LoweredBuffer:
 
 
 @dataclass
-class LoweredKernel:
+class LoweredKernel(formats.FormattedKernel):
     """One pass (see specialize.Launch), as TVMScript statements for one element.
 
     ``body`` holds ``T.let`` bindings and stores indexed by ``i`` (flat view) or
@@ -65,17 +64,21 @@ class LoweredKernel:
     reduced: str = ""                # the reduced axes
     writes: list[str] | None = None  # buffers the pass stores into
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
-    quant: dict[str, str] = field(default_factory=dict)   # view "q8": state -> its map
-    quant_block: int = 256                                # view "q8": elements per absmax
+    quant: dict[str, str] = field(default_factory=dict)   # blocked view: state -> its map
+    quant_block: int = formats.NO_BLOCK                   # blocked view: elements per absmax
     role: str = "launch"        # which manifest slot runs it: "launch" (launches[launch]
     launch: int | None = None   # ["symbol"]), "seg" (its "seg_symbol") or "lazy"
 
+    @property
+    def blocked(self) -> bool:
+        """A pass over block-quantized states (optgen/core/formats/blocked.py)."""
+        return self.view == formats.BLOCKED_VIEW
+
 
 def nibble_midpoints(k: LoweredKernel) -> dict[str, list[str]]:
-    """The 4-bit maps of a q8-view pass -> their 15 midpoints as float32 literals: the
+    """The 4-bit maps of a blocked pass -> their 15 midpoints as float32 literals: the
     kernels (CPU and GPU) count those below x / absmax for a code, without tables."""
-    return {m: [repr(float(x)) for x in quant.midpoints(m)[:-1]]
-            for m in k.quant.values() if quant.BITS[m] == 4}
+    return {f.map: f.midpoints() for f in k.formats.values() if f.midpoints() is not None}
 
 
 def buffer_var(name: str) -> str:
@@ -91,7 +94,7 @@ def index(axes: str, view: str, transposed: bool = False) -> str:
         return "0"
     if view == "matrix":   # the pass loops i over its space's rows, j over its columns
         return "j, i" if transposed else "i, j"
-    if view in ("flat", "q8"):
+    if view in formats.FLAT_VIEWS:
         assert axes == "brc", axes
         return "i"
     return ", ".join(axes)
@@ -218,6 +221,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     names: dict[int, str] = {}
     body: list[str] = []
     view = ln.view if red_stride is None else "seg"
+    fmts = formats.kernel_formats(kir.quant, kir.quant_block)
+    companions = {c for n, f in fmts.items() for c in f.companions(n, 0)}
+    tables = {t for f in fmts.values() for t in f.tables()}
 
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
@@ -238,18 +244,9 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return f"{buffer_var(name)}[{'i' if axes else f's * T.int64({red_stride})'}]"
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
-    def code(name: str) -> str:
-        """The code of element ``i`` of a q8 state (a byte), or of a q4 state (the high
-        nibble of byte i // 2 for even i, the low one for odd i: optgen/core/quant.py)."""
-        if quant.BITS[kir.quant[name]] == 8:
-            return f'T.Cast("int32", {slot_of(name)})'
-        byte = f'T.Cast("int32", {buffer_var(name)}[T.floordiv(i, T.int64(2))])'
-        shift = 'T.Cast("int32", (T.int64(1) - T.floormod(i, T.int64(2))) * T.int64(4))'
-        return f"T.bitwise_and(T.shift_right({byte}, {shift}), T.int32(15))"
-
     def load(name: str, transposed: bool = False) -> str:
-        if name in kir.quant:    # q8: the code's map value times the block's old absmax
-            return (f'(B__qmap_{kir.quant[name]}[{code(name)}] * qa_{name})')
+        if name in fmts:         # block-quantized: the format's load
+            return fmts[name].load(name, "i")
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
             return widen(slot_of(name), kir.storage[name], ty)
         if name in kir.reductions:   # a matrix rule's reduction, read by name
@@ -257,8 +254,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return slot_of(name, transposed)
 
     def store(name: str, value: str) -> str:
-        if name in kir.quant:    # q8: the block's new values; the template quantizes them
-            return f"Q_{name}[j] = {value}"
+        if name in fmts:         # block-quantized: the format's store
+            return fmts[name].store(name, value)
         if name in kir.stochastic:   # bf16sr: the value rounded stochastically first
             value = stochastic(body, name, value, kir.stochastic[name],
                                [f"{SCALARS}[{slot[n]}]" for n in rounding.KEY_SCALARS])
@@ -353,11 +350,13 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     def lbuf(name: str) -> LoweredBuffer:
         if name in ("_indices", "_seg"):
             return LoweredBuffer(name, buffer_var(name), "k", "int64")
-        if name in kir.quant:
-            return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name], "uint8")
-        if name.endswith(ABSMAX) or name.startswith(("_qmap_", "_qmid_", "_qtab_")):
-            return LoweredBuffer(name, buffer_var(name), "",           # (q8: optgen/core/quant.py)
-                                 "int32" if name.startswith("_qtab_") else "float32")
+        if name in fmts:
+            return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
+                                 fmts[name].dtype)
+        if name in companions:   # (one float32 scale per block)
+            return LoweredBuffer(name, buffer_var(name), "", "float32")
+        if name in tables:
+            return LoweredBuffer(name, buffer_var(name), "", formats.table(name).dtype.name)
         return LoweredBuffer(name, buffer_var(name), kir.buffer_axes[name],
                              wide if name in kir.reductions else kir.storage.get(name, dtype))
 

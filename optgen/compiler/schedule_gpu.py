@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from optgen.core import quant
-from optgen.core.formats import ABSMAX
 from .lower import LoweredKernel, nibble_midpoints
 from .templates import render
 
@@ -66,11 +65,12 @@ def shape_vars(k: LoweredKernel) -> dict[str, list]:
     """Shape variable -> [buffer, axis] that defines it, as the templates declare them
     (the device ABI names each kernel parameter that is one of these)."""
     out: dict[str, list] = {}
+    companions = {c for s, f in k.formats.items() for c in f.companions(s, 0)}
     for b in k.buffers:
         if k.view == "lazy":
             names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
-        elif k.view == "q8":   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
-            names = ("nb",) if b.name.endswith(ABSMAX) else \
+        elif k.blocked:   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
+            names = ("nb",) if b.name in companions else \
                 ("n",) if b.axes and b.name not in k.quant else ()
         elif not b.axes:
             names = (f"m_{b.name}",)
@@ -101,7 +101,7 @@ def _decompose(idx: str, axes: str) -> list[str]:
 def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
-    if k.view == "q8":   # one block per quant block (a power of two >= 32); 4-bit
+    if k.blocked:   # one block per quant block (a power of two >= 32); 4-bit
         mids = nibble_midpoints(k)                  # states: a thread packs its pairs
         threads = min(k.quant_block // (2 if mids else 1), THREADS)
         grid = Grid(["n"], k.quant_block, threads=threads)

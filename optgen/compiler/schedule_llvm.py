@@ -38,11 +38,11 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
-    if k.view == "q8":
+    if k.blocked:
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
                       per_task=Q8_BLOCKS_PER_TASK, mids=nibble_midpoints(k),
-                      fast={m: _fast(m) for m in k.quant.values() if quant.BITS[m] == 8},
+                      fast={f.map: _fast(f.map) for f in k.formats.values() if f.fast},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..declarations import SHAPE_NAMES, Spec
 from ..ir import Expr, apply, matrix_shape, to_python, walk
 from ..tracing import Trace
-from optgen.core import formats, quant, rounding, scalar_expr
+from optgen.core import formats, rounding, scalar_expr
 from optgen.core.reference import LOW_COPY
 from optgen.core.dtypes import LOW_PRECISION as MIXED_DTYPES  # float32-master dtypes
 from .kernel_ir import KernelIR, Launch, serialize
@@ -107,7 +107,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     low_copy = []
     if param_dtype is not None and not master:   # bfloat16 w, stored stochastically
         storage.update({n: param_dtype for n in ["w", "grad", *spec.inputs]})
-        formatted[formats.PARAM] = "bf16sr"
+        formatted[formats.PARAM] = str(formats.cast.STOCHASTIC)
     elif param_dtype is not None:
         assert param_dtype in MIXED_DTYPES, param_dtype
         low_copy = [LOW_COPY]
@@ -132,9 +132,9 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         plan_matrix(kir)
     else:
         plan(kir, merge)
-    if formats.quantized(formatted):
-        quantize(spec, kir, {n: (maps or {})[n] for n in formats.quantized(formatted)},
-                 formats.block(spec.name, formatted))
+    if formats.block(spec.name, formatted):    # (one block size for all)
+        quantize(spec, kir, {n: formats.of(formatted[n]).with_map((maps or {})[n])
+                             for n in formats.quantized(formatted)})
     sr = formats.stochastic(formatted) + ([] if master else ["w"])
     if sr:
         stochastic(spec, kir, sr)
@@ -147,7 +147,7 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
     hash reads the element's index in the flat view, so those states must be stored
     by flat (or q8) passes: elementwise states, not row/column statistics."""
     for ln in kir.launches:
-        bad = [n for n in ln.outputs if n in names and ln.view not in ("flat", "q8")]
+        bad = [n for n in ln.outputs if n in names and ln.view not in formats.FLAT_VIEWS]
         if bad:
             raise ValueError(f"{spec.name} (flags {kir.flags}): state {bad[0]!r} is stored by "
                              f"a {ln.view} pass; stochastic rounding (bf16sr) applies to "
@@ -157,32 +157,32 @@ def stochastic(spec: Spec, kir: KernelIR, names: list[str]) -> None:
     kir.lazy = None
 
 
-def quantize(spec: Spec, kir: KernelIR, maps: dict[str, str], block: int = 256) -> None:
-    """Store the states ``maps`` names as q8 or q4 codes (optgen/core/quant.py): the one update
-    pass becomes the blocked "q8" view, which also takes each such state's absmax buffer
-    (``<state>__absmax``, one float32 per block) and, per map, its values (8-bit maps
-    also their bucket midpoints and code table) as arguments.
+def quantize(spec: Spec, kir: KernelIR, fmts: dict[str, formats.Format]) -> None:
+    """Store the states ``fmts`` names block-quantized (q8, q4: optgen/core/formats/
+    blocked.py), each with the map its Format carries: the one update pass becomes the
+    blocked view, which also takes each such state's companions (``<state>__absmax``,
+    one float32 per block) and the formats' table arguments (maps; 8-bit maps also their
+    bucket midpoints and code table).
     Only a single elementwise pass can: the block's new values, their absmax and their
     codes are computed in one loop nest, and nothing else reads the states."""
     ln = kir.launches[0] if len(kir.launches) == 1 else None
     if ln is None or ln.kind != "update" or ln.view != "flat" or spec.inputs:
         what = "reductions or row/column passes" if len(kir.launches) > 1 else \
             "extra inputs" if spec.inputs else f"a {ln.view if ln else '?'} pass"
-        fmt = " and ".join(sorted({quant.FORMAT[quant.BITS[m]] for m in maps.values()}))
+        fmt = " and ".join(sorted({f.name for f in fmts.values()}))
         raise ValueError(f"{spec.name} (flags {kir.flags}): state_format '{fmt}' applies to "
                          "elementwise rules (one pass over the elements), and this rule has "
                          f"{what}; use 'bf16' for it (docs/state-formats.md)")
-    kir.quant, kir.quant_block = dict(maps), block
-    absmax = [n + formats.ABSMAX for n in maps]
-    tables = [f"_q{t}_{m}" for m in sorted(set(maps.values()))
-              for t in (("map", "mid", "tab") if quant.BITS[m] == 8 else ("map",))]
-    for b in absmax + tables:
+    kir.quant = {n: f.map for n, f in fmts.items()}
+    kir.quant_block, = {f.block for f in fmts.values()}   # (formats.block: one size)
+    companions = {n: list(f.companions(n, 0)) for n, f in fmts.items()}
+    by_map = {f.map: f.tables() for f in fmts.values()}
+    tables = [t for m in sorted(by_map) for t in by_map[m]]
+    for b in [c for cs in companions.values() for c in cs] + tables:
         kir.buffer_axes[b] = ""
-    kir.buffers = [x for b in kir.buffers
-                   for x in ([b, b + formats.ABSMAX] if b in maps else [b])] + tables
-    ln.view = "q8"
-    ln.buffers = [x for b in ln.buffers
-                  for x in ([b, b + formats.ABSMAX] if b in maps else [b])] + tables
+    kir.buffers = [x for b in kir.buffers for x in [b, *companions.get(b, [])]] + tables
+    ln.view = formats.BLOCKED_VIEW
+    ln.buffers = [x for b in ln.buffers for x in [b, *companions.get(b, [])]] + tables
     kir.lazy = None
 
 

@@ -22,7 +22,7 @@ QUANT_GPU = ("cuda", "opencl")
 def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
                state_format: dict[str, str] | None = None) -> str:
     """``adam_f32_amsgrad``; a kernel with state formats adds them: ``adam_f32_sf_m_bf16``."""
-    fmt = [f"{s}_{f.replace('@', '_')}" for s, f in (state_format or {}).items()]  # q8@64
+    fmt = [f"{s}_{formats.of(f).symbol}" for s, f in (state_format or {}).items()]
     return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on),
                      *(["sf", *fmt] if fmt else [])])
 
@@ -51,11 +51,12 @@ def kernel_irs(spec, traces, tg: targets.Target,
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
                              f"optgen compiles for the llvm target only so far, not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
-    quantized = sorted({fmt[n][:2] for n in formats.quantized(fmt)}, reverse=True)
+    quantized = sorted({formats.of(fmt[n]).name for n in formats.quantized(fmt)},
+                       reverse=True)
     if quantized and tg.family != "cpu" and tg.name not in QUANT_GPU:
         raise BuildError(f"state_format {' and '.join(map(repr, quantized))} builds for the "
                          f"targets llvm, c, {', '.join(QUANT_GPU)} so far, not {tg.name}")
-    maps = quant_maps(spec, traces, {n: formats.bits(fmt[n]) for n in formats.quantized(fmt)})
+    maps = quant_maps(spec, traces, {n: formats.of(fmt[n]) for n in formats.quantized(fmt)})
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
@@ -83,14 +84,14 @@ def kernel_irs(spec, traces, tg: targets.Target,
     return kirs
 
 
-def quant_maps(spec, traces, names: dict[str, int]) -> dict[str, str]:
-    """The map of each quantized state (``names``: state -> code bits): where it is proven
-    non-negative under every flag combination that has it (optgen.compiler.nonneg)
-    "unsigned" (8-bit) or "linear4" (4-bit, zero-free), else "signed" or "signed4"."""
+def quant_maps(spec, traces, names: dict[str, formats.Format]) -> dict[str, str]:
+    """The map of each block-quantized state (``names``: state -> its Format): the finer
+    one where it is proven non-negative under every flag combination that has it
+    (optgen.compiler.nonneg; q8 "unsigned", q4 the zero-free "linear4"), else the
+    signed one ("signed", "signed4")."""
     proven = set(names)
     for tr in traces:
         active = [n for n in names if n in tr.updates or
                   any(s.name == n for s in spec.active_states(tr.flags))]
         proven &= nonneg_states(spec, tr.updates, active) | (set(names) - set(active))
-    pick = {8: ("unsigned", "signed"), 4: ("linear4", "signed4")}
-    return {n: pick[b][n not in proven] for n, b in names.items()}
+    return {n: f.map_for(n in proven) for n, f in names.items()}

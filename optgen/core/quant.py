@@ -12,7 +12,7 @@ sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
 the unsigned one (twice the resolution).
 
 4-bit codes (q4; Li et al., "Memory Efficient Optimizers with 4-bit States", NeurIPS
-2023) use blocks of ``BLOCKS[4]`` = 128 and 16-entry maps: "signed4", the signed dynamic
+2023) use blocks of 128 (the q4 format's default) and 16-entry maps: "signed4", the signed dynamic
 map with 3 exponent bits (decades 1e-2 .. 1: 1, 2, 4 values per decade and sign, plus 0
 and 1.0), for states that can be negative; "linear4", the zero-free linear map
 (k + 1) / 16, for states proven non-negative. Those are second moments and accumulators,
@@ -37,30 +37,10 @@ import functools
 
 import numpy as np
 
-BLOCK = 256          # q8: elements per absmax by default (a build parameter: q8@<block>)
-BLOCKS = {8: BLOCK, 4: 128}   # the default block size by code bits
-MIN_BLOCK = 32       # a block size is a power of two at least this
+BLOCK = 256          # q8's default elements per absmax (the q8 format takes it from here:
+                     # optgen/core/formats/blocked.py; quantize's default)
 BITS = {"signed": 8, "unsigned": 8, "signed4": 4, "linear4": 4}   # map -> code bits
 MAPS = tuple(BITS)
-FORMAT = {8: "q8", 4: "q4"}   # code bits -> the format's name
-
-
-def stored(kind: str, block: int) -> str:
-    """How a quantized state is stored (``Artifact.stored``, checkpoints): "q8:<map>" or
-    "q4:<map>" for the default block, "q8:<map>:<block>" otherwise."""
-    bits = BITS[kind]
-    return f"{FORMAT[bits]}:{kind}" + ("" if block == BLOCKS[bits] else f":{block}")
-
-
-def is_stored(text: object) -> bool:
-    """Whether a stored-format string names codes (q8 or q4) rather than a dtype."""
-    return isinstance(text, str) and text.startswith(tuple(f"{f}:" for f in FORMAT.values()))
-
-
-def parse_stored(text: str) -> tuple[str, int]:
-    """(map, block) of a ``stored`` string."""
-    parts = text.split(":")
-    return parts[1], int(parts[2]) if len(parts) > 2 else BLOCKS[BITS[parts[1]]]
 
 
 def code_bytes(n: int, kind: str) -> int:
@@ -189,10 +169,6 @@ def bucket_midpoints(kind: str) -> np.ndarray:
     """float32[2 * BUCKETS]: the midpoint after each bucket's smallest code (+inf after
     code 255), so that the kernel reads it by the same index as the code table."""
     return midpoints(kind)[code_table(kind)]
-
-
-# the kernels' table arguments by buffer name prefix (optgen.compiler.specialize.quantize)
-TABLES = {"_qmap_": dynamic_map, "_qmid_": bucket_midpoints, "_qtab_": code_table}
 
 
 # The CPU kernel's code of x without a table (kernel_llvm_q8.py.j2, full blocks): the

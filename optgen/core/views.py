@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from optgen.core.formats.registry import FLAT_VIEWS
+
 AXES = "brc"
 
 
@@ -62,7 +64,7 @@ def extents(d: tuple[int, int, int], axes: str) -> tuple[int, ...]:
 def as_kernel(arr: np.ndarray, axes: str, d: tuple[int, int, int], view: str) -> np.ndarray:
     """How a kernel of ``view`` ("flat", "3d" or "matrix") receives an array holding
     ``axes``."""
-    if view in ("flat", "q8") or not axes:
+    if view in FLAT_VIEWS or not axes:
         return arr.reshape(-1)
     return arr.reshape(extents(d, axes))
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from optgen.core import quant
+from optgen.core import formats
 from optgen.core.formats import ABSMAX
 
 # catalog name -> (torch.optim class, torch state -> spec state, torch group key -> spec's)
@@ -172,5 +172,5 @@ def _full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str],
         return torch.as_tensor(v).detach().clone()
     codes = torch.as_tensor(v).detach().cpu().numpy()
     absmax = torch.as_tensor(rec[k + ABSMAX]).detach().cpu().numpy()
-    values = quant.dequantize(codes, absmax, *quant.parse_stored(stored[k]), shape)
+    values = formats.from_stored(stored[k]).dequantize((codes, absmax), shape)
     return torch.from_numpy(values).to(torch.as_tensor(v).device)

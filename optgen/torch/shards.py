@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from optgen.runtime import checkpoint, shards
-from optgen.core import quant, scalar_expr, views
+from optgen.core import formats, scalar_expr, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -61,7 +61,7 @@ def _refused(artifact: Any) -> str | None:
             return "multiplies whole matrices"
         if any({"rows", "cols"} & scalar_expr.names(e) for e in k.host_scalars.values()):
             return "reads the parameter's shape"
-    if any(quant.is_stored(v) for v in artifact.stored.values()):
+    if any(formats.from_stored(v) is not None for v in artifact.stored.values()):
         return "keeps q8/q4 states, whose blocks would start at each shard"
     return None
 

@@ -24,12 +24,12 @@ from ..device import DeviceError, DeviceProgram
 from optgen.core.manifest import ArtifactError, load_verified, verify_files
 from optgen.core.tvm_runtime import load_tvm_runtime as _load_tvm_runtime  # noqa: F401
 from optgen.core import scalar_expr
-from optgen.core import formats, quant
+from optgen.core import formats
 from optgen.core.hyper import HyperInfo, Requirement
 
 
 @dataclass(frozen=True, eq=False)
-class KernelInfo:
+class KernelInfo(formats.FormattedKernel):
     """One kernel of the manifest. ``dtype`` is the compute dtype (and the scalars'),
     ``param_dtype`` the parameter's: equal for plain kernels; float16/bfloat16 for mixed
     precision (dtype float32), where ``w`` is the float32 master and ``w_low`` the
@@ -53,7 +53,7 @@ class KernelInfo:
     quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
     stochastic: dict[str, int] = dataclasses.field(default_factory=dict)  # bf16sr state ->
     # its salt (optgen/core/rounding.py)
-    quant_block: int = 256   # q8: elements per absmax
+    quant_block: int = formats.NO_BLOCK   # block-quantized states: elements per absmax
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
@@ -61,7 +61,7 @@ class KernelInfo:
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
                    d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
                    d["state_format"], d["quant"], d.get("stochastic", {}),
-                   d.get("quant_block", 256))
+                   d.get("quant_block", formats.NO_BLOCK))
 
     @functools.cached_property
     def matrix(self) -> bool:
@@ -162,10 +162,9 @@ class Artifact:
         self.reduction_dtype: str = manifest["reduction_dtype"]
         self.state_format: dict[str, str] = manifest["state_format"]   # state -> format
         # how each formatted state is stored: a dtype (bf16) or "q8:<map>[:<block>]"
-        # (optgen/core/quant.py)
+        # (optgen/core/formats: Format.stored)
         self.stored: dict[str, str] = {
-            n: quant.stored(m, k.quant_block) for k in self.kernels
-            for n, m in k.quant.items()} | {
+            n: f.stored for k in self.kernels for n, f in k.formats.items()} | {
             n: dt for n, dt in formats.dtypes(self.state_format).items()}
         self._module = None
         self._functions: dict[str, Callable] = {}

@@ -6,16 +6,16 @@ loads the stored value, widens it to its compute dtype (float32), runs the rule
 unchanged, and rounds the new value into the format on store, in the same pass.
 
     "default"  the compute dtype (the parameter's, float32 under mixed precision)
-    "bf16"     bfloat16, rounded to nearest even (2 bytes a value instead of 4)
-    "bf16sr"   bfloat16, rounded stochastically (optgen/core/rounding.py): unbiased, so
-               updates smaller than a bfloat16 step survive on average; also asked
-               for as "bf16" with ``stochastic_rounding=True``
-    "q8"       block-wise 8-bit codes into a dynamic map, one float32 absmax per 256
-               elements (optgen/core/quant.py; elementwise rules only); "q8@128" sets the
+    "bf16", "bf16sr"   cast formats (cast.py): bfloat16, rounded to nearest even or
+               stochastically; "bf16" with ``stochastic_rounding=True`` is "bf16sr"
+    "q8", "q4"  block-quantized formats (blocked.py): 8-bit or 4-bit codes with one
+               float32 absmax per block (elementwise rules only); "q8@128" sets the
                block size (a power of two, at least 32; one block size per request)
-    "q4"       block-wise 4-bit codes, two a byte, one float32 absmax per 128 elements:
-               the signed 4-bit dynamic map, or for states proven non-negative the
-               zero-free linear map (optgen/core/quant.py); "q4@64" sets the block size
+
+Each family is a ``StateFormat`` registered in registry.py; a request's text parses to
+a typed ``Format`` there, and every module asks that value instead of reading the text
+(this module's functions take and give the canonical texts, which artifact keys,
+manifests and checkpoints hold).
 
 A request is ``"bf16"`` (every tensor state of the rule) or a dict ``{"m": "bf16"}``
 (those states; the others keep the default). Scalar states (host float64) and the
@@ -25,21 +25,27 @@ square states of matrix rules keep their dtype. Tensors with fewer than
 or float16/bfloat16 ones with ``multi_precision=True``; float64 parameters get no
 format kernel (a TypeError names it).
 
-May import: nothing of the runtime (the compiler and the runtime both read it).
+May import: optgen.core.quant, optgen.core.rounding (nothing of the runtime: the compiler
+and the runtime both read it).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-FORMATS = {"bf16": "bfloat16", "bf16sr": "bfloat16",   # format -> the dtype of its
-           "q8": "uint8", "q4": "uint8"}              # stored values
-QUANT = {"q8": 256, "q4": 128}   # block-wise formats -> their default block size
-CAST = ("bf16", "bf16sr")        # formats that are a dtype (the kernel casts on load/store)
-STOCHASTIC = {"bf16": "bf16sr"}  # a format -> its stochastically rounded twin
+from . import cast      # (registers the cast family first: the order of error messages)
+from . import blocked   # (registers q8, q4)
+from . import registry
+from .blocked import NO_BLOCK
+from .registry import (ABSMAX, BLOCKED_VIEW, FLAT_VIEWS, Format, FormattedKernel,
+                       StateFormat, from_stored, kernel_formats, of, of_map, parse, table)
+
+__all__ = ["ABSMAX", "BLOCKED_VIEW", "NO_BLOCK", "FLAT_VIEWS", "Format", "FormattedKernel",
+           "StateFormat", "blocked", "cast", "from_stored", "kernel_formats", "of", "of_map",
+           "parse", "table"]
+
 PARAM = "w"                      # a request's entry for bfloat16 parameters stepped
                                  # without a master copy (stochastic_rounding=True)
 EVERY = "*"                      # a request dict's entry for every tensor state
-ABSMAX = "__absmax"              # a q8/q4 state "v" keeps its block scales as "v__absmax"
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
 TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
 
@@ -53,7 +59,7 @@ def request(owner: str, state_format: Any) -> str | dict[str, str] | None:
     if isinstance(state_format, str):
         return _format(owner, "state_format", state_format)
     if not isinstance(state_format, Mapping) or not state_format:
-        raise TypeError(f"{owner}: state_format must be a format name ({_names()}) or a "
+        raise TypeError(f"{owner}: state_format must be a format name ({registry.syntax()}) or a "
                         f"non-empty dict state -> format, got {state_format!r}")
     out = {}
     for name, fmt in sorted(state_format.items(), key=lambda kv: str(kv[0])):
@@ -65,20 +71,8 @@ def request(owner: str, state_format: Any) -> str | dict[str, str] | None:
     return out or None
 
 
-def _names() -> str:
-    return ", ".join(repr(f) for f in ("default", *FORMATS)) + " ('q8@<block>', 'q4@<block>')"
-
-
 def _format(owner: str, what: str, fmt: Any) -> str:
-    if fmt in FORMATS:
-        return fmt
-    if isinstance(fmt, str) and fmt[:3] in ("q8@", "q4@"):
-        q, size = fmt[:2], fmt[3:]
-        if not size.isdigit() or int(size) < 32 or int(size) & (int(size) - 1):
-            raise ValueError(f"{owner}: {what} {fmt!r}: the {q} block size must be a power "
-                             f"of two of at least 32 ({q}@32, {q}@64, ...), got {size!r}")
-        return q if int(size) == QUANT[q] else f"{q}@{int(size)}"
-    raise ValueError(f"{owner}: {what} must be one of {_names()}, got {fmt!r}")
+    return str(parse(owner, what, fmt))
 
 
 def rounded(owner: str, req: str | dict[str, str] | None, stochastic: Any
@@ -92,13 +86,14 @@ def rounded(owner: str, req: str | dict[str, str] | None, stochastic: Any
     if not isinstance(stochastic, bool):
         raise TypeError(f"{owner}: stochastic_rounding must be a bool, got {stochastic!r}")
     states = {} if req is None else {EVERY: req} if isinstance(req, str) else req
-    out = {**{n: STOCHASTIC.get(f, f) for n, f in states.items()}, PARAM: "bf16sr"}
+    out = {**{n: str(of(f).rounded()) for n, f in states.items()},
+           PARAM: str(cast.STOCHASTIC)}
     return dict(sorted(out.items()))          # (canonical: as ``request`` orders a dict)
 
 
 def stochastic(fmt: Mapping[str, str]) -> list[str]:
     """The states of a format dict that round stochastically."""
-    return [n for n, f in fmt.items() if f == "bf16sr" and n != PARAM]
+    return [n for n, f in fmt.items() if of(f).stochastic and n != PARAM]
 
 
 def states_of(fmt: Mapping[str, str]) -> dict[str, str]:
@@ -133,7 +128,7 @@ def expand(owner: str, req: str | dict[str, str] | None, states: Iterable[Any]
                 **expand(owner, {n: f for n, f in req.items() if n != EVERY}, states)}
     shapes = {s.name: s.shape for s in states}
     for name in req:
-        if name == PARAM and req[name] == "bf16sr":
+        if name == PARAM and of(req[name]) == cast.STOCHASTIC:
             continue
         if name not in shapes:
             raise ValueError(f"{owner}: state_format names state {name!r}, which the rule "
@@ -154,26 +149,21 @@ def check_min_size(owner: str, value: Any) -> int:
 
 def dtypes(fmt: Mapping[str, str]) -> dict[str, str]:
     """State name -> stored dtype of the states in a cast format (bf16)."""
-    return {n: FORMATS[f] for n, f in fmt.items() if f in CAST}
+    return {n: of(f).dtype for n, f in fmt.items() if not of(f).blocked}
 
 
 def quantized(fmt: Mapping[str, str]) -> list[str]:
-    """The states of a block-wise format (q8, q4)."""
-    return [n for n, f in fmt.items() if f[:2] in QUANT]
+    """The states of a block-quantized format (q8, q4)."""
+    return [n for n, f in fmt.items() if of(f).blocked]
 
 
-def bits(fmt: str) -> int:
-    """The code bits of a block-wise format ("q4@64": 4)."""
-    return int(fmt[1])
-
-
-def block(owner: str, fmt: Mapping[str, str]) -> int:
-    """The block size of a format dict's q8/q4 states (256 for q8 and 128 for q4 unless
-    "q8@<block>" says otherwise); a ValueError where its states ask for different
-    ones (one optimizer takes one block size: {"m": "q4", "v": "q8@128"} is fine)."""
-    sizes = {int(f[3:]) if "@" in f else QUANT[f] for n, f in fmt.items()
-             if n in quantized(fmt)}
+def block(owner: str, fmt: Mapping[str, str]) -> int | None:
+    """The block size of a format dict's block-quantized states (each format's default
+    unless "q8@<block>" says otherwise; None without such states); a ValueError where
+    its states ask for different ones (one optimizer takes one block size:
+    {"m": "q4", "v": "q8@128"} is fine)."""
+    sizes = {of(fmt[n]).block for n in quantized(fmt)}
     if len(sizes) > 1:
         raise ValueError(f"{owner}: state_format asks for block sizes "
                          f"{sorted(sizes)}; one optimizer takes one block size")
-    return sizes.pop() if sizes else 256
+    return sizes.pop() if sizes else None
