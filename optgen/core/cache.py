@@ -57,7 +57,7 @@ def machine() -> str:
 KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
     "optgen": ("blocks.py", "declarations.py", "dsl.py", "ir.py", "tracing.py"),
     "optgen.compiler": None,
-    "optgen.core": ("_version.py", "dtypes.py", "formats.py", "hyper.py", "quant.py",
+    "optgen.core": ("_version.py", "dtypes.py", "formats/", "hyper.py", "quant.py",
                     "reference.py", "rounding.py", "scalar_expr.py", "views.py"),
     "optgen.templates": None,
 }
