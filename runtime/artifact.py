@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import backends
 from .device import DeviceError, DeviceProgram
 from .manifest import (ArtifactError, ArtifactWarning, _broken, _folder_id,  # noqa: F401
                        rebuild_hint, runtime_files, verify_files, verify_manifest, warn_rebuild)
@@ -282,8 +283,8 @@ class Artifact:
 
     def function(self, symbol: str) -> Callable[..., Any]:
         """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached):
-        CPU targets (llvm, c) through tvm_ffi, GPU targets through their device ABI
-        (runtime/device.py)."""
+        through the target's runtime backend (runtime/backends/): CPU targets' library
+        through tvm_ffi, GPU targets through their device ABI (runtime/device.py)."""
         fn = self._functions.get(symbol)
         if fn is None:
             with _lock:
@@ -301,10 +302,10 @@ class Artifact:
 
     def _load_module(self):
         verify_files(self.path, self.manifest)  # unchanged since load? (a stat per file)
-        if self.target in ("llvm", "c"):
+        backend = backends.get(self.target)
+        if backend.load is not None:         # a library through tvm_ffi (CPU targets)
             _load_tvm_runtime()
-            import tvm_ffi
-            return tvm_ffi.load_module(os.path.join(self.path, self.manifest["library"]))
+            return backend.load(self.path, self.manifest)
         try:
             return DeviceProgram(self.path, self.manifest)
         except DeviceError as e:

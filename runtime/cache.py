@@ -13,16 +13,16 @@ import os
 import re
 import platform
 
+from . import backends
+
 FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
 #              "refresh"); 5: "files", "base"
-DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
 
 
 def target_key(target: str, archs: tuple[str, ...] | None = None) -> str:
-    """The target as the artifact key sees it: CUDA artifacts differ by architectures."""
-    if target != "cuda":
-        return target
-    return "cuda:" + ",".join(archs or DEFAULT_CUDA_ARCHS)
+    """The target as the artifact key sees it (CUDA artifacts differ by architectures:
+    its runtime backend says how)."""
+    return backends.get(target).target_key(archs)
 
 
 def cache_dir() -> str:
@@ -124,7 +124,7 @@ def artifact_key(spec_source: str, target: str, base: str | None = None,
              "tvm": tvm_version(), "target": target, "base": base,
              "state_format": state_format,
              "bases": _catalog_sources(spec_source, base),
-             "machine": machine() if target == "llvm" else None}
+             "machine": machine() if backends.get(target).machine_bound else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from optgen._version import __version__
 
-from . import cache, catalog
+from . import backends, cache, catalog
 from .cache import FORMAT
 
 
@@ -44,18 +44,16 @@ MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_versi
                  "requirements", "states", "kernels", "shape_flags", "name_flags", "inputs",
                  "statistics", "accepted",
                  "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
-DEVICE_TARGETS = ("cuda", "opencl")   # run through the manifest's device ABI (device.py)
 
 
 def runtime_files(manifest: dict) -> list[str]:
     """The files of an artifact the runtime reads, which the manifest's ``files`` records
     (size, sha256): the library, spec.py (checkpoints hash it), the PTX and cubin files
-    (cuda) and the OpenCL source (opencl). The wrapper module and the other sources are
-    for people and are not verified."""
+    (cuda) and what the target's runtime backend reads besides (the OpenCL source). The
+    wrapper module and the other sources are for people and are not verified."""
     names = [manifest["library"], "spec.py"]
     names += [f for files in manifest["binaries"].values() for f in files.values()]
-    if manifest["target"] == "opencl":
-        names.append(manifest["sources"]["opencl"])
+    names += backends.get(manifest["target"]).files(manifest)
     return list(dict.fromkeys(names))
 
 
@@ -123,14 +121,16 @@ def verify_manifest(path: str, manifest: Any) -> None:
         fail(f"the manifest is a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
         fail(f"manifest format {manifest.get('format')!r}, this optgen reads format {FORMAT}")
-    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if manifest.get("target")
-                                            in DEVICE_TARGETS else ()) if k not in manifest]
+    backend = backends.get(manifest["target"]) if isinstance(manifest.get("target"), str) \
+        else None
+    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if backend is not None and
+                                            backend.device_abi else ()) if k not in manifest]
     if missing:
         fail(f"the manifest lacks {', '.join(map(repr, missing))}")
     if manifest["optgen_version"] != __version__:
         fail(f"built by optgen {manifest['optgen_version']}, this is optgen {__version__}")
     tvm = _running_tvm()
-    if tvm is None and manifest["target"] not in DEVICE_TARGETS:
+    if tvm is None and (backend is None or backend.needs_tvm):
         raise ArtifactError(f"{path}: the kernels need TVM's runtime, and apache-tvm is not "
                             f"installed (pip install apache-tvm=={manifest['tvm_version']})")
     if tvm is not None and manifest["tvm_version"] != tvm:

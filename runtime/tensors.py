@@ -17,11 +17,6 @@ import numpy as np
 ALIGN = 64
 LOW_PRECISION = ("float16", "bfloat16")
 
-# the device kind of the arrays each target's kernels take (OpenCL kernels take host
-# arrays, copied to the OpenCL device per call: see runtime/device.py)
-TARGET_DEVICE = {"llvm": "cpu", "c": "cpu", "cuda": "cuda", "rocm": "rocm",
-                 "opencl": "cpu", "metal": "metal", "webgpu": "webgpu"}
-
 
 def compute_dtype(dtype: str) -> str:
     """The dtype kernels compute a parameter of ``dtype`` in (and keep its unformatted

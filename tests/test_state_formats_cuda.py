@@ -264,7 +264,7 @@ def test_opencl_q8_matches_reference_on_oclgrind(name, fmt, monkeypatch, rng):
 
 RACE_SCRIPT = textwrap.dedent('''
     import numpy as np, pyopencl as cl, optgen
-    from optgen.runtime import opencl
+    from optgen.runtime.backends import opencl
     rng = np.random.default_rng(0)
     for fmt in ("q8@64", "q8", "q8@512", "q4@32", "q4", "q4@1024"):
         ws = [rng.standard_normal(s).astype(np.float32) for s in (1, 300, 1100)]

@@ -10,11 +10,10 @@ checked against what the schedule asked for.
 """
 from __future__ import annotations
 
-import re
-
 from ..errors import BuildError
 from optgen.core.formats import ABSMAX
 from .lower import SCALARS, LoweredKernel
+from .targets import Signature, Target
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
        "order; each is launched on a 1-D grid of grid.threads threads per block and "
@@ -24,13 +23,6 @@ DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in la
        "dtype), {'dim': name} a shape variable of C type 'type'. 'dims' says where each "
        "shape variable comes from: [buffer, axis] of the arrays passed to the pass.")
 
-_SIGNATURES = {
-    "cuda": re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)'),
-    "opencl": re.compile(r'__kernel void ()(\w+)\(([^)]*)\)'),
-    "rocm": None,   # LLVM AMDGPU code object: kernel names only
-    "metal": re.compile(r'kernel void ()(\w+)\('),
-    "webgpu": re.compile(r'fn ()(\w+)\(\n'),
-}
 _DIMS = {"b": "B", "r": "R", "c": "C"}
 
 
@@ -54,12 +46,12 @@ def shape_vars(k: LoweredKernel) -> dict[str, list]:
     return out
 
 
-def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
+def _params(plist: list[tuple[str, str]], k: LoweredKernel, kernel: str,
+            dims: dict) -> list[dict]:
     by_var = {f"{b.var}_ptr": b.name for b in k.buffers}
     params = []
-    for raw in (p.strip() for p in text.split(",") if p.strip()):
-        name = raw.split()[-1].lstrip("*")
-        ctype = " ".join(raw.split()[:-1])
+    for ctype, name in plist:
+        raw = f"{ctype} {name}"
         if name in by_var:
             params.append({"buffer": by_var[name], "type": ctype})
         elif name == f"{SCALARS}_ptr":
@@ -72,16 +64,12 @@ def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
     return params
 
 
-def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKernel],
-                   grids: dict[str, list]) -> dict[str, dict]:
-    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass."""
-    text = next(iter(sources.values()), "")
-    pattern = _SIGNATURES.get(target)
-    found: dict[str, tuple[str | None, str | None]] = {}
-    if pattern is not None:
-        for m in pattern.finditer(text):
-            found.setdefault(m.group(2), (m.group(1) or None, m.group(3) if m.lastindex and
-                                          m.lastindex >= 3 else None))
+def device_kernels(tg: Target, found: dict[str, Signature] | None,
+                   lowered: list[LoweredKernel], grids: dict[str, list]) -> dict[str, dict]:
+    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass;
+    ``found``: the device kernels the target's signature reader found in what was built
+    (Target.signatures), None where it has no reader."""
+    target = tg.name
     out = {}
     for k in lowered:
         dims = shape_vars(k)
@@ -89,19 +77,19 @@ def device_kernels(target: str, sources: dict[str, str], lowered: list[LoweredKe
         for j, grid in enumerate(grids[k.symbol]):
             name = f"{k.symbol}_kernel" + (f"_{j}" if j else "")
             entry = {"name": name, "grid": grid.to_json()}
-            if pattern is not None:
+            if found is not None:
                 if name not in found:
                     raise BuildError(f"{target} source has no kernel {name} (the schedule "
                                      f"of {k.symbol} expected {len(grids[k.symbol])})")
                 bounds, plist = found[name]
-                if bounds is not None and int(bounds) != grid.to_json()["threads"]:
+                if bounds is not None and bounds != grid.to_json()["threads"]:
                     raise BuildError(f"{name}: launch bounds {bounds}, schedule "
                                      f"{grid.to_json()['threads']}")
                 if plist is not None:
                     entry["params"] = _params(plist, k, name, dims)
             kernels.append(entry)
         extra = f"{k.symbol}_kernel_{len(kernels)}"
-        if pattern is not None and extra in found:
+        if found is not None and extra in found:
             raise BuildError(f"{target} source has an unexpected kernel {extra}")
         # (a q8 pass also stores the new absmax of the q8 states it writes)
         writes = k.writes + [s + ABSMAX for s in k.quant if s in k.writes]

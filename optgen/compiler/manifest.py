@@ -12,7 +12,7 @@ from .._version import __version__
 from optgen.runtime import cache
 from optgen.core import formats
 from optgen.runtime.manifest import runtime_files
-from . import abi, nvcc, schedule_gpu, targets, tvm_backend
+from . import abi, targets, tvm_backend
 from .kernel_ir import KernelIR
 from .schedule_llvm import RED_SCALAR_SIZE
 from .templates import render
@@ -23,18 +23,6 @@ def name_of(dest: str) -> str:
     """The spec name an artifact's manifest records."""
     with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as f:
         return json.load(f)["name"]
-
-
-def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
-    if tg.name == "llvm":
-        return {"kind": "llvm", "mcpu": tvm_backend.host_cpu(), "machine": cache.machine()}
-    if tg.name == "c":
-        return {"kind": "c", "cc": os.environ.get("CC", "gcc"),
-                "options": tvm_backend.C_OPTIONS}
-    detail = {"kind": tg.name, "threads_per_block": schedule_gpu.THREADS}
-    if archs:
-        detail.update(archs=list(archs), nvcc=nvcc.version())
-    return detail
 
 
 def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, str],
@@ -63,7 +51,7 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
     manifest = {
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
         "spec_file": os.path.basename(spec.file), "base": base, "key": key, "target": target,
-        "target_detail": _target_detail(tg, archs),
+        "target_detail": tg.detail(archs, tvm_backend.host_target()),
         "optgen_version": __version__, "tvm_version": cache.tvm_version(),
         "hyperparameters": [h.to_json() for h in hypers],
         "requirements": [r.to_json() for r, _ in spec.requirements],
@@ -104,7 +92,7 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
                "rounded to param_dtype, and grad and the extra inputs are param_dtype",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
         "sources": {"tvmscript": "kernels.tvmscript.py",
-                    **{k: f"kernels.{SOURCE_SUFFIX.get(k, k)}" for k in sources}},
+                    **{k: f"kernels.{tg.source}" for k in sources}},
         "binaries": binaries,
         "kernels": kernels, "build_seconds": round(seconds, 3),
     }
@@ -117,7 +105,7 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
                                 + "\n\n".join(scripts.values()),
         "spec.py": spec.source,
         manifest["wrapper"]: render_wrapper(spec, hypers),
-        **{f"kernels.{SOURCE_SUFFIX.get(k, k)}": text for k, text in sources.items()},
+        **{f"kernels.{tg.source}": text for text in sources.values()},
     }
     for name, text in files.items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
@@ -127,9 +115,6 @@ def write_artifact(folder: str, spec, kirs: list[KernelIR], scripts: dict[str, s
                          for n in runtime_files(manifest)}
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(manifest, indent=1))  # last: its presence marks completeness
-
-
-SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix
 
 
 def class_name(name: str) -> str:

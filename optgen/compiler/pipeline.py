@@ -31,11 +31,11 @@ from optgen.runtime import cache
 from optgen.core import formats
 from optgen.runtime.artifact import Artifact, ArtifactError
 from optgen.runtime.manifest import warn_rebuild
-from . import abi, nvcc, schedule_gpu, schedule_llvm, targets, tvm_backend
+from . import abi, schedule_gpu, schedule_llvm, targets, tvm_backend
 from .loader import load_spec
 from .lower import LoweredKernel, lower
 from .manifest import name_of, write_artifact
-from .manifest import SOURCE_SUFFIX, class_name, render_wrapper  # noqa: F401 (their old home)
+from .manifest import class_name, render_wrapper  # noqa: F401 (their old home)
 from .schedule_llvm import RED_SCALAR_SIZE
 from .specialize import MIXED_DTYPES
 from .variants import DTYPES, kernel_irs, symbol_for, variants
@@ -62,9 +62,8 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
     """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
     if tg.family == "gpu":
         return schedule_gpu.schedule(k, tg.acc_dtype)
-    # the C target gets scalar loops: TVM's C codegen cannot print vector sqrt, and gcc
-    # vectorizes the scalar loops itself (tvm-notes §8)
-    return schedule_llvm.schedule(k, vector=tg.name == "llvm"), None
+    # a target without vector (C) gets scalar loops (targets/c.py says why)
+    return schedule_llvm.schedule(k, vector=tg.vector), None
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
@@ -76,17 +75,13 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     store states in a format (optgen.core.formats) beside the plain ones."""
     start = time.perf_counter()
     tg = targets.get(target)
-    archs = targets.parse_archs(arch) if target == "cuda" else ()
-    if arch is not None and target != "cuda":
-        raise ValueError(f"--arch applies to the cuda target only, not {target!r}")
-    if target == "rocm" and targets.rocm_path() is None:
-        raise BuildError("target rocm needs a ROCm toolchain (device libraries and ld.lld): "
-                         "none found in $ROCM_PATH, /opt/rocm or next to hipcc on PATH")
+    archs = targets.archs_for(tg, arch)
+    tg.check_toolchain()
     with open(spec_path, encoding="utf-8") as f:
         source = f.read()
     req = formats.request("optgen build", state_format)
     fmt = formats.key(req)
-    key = cache.artifact_key(source, cache.target_key(target, archs), base, fmt)
+    key = cache.artifact_key(source, tg.key(archs), base, fmt)
     if out is not None:
         dest = os.path.join(os.path.abspath(out),
                             cache.artifact_dirname(spec_path, target, None, base, fmt))
@@ -106,16 +101,15 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                                dir=os.path.dirname(dest))
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
-                def start_nvcc(src: dict[str, str]):                 # 6c, during the export
-                    return native.submit(nvcc.compile_all, src["cuda"], archs, tmp) \
-                        if archs else None
-                sources, nvcc_done = tvm_backend.build_library(       # 6 build
+                def start_native(src: dict[str, str]):     # 6c (nvcc), during the export
+                    return native.submit(tg.compile_native, src, archs, tmp)
+                sources, native_done = tvm_backend.build_library(     # 6 build
                     funcs, tvm_backend.target_for(target, archs[0] if archs else None),
-                    os.path.join(tmp, "kernels.so"), then=start_nvcc)
-                binaries = nvcc_done.result() if nvcc_done is not None else {}
+                    os.path.join(tmp, "kernels.so"), then=start_native)
+                binaries = native_done.result()
             device = None
             if tg.family == "gpu":                                   # 6b device ABI
-                device = abi.device_kernels(target, sources, lowered,
+                device = abi.device_kernels(tg, tg.signatures(sources, tmp), lowered,
                                             {s: g for s, (_, g) in scheduled.items()})
             write_artifact(tmp, spec, kirs, scripts, sources, key, target,
                            time.perf_counter() - start, tg, archs, device, binaries,
