@@ -108,7 +108,7 @@ def build_library(funcs: dict, target, path: str,
             sources, pending = _build_llvm_parts(tvm, funcs, target, path, then)
         else:
             with tvm.transform.PassContext(opt_level=3, config=config), \
-                    _callbacks(tg.tvm_callbacks(os.path.dirname(path))):
+                    _callbacks(tg.tvm_callbacks(os.path.dirname(path))), _refusing(tg):
                 ex = tvm.compile(tvm.IRModule(funcs), target=target)
             sources = _sources(ex, tg)
             pending = then(sources) if then is not None else None
@@ -181,6 +181,37 @@ def _sources(ex, tg: targets.Target) -> dict[str, str]:
 
 
 _local = threading.local()
+
+
+@contextlib.contextmanager
+def _refusing(tg: targets.Target):
+    """Refuse, with an exception naming why, the intrinsics the target's back end cannot
+    compile here (Target.intrinsic_gaps): LLVM would abort the whole process on them."""
+    gaps = tg.intrinsic_gaps()
+    for op, _ in gaps:
+        _guard_intrinsic(tg.name, op)
+    saved = getattr(_local, "gaps", {})
+    _local.gaps = gaps
+    try:
+        yield
+    finally:
+        _local.gaps = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _guard_intrinsic(kind: str, op_name: str) -> None:
+    """Put a check before TVM's lowering of ``op_name`` for target ``kind`` (once)."""
+    tvm = _tvm()
+    from tvm.tirx.op import register_intrin_lowering
+    previous = tvm.ir.Op.get(op_name).get_attr(f"{kind}.FLowerIntrinsic")
+
+    def lower(op):
+        why = getattr(_local, "gaps", {}).get((op_name, str(op.ty.dtype)))
+        if why is not None:
+            raise BuildError(f"{op_name.split('.')[-1]} on {op.ty.dtype}: {why}")
+        return previous(op) if previous is not None else op
+
+    register_intrin_lowering(op_name, target=kind, f=lower, level=99)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,11 @@ class Target:
         paths), by name; registered for the build into ``folder`` only."""
         return {}
 
+    def intrinsic_gaps(self) -> dict[tuple[str, str], str]:
+        """(TVM op, dtype) -> why this machine cannot compile it for the target; the build
+        refuses them with that reason (an LLVM back end would abort the process)."""
+        return {}
+
     # -- options and availability -------------------------------------------------------
     def parse_archs(self, arch: str | None) -> tuple[str, ...]:
         """The architectures ``--arch`` names (None: the default); called only for a

@@ -8,8 +8,9 @@ optgen links through TVM's ``tvm_callback_rocm_link`` hook rather than a wrapper
 named ld.lld on PATH: the hook receives the object and returns the code object, so the
 build also keeps that code object without changing the environment. Without ROCm's
 device libraries (ocml), the kernels link only against LLVM's own intrinsics, which
-every optgen kernel uses (sqrt, exp, pow lower to llvm.* intrinsics on AMDGPU); a kernel
-that needed ocml would fail the link with the undefined symbol named.
+the float32/float16 math lowers to (sqrt, exp, log, pow); float64 exp, log and pow have
+no such lowering (LLVM would abort the process), so a kernel that needs them is a
+BuildError saying so (``intrinsic_gaps``) unless ROCm's device libraries are installed.
 
 The device ABI is read from the LLVM IR (kernel parameters, sorted by name as for CUDA;
 launch bounds from ``amdgpu-flat-work-group-size``) and checked against the code
@@ -127,6 +128,14 @@ class ROCm(Target):
         if rocm_path() is None:   # no device libraries: LLVM's intrinsics only
             hooks["tvm_callback_rocm_bitcode_path"] = lambda *_: []
         return hooks
+
+    def intrinsic_gaps(self) -> dict[tuple[str, str], str]:
+        if rocm_path() is not None:      # ROCm's device library (ocml) has them
+            return {}
+        why = ("LLVM's AMDGPU back end has no float64 exp, log or pow; ROCm's device "
+               "library (ocml) provides them: install ROCm (ROCM_PATH or /opt/rocm) to "
+               "build this spec's float64 kernels for rocm")
+        return {(op, "float64"): why for op in ("tirx.exp", "tirx.log", "tirx.pow")}
 
     def check_toolchain(self) -> None:
         if linker() is None:
