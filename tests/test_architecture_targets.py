@@ -131,3 +131,28 @@ def test_scanner_finds_the_switches_of_before(code):
 ])
 def test_scanner_allows_what_is_no_switch(code):
     assert not switches(code), switches(code)
+
+
+# -- the two registries agree ------------------------------------------------------------
+def test_compiler_and_runtime_registries_agree():
+    """The compiler (optgen.compiler.targets) and the runtime (optgen.runtime.backends)
+    cannot import each other, so what both must know is checked here: every runtime
+    backend is a compiler target, and both compute the same artifact key for it."""
+    from optgen.compiler import targets
+    from optgen.runtime import backends
+    assert set(backends.BACKENDS) <= set(targets.TARGETS)
+    for name, tg in targets.TARGETS.items():
+        for archs in ((), ("sm_75",), ("sm_80", "sm_90a")) if tg.takes_arch else ((),):
+            full = tg.parse_archs(",".join(archs) or None)
+            assert tg.key(full) == backends.get(name).target_key(full), (name, archs)
+    assert backends.get("metal").launcher is None and backends.get("metal").device == "metal"
+
+
+def test_registry_errors():
+    from optgen.compiler import targets
+    with pytest.raises(ValueError, match=r"unknown target 'vulkan'; targets: llvm, c, cuda"):
+        targets.get("vulkan")
+    with pytest.raises(ValueError, match=r"target 'llvm' is registered twice"):
+        targets.register(targets.get("llvm"))
+    with pytest.raises(ValueError, match=r"--arch applies to the cuda target only, not 'c'"):
+        targets.archs_for(targets.get("c"), "sm_90")

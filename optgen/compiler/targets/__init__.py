@@ -64,9 +64,6 @@ def status(name: str) -> dict[str, str]:
 # the helpers tests and tools name by their old home (optgen/compiler/targets.py)
 nvcc = _nvcc.exe
 rocm_path = rocm.toolchain          # the ROCm build's toolchain (a linker), None without
-CUDA_ARCHS = cuda.DEFAULT_ARCHS
-parse_archs = cuda.TARGET.parse_archs
 
-__all__ = ["CUDA_ARCHS", "DEFAULT", "Signature", "TARGETS", "Target", "archs_for", "get",
-           "names", "names_with_archs", "nvcc", "parse_archs", "register", "rocm_path",
-           "status"]
+__all__ = ["DEFAULT", "Signature", "TARGETS", "Target", "archs_for", "get", "names",
+           "names_with_archs", "nvcc", "register", "rocm_path", "status"]
