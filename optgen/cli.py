@@ -56,6 +56,7 @@ def _command(sub, name: str, **kw) -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from optgen.compiler import targets   # (no TVM: the registry's modules import none)
     p = argparse.ArgumentParser(prog="optgen", description="Compile optimizer specs into fused "
                                 "kernels.", epilog=_examples(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,9 +65,11 @@ def _parser() -> argparse.ArgumentParser:
                        description="Build one or more specs (a file or a catalog name) into "
                        "an artifact directory: library, manifest.json, sources, wrapper.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
-    b.add_argument("--target", default="llvm", help="target(s) to build for, comma-separated: "
-                   "llvm (default, this machine's CPU), c, cuda, rocm, opencl, metal, webgpu")
-    b.add_argument("--arch", help="cuda only: comma-separated GPU architectures nvcc compiles "
+    b.add_argument("--target", default=targets.DEFAULT, help="target(s) to build for, "
+                   f"comma-separated: {', '.join(targets.names())} (default "
+                   f"{targets.DEFAULT}; `optgen targets` describes each)")
+    b.add_argument("--arch", help=f"{', '.join(targets.names_with_archs())} only: "
+                   "comma-separated GPU architectures nvcc compiles "
                    "PTX and cubin for (default sm_80,sm_90)")
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
@@ -89,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         "kernel source for the target: LLVM IR, C, CUDA, OpenCL, Metal, WGSL).")
     sh.add_argument("spec", help="spec file or catalog name")
     sh.add_argument("--stage", default="tvmscript", help="spec, ir, tvmscript (default) or source")
-    sh.add_argument("--target", default="llvm", help="target of the artifact (default llvm)")
+    sh.add_argument("--target", default=targets.DEFAULT,
+                    help=f"target of the artifact (default {targets.DEFAULT})")
     sh.add_argument("--kernel", help="one kernel's IR or TVMScript, e.g. adam_f32")
     sh.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
     ch = _command(sub, "check", help="run a spec's compiled kernels against its reference "
@@ -272,10 +276,10 @@ def _cmd_build(args) -> int:
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
         raise ValueError("--target names no target (e.g. --target llvm,c)")
-    for name in names:
-        targets.get(name)                 # every name checked before anything is built
-    if args.arch is not None and "cuda" not in names:
-        raise ValueError("--arch applies to the cuda target only")
+    tgs = [targets.get(name) for name in names]  # every name checked before anything is built
+    if args.arch is not None and not any(t.takes_arch for t in tgs):
+        raise ValueError(f"--arch applies to the {', '.join(targets.names_with_archs())} "
+                         "target only")
     paths = [catalog.resolve(spec) for spec in args.specs]
     if args.base is not None:
         catalog.resolve(args.base)
@@ -283,14 +287,14 @@ def _cmd_build(args) -> int:
     for path in paths:
         for target in names:
             r = build(path, target, out=args.out, force=args.force, base=args.base,
-                      arch=args.arch if target == "cuda" else None,
+                      arch=args.arch if targets.get(target).takes_arch else None,
                       state_format=formats.rounded("optgen build", formats.request(
                           "optgen build", _state_format(args.state_format)),
                           args.stochastic_rounding))
             built += not r.cache_hit
             what = "cache hit" if r.cache_hit else "built"
             print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)
-            if target != "llvm":
+            if target != targets.DEFAULT:
                 print("  files: " + " ".join(sorted(f for f in os.listdir(r.path)
                                                      if not f.startswith("."))))
     total = len(paths) * len(names)
@@ -302,8 +306,11 @@ def _cmd_build(args) -> int:
 
 def _cmd_targets(args) -> int:
     from optgen.compiler import targets
+    from optgen.runtime import backends
     for name, t in targets.TARGETS.items():
-        st = targets.status(name)
+        # what the compiler can build and compile here, and what the runtime can load
+        # and run (OpenCL compiles at load: its runtime answers both)
+        st = {**targets.status(name), **backends.get(name).status()}
         kernels = ", ".join(t.dtypes) + (f"; mixed precision {', '.join(t.mixed)}"
                                          if t.mixed else "")
         print(f"{name}: {t.doc}\n  kernels: {kernels}")

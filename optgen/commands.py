@@ -27,9 +27,6 @@ from optgen.core import cache
 from optgen.core import hyper as hyper_rules
 
 STAGES = ("spec", "ir", "tvmscript", "source")
-SOURCE_FILES = {"llvm": "kernels.ll", "c": "kernels.c", "cuda": "kernels.cu",
-                "rocm": "kernels.ll", "opencl": "kernels.cl", "metal": "kernels.metal",
-                "webgpu": "kernels.wgsl"}
 
 
 def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
@@ -55,7 +52,7 @@ def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
             raise ValueError(_unknown_kernel(art, kernel))
         return "\n\n\n".join(funcs)
     if stage == "source":
-        text = _read(art, SOURCE_FILES[art.target])
+        text = _read(art, source_file(art))
         if kernel is None:
             return text
         funcs = _source_functions(text, kernel)
@@ -63,6 +60,11 @@ def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
             raise ValueError(_unknown_kernel(art, kernel))
         return "\n\n".join(funcs)
     raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
+def source_file(art: Artifact) -> str:
+    """The generated source's file, as the manifest records it (beside the TVMScript)."""
+    return next(f for k, f in art.manifest["sources"].items() if k != "tvmscript")
 
 
 def _source_functions(text: str, kernel: str) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import schedules
+from . import backends, schedules
 from optgen.core import cache, catalog
 from optgen.core import formats
 from .artifact import Artifact, ArtifactError, ArtifactWarning
@@ -42,7 +42,9 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
                                    stochastic_rounding)
     fmt = formats.key(state_format)
     with open(path, encoding="utf-8") as f:
-        key = cache.artifact_key(f.read(), cache.target_key(target), base, fmt)
+        backend = backends.get(target)
+        key = cache.artifact_key(f.read(), backend.target_key(), base, fmt,
+                                 machine_bound=backend.machine_bound)
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base, fmt))
     fix = f"run `optgen build {path} --target {target}" + \
         (f" --state-format {fmt}" if fmt else "") + "` or pass build=True"

@@ -1,4 +1,4 @@
-"""The device ABI shared by the GPU launchers (runtime/device.py, runtime/opencl.py): the
+"""The device ABI shared by the GPU launchers (runtime/device.py, runtime/backends/): the
 errors, how many blocks a grid needs, where shape variables come from, and which CUDA
 binary fits a GPU. Imports nothing of optgen's."""
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import tensors
+from . import backends, tensors
 from optgen.core import formats
 from .sparse import RowSparse
 
@@ -77,7 +77,7 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
     """Each parameter's library, after checking it is an array on the artifact's
     device, of a supported dtype, contiguous, writeable, aligned and not sharing memory
     with another."""
-    device = tensors.TARGET_DEVICE.get(artifact.target, "cpu")
+    device = backends.get(artifact.target).device   # (runtime/backends/)
     plain, mixed = artifact.dtypes, artifact.mixed_dtypes
     sr = formats.PARAM in artifact.state_format          # stochastic_rounding=True
     libs, ranges = [], []

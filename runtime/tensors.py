@@ -18,11 +18,6 @@ from optgen.core.dtypes import LOW_PRECISION
 
 ALIGN = 64
 
-# the device kind of the arrays each target's kernels take (OpenCL kernels take host
-# arrays, copied to the OpenCL device per call: see runtime/device.py)
-TARGET_DEVICE = {"llvm": "cpu", "c": "cpu", "cuda": "cuda", "rocm": "rocm",
-                 "opencl": "cpu", "metal": "metal", "webgpu": "webgpu"}
-
 
 def compute_dtype(dtype: str) -> str:
     """The dtype kernels compute a parameter of ``dtype`` in (and keep its unformatted

@@ -84,7 +84,7 @@ def test_cuda_launcher_passes_torch_pointers_and_copies_scalars_once_per_value_s
     integer: the bits of the kernel's pointer parameter), with its storage offset; the
     host scalars are copied to the device once per distinct value set, not per call."""
     torch = pytest.importorskip("torch", reason="the launcher's torch branch")
-    from optgen.runtime import device
+    from optgen.runtime.backends import cuda as device
     be = device._CuPy.__new__(device._CuPy)
     be.cp, be._streams, be._scalar_cache = _FakeCuPy(), {}, {}
     be._torch_stream = lambda dev: None          # (torch's stream: CUDA only)

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from optgen.runtime import opencl
+from optgen.runtime.backends import opencl
 
 cl = pytest.importorskip("pyopencl", reason="the OpenCL runtime tests need pyopencl")
 
@@ -97,7 +97,7 @@ BROKEN_POCL = r"""
 import json, sys, warnings
 import numpy as np
 import optgen
-from optgen.runtime import opencl
+from optgen.runtime.backends import opencl
 warnings.simplefilter("always")
 art = optgen.get_artifact("adam", "opencl")
 w = np.linspace(-1, 1, 37).astype(np.float32)

@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import catalog, opencl, tensors
+from optgen.runtime import catalog, tensors
+from optgen.runtime.backends import opencl
 from conftest import OCLGRIND_LOG
 from helpers import assert_close
 
@@ -264,7 +265,7 @@ def test_opencl_q8_matches_reference_on_oclgrind(name, fmt, monkeypatch, rng):
 
 RACE_SCRIPT = textwrap.dedent('''
     import numpy as np, pyopencl as cl, optgen
-    from optgen.runtime import opencl
+    from optgen.runtime.backends import opencl
     rng = np.random.default_rng(0)
     for fmt in ("q8@64", "q8", "q8@512", "q4@32", "q4", "q4@1024"):
         ws = [rng.standard_normal(s).astype(np.float32) for s in (1, 300, 1100)]

@@ -39,7 +39,8 @@ import numpy as np
 import pytest
 
 import optgen
-from optgen.runtime import catalog, opencl, tensors
+from optgen.runtime import catalog, tensors
+from optgen.runtime.backends import opencl
 from optgen.core import scalar_expr
 from conftest import OCLGRIND_LOG, offset_array
 from helpers import assert_close, busy_hypers, matrix_specs, valid as _valid

@@ -10,11 +10,10 @@ checked against what the schedule asked for.
 """
 from __future__ import annotations
 
-import re
-
 from ..errors import BuildError
 from .lower import SCALARS, LoweredKernel
 from .plan import PassPlan
+from .targets import Signature, Target
 
 DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in launch "
        "order; each is launched on a 1-D grid of grid.threads threads per block and "
@@ -24,19 +23,13 @@ DOC = ("device_kernels[symbol] lists the device kernels of one kernel pass in la
        "dtype), {'dim': name} a shape variable of C type 'type'. 'dims' says where each "
        "shape variable comes from: [buffer, axis] of the arrays passed to the pass.")
 
-_SIGNATURES = {
-    "cuda": re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)'),
-    "opencl": re.compile(r'__kernel void ()(\w+)\(([^)]*)\)'),
-    "rocm": None,   # LLVM AMDGPU code object: kernel names only
-    "metal": re.compile(r'kernel void ()(\w+)\('),
-    "webgpu": re.compile(r'fn ()(\w+)\(\n'),
-}
-def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
+
+def _params(plist: list[tuple[str, str]], k: LoweredKernel, kernel: str,
+            dims: dict) -> list[dict]:
     by_var = {f"{b.var}_ptr": b.name for b in k.buffers}
     params = []
-    for raw in (p.strip() for p in text.split(",") if p.strip()):
-        name = raw.split()[-1].lstrip("*")
-        ctype = " ".join(raw.split()[:-1])
+    for ctype, name in plist:
+        raw = f"{ctype} {name}"
         if name in by_var:
             params.append({"buffer": by_var[name], "type": ctype})
         elif name == f"{SCALARS}_ptr":
@@ -49,17 +42,13 @@ def _params(text: str, k: LoweredKernel, kernel: str, dims: dict) -> list[dict]:
     return params
 
 
-def device_kernels(target: str, sources: dict[str, str],
+def device_kernels(tg: Target, found: dict[str, Signature] | None,
                    passes: list[PassPlan]) -> dict[str, dict]:
-    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass, its
-    kernels' grids and shape variables as the plan (the schedule) declares them."""
-    text = next(iter(sources.values()), "")
-    pattern = _SIGNATURES.get(target)
-    found: dict[str, tuple[str | None, str | None]] = {}
-    if pattern is not None:
-        for m in pattern.finditer(text):
-            found.setdefault(m.group(2), (m.group(1) or None, m.group(3) if m.lastindex and
-                                          m.lastindex >= 3 else None))
+    """symbol -> {"kernels": [...], "buffers", "writes", "dims"} for every pass;
+    ``found``: the device kernels the target's signature reader found in what was built
+    (Target.signatures), None where it has no reader; grids and shape variables as the
+    plan (the schedule) declares them."""
+    target = tg.name
     out = {}
     for p in passes:
         k, grids, dims = p.lowered, p.grids, p.dims
@@ -67,19 +56,19 @@ def device_kernels(target: str, sources: dict[str, str],
         for j, grid in enumerate(grids):
             name = f"{k.symbol}_kernel" + (f"_{j}" if j else "")
             entry = {"name": name, "grid": grid.to_json()}
-            if pattern is not None:
+            if found is not None:
                 if name not in found:
                     raise BuildError(f"{target} source has no kernel {name} (the schedule "
                                      f"of {k.symbol} expected {len(grids)})")
                 bounds, plist = found[name]
-                if bounds is not None and int(bounds) != grid.to_json()["threads"]:
+                if bounds is not None and bounds != grid.to_json()["threads"]:
                     raise BuildError(f"{name}: launch bounds {bounds}, schedule "
                                      f"{grid.to_json()['threads']}")
                 if plist is not None:
                     entry["params"] = _params(plist, k, name, dims)
             kernels.append(entry)
         extra = f"{k.symbol}_kernel_{len(kernels)}"
-        if pattern is not None and extra in found:
+        if found is not None and extra in found:
             raise BuildError(f"{target} source has an unexpected kernel {extra}")
         # (a q8 pass also stores the new absmax of the q8 states it writes)
         writes = k.writes + [c for s, f in k.formats.items() if s in k.writes

@@ -12,7 +12,7 @@ from ..core._version import __version__
 from optgen.core import cache
 from optgen.core import formats
 from optgen.core.manifest import runtime_files
-from . import abi, nvcc, schedule_gpu, targets, tvm_backend
+from . import abi, targets, tvm_backend
 from .plan import BuildPlan
 from .schedule_llvm import RED_SCALAR_SIZE
 from .templates import render
@@ -24,22 +24,10 @@ def name_of(dest: str) -> str:
         return json.load(f)["name"]
 
 
-def _target_detail(tg: targets.Target, archs: tuple[str, ...]) -> dict:
-    if tg.name == "llvm":
-        return {"kind": "llvm", "mcpu": tvm_backend.host_cpu(), "machine": cache.machine()}
-    if tg.name == "c":
-        return {"kind": "c", "cc": os.environ.get("CC", "gcc"),
-                "options": tvm_backend.C_OPTIONS}
-    detail = {"kind": tg.name, "threads_per_block": schedule_gpu.THREADS}
-    if archs:
-        detail.update(archs=list(archs), nvcc=nvcc.version())
-    return detail
-
-
-def write_sources(folder: str, sources: dict[str, str]) -> dict[str, str]:
+def write_sources(folder: str, sources: dict[str, str], tg: targets.Target) -> dict[str, str]:
     """Write the generated sources (``kernels.<suffix>``) into ``folder``, as soon as the
     build has them (nvcc compiles ``kernels.cu`` from there). Returns kind -> file."""
-    files = {kind: f"kernels.{SOURCE_SUFFIX.get(kind, kind)}" for kind in sources}
+    files = {kind: f"kernels.{tg.source}" for kind in sources}
     for kind, name in files.items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(sources[kind])
@@ -58,7 +46,7 @@ def write_artifact(folder: str, plan: BuildPlan, sources: dict[str, str], key: s
         "format": cache.FORMAT, "name": spec.name, "doc": spec.doc, "reference": spec.reference,
         "spec_file": os.path.basename(spec.file), "base": plan.base, "key": key,
         "target": tg.name,
-        "target_detail": _target_detail(tg, archs),
+        "target_detail": tg.detail(archs, tvm_backend.host_target()),
         "optgen_version": __version__, "tvm_version": cache.tvm_version(),
         "hyperparameters": [h.to_json() for h in hypers],
         "requirements": [r.to_json() for r, _ in spec.requirements],
@@ -99,7 +87,7 @@ def write_artifact(folder: str, plan: BuildPlan, sources: dict[str, str], key: s
                "rounded to param_dtype, and grad and the extra inputs are param_dtype",
         "library": "kernels.so", "wrapper": f"{spec.name}_optimizer.py",
         "sources": {"tvmscript": "kernels.tvmscript.py",
-                    **{k: f"kernels.{SOURCE_SUFFIX.get(k, k)}" for k in sources}},
+                    **{k: f"kernels.{tg.source}" for k in sources}},
         "binaries": binaries,
         "kernels": kernels, "build_seconds": round(seconds, 3),
     }
@@ -118,12 +106,9 @@ def write_artifact(folder: str, plan: BuildPlan, sources: dict[str, str], key: s
             f.write(text)
     # what the runtime reads, with size and sha256: Artifact.load verifies them
     manifest["files"] = {n: cache.file_record(os.path.join(folder, n))
-                         for n in runtime_files(manifest)}
+                         for n in runtime_files(manifest, targets.get)}
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(manifest, indent=1))  # last: its presence marks completeness
-
-
-SOURCE_SUFFIX = {"cuda": "cu", "opencl": "cl", "webgpu": "wgsl"}  # module kind -> file suffix
 
 
 def class_name(name: str) -> str:

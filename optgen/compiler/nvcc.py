@@ -9,18 +9,22 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import BuildError
-from . import targets
 
 # -diag-suppress 177: TVM declares let-bound index variables it then inlines ("unused")
 FLAGS = ["-O3", "-std=c++17", "-diag-suppress", "177", "-diag-suppress", "550"]
 
 
+def exe() -> str | None:
+    """nvcc on PATH, or None."""
+    return shutil.which("nvcc")
+
+
 @functools.lru_cache(maxsize=1)
 def version() -> str:
-    exe = targets.nvcc()
-    if exe is None:
+    nv = exe()
+    if nv is None:
         return "none"
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    out = subprocess.run([nv, "--version"], capture_output=True, text=True).stdout
     lines = [ln for ln in out.splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "unknown"
 
@@ -30,11 +34,11 @@ def compile_all(cu: str, archs: tuple[str, ...], folder: str) -> dict[str, dict[
     manifest stage) to ``kernels.<arch>.ptx`` (nvcc) and ``kernels.<arch>.cubin`` (ptxas
     on that PTX: half the time of a second nvcc run) in ``folder``, archs in parallel.
     Returns arch -> files."""
-    exe = targets.nvcc()
-    if exe is None:
+    nv = exe()
+    if nv is None:
         raise BuildError("target cuda needs nvcc to compile PTX and cubin: nvcc is not on "
                          "PATH (install the CUDA toolkit, or put its bin/ on PATH)")
-    ptxas = os.path.join(os.path.dirname(exe), "ptxas")
+    ptxas = os.path.join(os.path.dirname(nv), "ptxas")
     if not os.path.exists(ptxas):
         ptxas = shutil.which("ptxas") or ptxas
 
@@ -45,7 +49,7 @@ def compile_all(cu: str, archs: tuple[str, ...], folder: str) -> dict[str, dict[
 
     def arch_job(arch: str) -> None:  # nvcc's front end once, then ptxas on its PTX
         ptx = os.path.join(folder, f"kernels.{arch}.ptx")
-        run([exe, "-ptx", f"-arch={arch}", *FLAGS, "-o", ptx, cu], f"nvcc -ptx for {arch}")
+        run([nv, "-ptx", f"-arch={arch}", *FLAGS, "-o", ptx, cu], f"nvcc -ptx for {arch}")
         run([ptxas, f"-arch={arch}", "-O3", "-o",
              os.path.join(folder, f"kernels.{arch}.cubin"), ptx], f"ptxas for {arch}")
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from ..errors import BuildError, SpecError
 from optgen.core import cache, formats
 from optgen.core.manifest import ArtifactError, load_verified, warn_rebuild
-from . import abi, nvcc, targets, tvm_backend
+from . import abi, targets, tvm_backend
 from .manifest import name_of, write_artifact, write_sources
-from .manifest import SOURCE_SUFFIX, class_name, render_wrapper  # noqa: F401 (their old home)
+from .manifest import class_name, render_wrapper  # noqa: F401 (their old home)
 from .plan import make_plan, schedule  # noqa: F401 (schedule: its old home)
 from .schedule_llvm import RED_SCALAR_SIZE  # noqa: F401 (tests read it)
 from .specialize import MIXED_DTYPES
@@ -59,17 +59,14 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     store states in a format (optgen.core.formats) beside the plain ones."""
     start = time.perf_counter()
     tg = targets.get(target)
-    archs = targets.parse_archs(arch) if target == "cuda" else ()
-    if arch is not None and target != "cuda":
-        raise ValueError(f"--arch applies to the cuda target only, not {target!r}")
-    if target == "rocm" and targets.rocm_path() is None:
-        raise BuildError("target rocm needs a ROCm toolchain (device libraries and ld.lld): "
-                         "none found in $ROCM_PATH, /opt/rocm or next to hipcc on PATH")
+    archs = targets.archs_for(tg, arch)
+    tg.check_toolchain()
     with open(spec_path, encoding="utf-8") as f:
         source = f.read()
     req = formats.request("optgen build", state_format)
     fmt = formats.key(req)
-    key = cache.artifact_key(source, cache.target_key(target, archs), base, fmt)
+    key = cache.artifact_key(source, tg.key(archs), base, fmt,
+                             machine_bound=tg.machine_bound)
     if out is not None:
         dest = os.path.join(os.path.abspath(out),
                             cache.artifact_dirname(spec_path, target, None, base, fmt))
@@ -88,17 +85,16 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                                dir=os.path.dirname(dest))
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
-                def written(src: dict[str, str]):    # the sources, written once; nvcc
-                    files = write_sources(tmp, src)  # (6c) compiles during the export
-                    return native.submit(nvcc.compile_all, os.path.join(tmp, files["cuda"]),
-                                         archs, tmp) if archs else None
-                sources, nvcc_done = tvm_backend.build_library(       # 6 build
+                def written(src: dict[str, str]):     # the sources, written once; the
+                    write_sources(tmp, src, tg)        # native step (6c: nvcc) runs
+                    return native.submit(tg.compile_native, src, archs, tmp)  # during export
+                sources, native_done = tvm_backend.build_library(     # 6 build
                     funcs, tvm_backend.target_for(target, archs[0] if archs else None),
                     os.path.join(tmp, "kernels.so"), then=written)
-                binaries = nvcc_done.result() if nvcc_done is not None else {}
+                binaries = native_done.result()
             device = None
             if tg.family == "gpu":                                   # 6b device ABI
-                device = abi.device_kernels(target, sources, plan.passes)
+                device = abi.device_kernels(tg, tg.signatures(sources, tmp), plan.passes)
             write_artifact(tmp, plan, sources, key, time.perf_counter() - start, archs,
                            device, binaries)                         # 7 write
             _publish(tmp, dest)
@@ -126,7 +122,7 @@ def _is_current(dest: str, key: str) -> bool:
     if not os.path.lexists(dest):
         return False
     try:
-        found = load_verified(os.path.abspath(dest), _key_of)
+        found = load_verified(os.path.abspath(dest), _key_of, targets.get)
     except ArtifactError as e:
         warn_rebuild(dest, e.problem)
         return False

@@ -91,9 +91,8 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
     """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
     if tg.family == "gpu":
         return schedule_gpu.schedule(k, tg.acc_dtype)
-    # the C target gets scalar loops: TVM's C codegen cannot print vector sqrt, and gcc
-    # vectorizes the scalar loops itself (tvm-notes §8)
-    return schedule_llvm.schedule(k, vector=tg.name == "llvm"), None
+    # a target without vector (C) gets scalar loops (targets/c.py says why)
+    return schedule_llvm.schedule(k, vector=tg.vector), None
 
 
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,

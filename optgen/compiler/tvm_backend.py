@@ -8,12 +8,13 @@ import contextlib
 import functools
 import importlib.metadata
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..errors import BuildError
 from optgen.core.tvm_runtime import torch_hidden
-from . import tvmscript_fast
+from . import targets, tvmscript_fast
 
 
 def _tvm():
@@ -48,22 +49,20 @@ def host_cpu() -> str:
 
 
 def target_for(name: str, arch: str | None = None):
-    """A TVM Target for a target name. ``llvm`` is this machine's CPU; device targets
-    get it as their host. ``arch`` is the CUDA architecture TVM generates for (the
-    source itself does not depend on it; nvcc compiles it for every --arch)."""
+    """The TVM Target of a registered target (optgen.compiler.targets). ``arch`` is the
+    architecture TVM generates for where the target takes one; a GPU target gets this
+    machine's CPU as its host."""
     tvm = _tvm()
-    host = {"kind": "llvm", "mcpu": host_cpu()}
-    if name == "llvm":
-        return tvm.target.Target(host)
-    if name == "c":
-        return tvm.target.Target({"kind": "c"})
-    if name == "cuda":
-        return tvm.target.Target({"kind": "cuda", "arch": arch or "sm_80"}, host=host)
-    if name == "rocm":
-        return tvm.target.Target({"kind": "rocm", "mcpu": arch or "gfx942"}, host=host)
-    if name in ("opencl", "metal", "webgpu"):
-        return tvm.target.Target({"kind": name}, host=host)
-    raise BuildError(f"target {name!r} is not supported")
+    tg = targets.get(name)
+    host = host_target()
+    if tg.family == "cpu":
+        return tvm.target.Target(tg.tvm_target(arch, host))
+    return tvm.target.Target(tg.tvm_target(arch, host), host=host)
+
+
+def host_target() -> dict:
+    """This machine's CPU as a TVM target dict."""
+    return {"kind": "llvm", "mcpu": host_cpu()}
 
 
 def parse_tvmscript(text: str, symbol: str):
@@ -80,11 +79,6 @@ def parse_tvmscript(text: str, symbol: str):
         raise BuildError(f"TVMScript for {symbol} did not parse: {e}\n{text}") from e
 
 
-# gcc options of the C target: -fno-math-errno lets gcc vectorize sqrtf (tvm-notes §8);
-# TVM's C code names float16 "half", which is C's _Float16 (IEEE binary16, gcc >= 12)
-C_OPTIONS = ["-O3", "-fno-math-errno", "-Dhalf=_Float16"]
-
-
 def build_library(funcs: dict, target, path: str,
                   then: Callable[[dict[str, str]], Any] | None = None
                   ) -> tuple[dict[str, str], Any]:
@@ -96,24 +90,27 @@ def build_library(funcs: dict, target, path: str,
 
     Device code is generated, not compiled, here: TVM embeds the source in the library
     (its CUDA fallback module, forced so builds do not depend on a GPU being present);
-    native compilation (nvcc) is a separate stage."""
+    native compilation (nvcc) is a separate stage; a target that links during TVM's
+    build (rocm: ld.lld) does so through its ``tvm_callbacks``, next to ``path``."""
     tvm = _tvm()
     kind = target.kind.name
+    tg = targets.get(kind)
     _require_linker(tvm)
-    options = C_OPTIONS if kind == "c" else None
+    options = tg.export_options()
     old = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
     os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
     # Device targets: no common-subexpression elimination, which would hoist a product
     # of shape variables (the grid extent, also a bounds check) into a host value passed
     # as an extra kernel parameter that the ABI cannot name; nvcc/the driver do CSE anyway.
-    config = {"tirx.disable_cse_tir": True} if kind not in ("llvm", "c") else {}
+    config = {"tirx.disable_cse_tir": True} if tg.family == "gpu" else {}
     try:
-        if kind == "llvm" and len(funcs) >= 2 * MIN_FUNCS_PER_PART and len(_cores()) > 1:
+        if tg.vector and len(funcs) >= 2 * MIN_FUNCS_PER_PART and len(_cores()) > 1:
             sources, pending = _build_llvm_parts(tvm, funcs, target, path, then)
         else:
-            with tvm.transform.PassContext(opt_level=3, config=config):
+            with tvm.transform.PassContext(opt_level=3, config=config), \
+                    _callbacks(tg.tvm_callbacks(os.path.dirname(path))), _refusing(tg):
                 ex = tvm.compile(tvm.IRModule(funcs), target=target)
-            sources = _sources(ex, kind)
+            sources = _sources(ex, tg)
             pending = then(sources) if then is not None else None
             ex.export_library(path, options=options)
     except Exception as e:
@@ -175,9 +172,80 @@ def _require_linker(tvm) -> None:
                          "(install one, e.g. apt install g++, or set CXX)")
 
 
-def _sources(ex, kind: str) -> dict[str, str]:
-    if kind in ("llvm", "c"):
-        # LLVM IR only: the assembly would run code generation a second time (0.5 s of
-        # adam's cold build); `objdump -d kernels.so` shows it
-        return {sk: ex.mod.inspect_source(sk) for sk in (("ll",) if kind == "llvm" else ("c",))}
-    return {m.kind: m.inspect_source("") for m in ex.mod.imports}
+def _sources(ex, tg: targets.Target) -> dict[str, str]:
+    """The generated source: the host module's (CPU; for llvm the LLVM IR only: the
+    assembly would run code generation a second time, 0.5 s of adam's cold build;
+    `objdump -d kernels.so` shows it), else the device module's."""
+    mod = ex.mod if tg.family == "cpu" else ex.mod.imports[0]
+    return {tg.source_key: mod.inspect_source(tg.source_format)}
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def _refusing(tg: targets.Target):
+    """Refuse, with an exception naming why, the intrinsics the target's back end cannot
+    compile here (Target.intrinsic_gaps): LLVM would abort the whole process on them."""
+    gaps = tg.intrinsic_gaps()
+    for op, _ in gaps:
+        _guard_intrinsic(tg.name, op)
+    saved = getattr(_local, "gaps", {})
+    _local.gaps = gaps
+    try:
+        yield
+    finally:
+        _local.gaps = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _guard_intrinsic(kind: str, op_name: str) -> None:
+    """Put a check before TVM's lowering of ``op_name`` for target ``kind`` (once)."""
+    tvm = _tvm()
+    from tvm.tirx.op import register_intrin_lowering
+    previous = tvm.ir.Op.get(op_name).get_attr(f"{kind}.FLowerIntrinsic")
+
+    def lower(op):
+        why = getattr(_local, "gaps", {}).get((op_name, str(op.ty.dtype)))
+        if why is not None:
+            raise BuildError(f"{op_name.split('.')[-1]} on {op.ty.dtype}: {why}")
+        return previous(op) if previous is not None else op
+
+    register_intrin_lowering(op_name, target=kind, f=lower, level=99)
+
+
+@contextlib.contextmanager
+def _callbacks(hooks: dict[str, Callable]):
+    """Route the TVM global functions named in ``hooks`` to them on this thread for the
+    duration (TVM calls them back on the thread that builds); other threads, and this
+    one afterwards, get what was registered before (TVM's own, if any)."""
+    if not hooks:
+        yield
+        return
+    for name in hooks:
+        _dispatcher(name)
+    saved = getattr(_local, "hooks", {})
+    _local.hooks = {**saved, **hooks}
+    try:
+        yield
+    finally:
+        _local.hooks = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _dispatcher(name: str) -> None:
+    """Register, once per name, a global function that calls this thread's hook."""
+    import tvm_ffi
+    with contextlib.suppress(ImportError):   # TVM's own hooks, registered on import
+        import tvm.support.rocm  # noqa: F401
+    previous = tvm_ffi.get_global_func(name, allow_missing=True)
+
+    def dispatch(*args):
+        hook = getattr(_local, "hooks", {}).get(name)
+        if hook is not None:
+            return hook(*args)
+        if previous is None:
+            raise RuntimeError(f"{name}: no hook registered for this build")
+        return previous(*args)
+
+    tvm_ffi.register_global_func(name, dispatch, override=True)

@@ -14,9 +14,6 @@ from .lower import DTYPE_TAG
 from .specialize import MASTER_DTYPE, specialize
 
 DTYPES = ("float32", "float64")   # plain kernels: parameter, states and compute in one dtype
-# GPU targets with q8/q4 kernels (templates/kernel_gpu_q8.py.j2), as tested: cuda compiled
-# by nvcc, opencl run (Oclgrind) against the reference; rocm, metal and webgpu unchecked
-QUANT_GPU = ("cuda", "opencl")
 
 
 def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
@@ -45,17 +42,20 @@ def kernel_irs(spec, traces, tg: targets.Target,
     with those states in the format (matrix rules get none); its ``formats.PARAM`` entry
     (stochastic_rounding) adds IRs for bfloat16 parameters without a master copy, with
     plain and with formatted states."""
-    if tg.name != "llvm":
+    if not tg.matrix:
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
+            with_matrix = ", ".join(n for n, t in targets.TARGETS.items() if t.matrix)
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
-                             f"optgen compiles for the llvm target only so far, not {tg.name}")
+                             f"optgen compiles for the {with_matrix} target only so far, "
+                             f"not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
     quantized = sorted({formats.of(fmt[n]).name for n in formats.quantized(fmt)},
                        reverse=True)
-    if quantized and tg.family != "cpu" and tg.name not in QUANT_GPU:
+    if quantized and not tg.quant:
+        with_quant = ", ".join(n for n, t in targets.TARGETS.items() if t.quant)
         raise BuildError(f"state_format {' and '.join(map(repr, quantized))} builds for the "
-                         f"targets llvm, c, {', '.join(QUANT_GPU)} so far, not {tg.name}")
+                         f"targets {with_quant} so far, not {tg.name}")
     maps = quant_maps(spec, traces, {n: formats.of(fmt[n]) for n in formats.quantized(fmt)})
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "

@@ -14,16 +14,9 @@ import os
 import re
 import platform
 
+
 FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
 #              "refresh"); 5: "files", "base"
-DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
-
-
-def target_key(target: str, archs: tuple[str, ...] | None = None) -> str:
-    """The target as the artifact key sees it: CUDA artifacts differ by architectures."""
-    if target != "cuda":
-        return target
-    return "cuda:" + ",".join(archs or DEFAULT_CUDA_ARCHS)
 
 
 def cache_dir() -> str:
@@ -157,13 +150,16 @@ def _catalog_sources(spec_source: str, base: str | None) -> dict[str, str]:
 
 
 def artifact_key(spec_source: str, target: str, base: str | None = None,
-                 state_format: str | None = None) -> str:
-    """``state_format``: the request's key text (optgen/core/formats.py), None for plain."""
+                 state_format: str | None = None, *, machine_bound: bool) -> str:
+    """``target``: the target as its key (with CUDA's architectures); ``state_format``:
+    the request's key text (optgen/core/formats/), None for plain; ``machine_bound``: the
+    code is for this machine's CPU (the caller's target registry says: the compiler's
+    Target and the runtime's Backend agree, tests/test_architecture_targets.py)."""
     parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
              "tvm": tvm_version(), "target": target, "base": base,
              "state_format": state_format,
              "bases": _catalog_sources(spec_source, base),
-             "machine": machine() if target == "llvm" else None}
+             "machine": machine() if machine_bound else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -14,12 +14,27 @@ import re
 import sys
 import warnings
 import json
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from ._version import __version__
 
 from . import cache, catalog
 from .cache import FORMAT
+
+
+class TargetFacts(Protocol):
+    """What the checks need to know of an artifact's target. The core names no target:
+    its caller passes ``facts(target name) -> TargetFacts`` from its own registry (the
+    compiler's optgen/compiler/targets/, the runtime's runtime/backends/; a test checks
+    that the two agree)."""
+    device_abi: bool     # launched through the manifest's device ABI (device_kernels)
+    needs_tvm: bool      # its kernels load through TVM's runtime
+
+    def files(self, manifest: dict) -> list[str]:
+        """Files it reads beyond the library and binaries (OpenCL: its source)."""
+
+
+Facts = Callable[[str], TargetFacts]
 
 
 class ArtifactError(RuntimeError):
@@ -46,18 +61,16 @@ MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_versi
                  "requirements", "states", "kernels", "shape_flags", "name_flags", "inputs",
                  "statistics", "accepted",
                  "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
-DEVICE_TARGETS = ("cuda", "opencl")   # run through the manifest's device ABI (device.py)
 
 
-def runtime_files(manifest: dict) -> list[str]:
+def runtime_files(manifest: dict, facts: Facts) -> list[str]:
     """The files of an artifact the runtime reads, which the manifest's ``files`` records
     (size, sha256): the library, spec.py (checkpoints hash it), the PTX and cubin files
-    (cuda) and the OpenCL source (opencl). The wrapper module and the other sources are
-    for people and are not verified."""
+    (cuda) and what the target's runtime backend reads besides (the OpenCL source). The
+    wrapper module and the other sources are for people and are not verified."""
     names = [manifest["library"], "spec.py"]
     names += [f for files in manifest["binaries"].values() for f in files.values()]
-    if manifest["target"] == "opencl":
-        names.append(manifest["sources"]["opencl"])
+    names += facts(manifest["target"]).files(manifest)
     return list(dict.fromkeys(names))
 
 
@@ -115,7 +128,7 @@ def _running_tvm() -> str | None:
         return None
 
 
-def verify_manifest(path: str, manifest: Any) -> None:
+def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
     """The manifest's format, keys and versions; ArtifactError naming what is wrong."""
     mpath = os.path.join(path, "manifest.json")
 
@@ -125,27 +138,29 @@ def verify_manifest(path: str, manifest: Any) -> None:
         fail(f"the manifest is a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
         fail(f"manifest format {manifest.get('format')!r}, this optgen reads format {FORMAT}")
-    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if manifest.get("target")
-                                            in DEVICE_TARGETS else ()) if k not in manifest]
+    backend = facts(manifest["target"]) if isinstance(manifest.get("target"), str) \
+        else None
+    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if backend is not None and
+                                            backend.device_abi else ()) if k not in manifest]
     if missing:
         fail(f"the manifest lacks {', '.join(map(repr, missing))}")
     if manifest["optgen_version"] != __version__:
         fail(f"built by optgen {manifest['optgen_version']}, this is optgen {__version__}")
     tvm = _running_tvm()
-    if tvm is None and manifest["target"] not in DEVICE_TARGETS:
+    if tvm is None and (backend is None or backend.needs_tvm):
         raise ArtifactError(f"{path}: the kernels need TVM's runtime, and apache-tvm is not "
                             f"installed (pip install apache-tvm=={manifest['tvm_version']})")
     if tvm is not None and manifest["tvm_version"] != tvm:
         fail(f"built with TVM {manifest['tvm_version']}, this is TVM {tvm}")
 
 
-def verify_files(path: str, manifest: dict) -> None:
+def verify_files(path: str, manifest: dict, facts: Facts) -> None:
     """Every file the runtime reads exists with the size and sha256 the manifest records.
     Hashes are computed once per process per file version (cache.file_record)."""
     mpath = os.path.join(path, "manifest.json")
     files = manifest["files"]
     try:
-        names = runtime_files(manifest)
+        names = runtime_files(manifest, facts)
         if not isinstance(files, dict):
             raise TypeError("'files' is not an object")
     except (KeyError, TypeError, AttributeError) as e:
@@ -182,7 +197,7 @@ def verify_files(path: str, manifest: dict) -> None:
 T = TypeVar("T")
 
 
-def load_verified(path: str, make: Callable[[str, dict], T]) -> T:
+def load_verified(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
     """``make(path, manifest)`` for the verified manifest of the artifact at ``path``
     (absolute): its format, keys, versions and the files the runtime reads; a manifest
     ``make`` cannot read (KeyError, TypeError, ...) is a malformed one. Runs no code of
@@ -190,16 +205,16 @@ def load_verified(path: str, make: Callable[[str, dict], T]) -> T:
     for _ in range(2):
         before = _folder_id(path)
         try:
-            return _load_once(path, make)
+            return _load_once(path, make, facts)
         except ArtifactError:
             # a builder replaced the folder while we read it (old manifest, new
             # library): read the new one; a broken folder that stays put is the error
             if _folder_id(path) == before:
                 raise
-    return _load_once(path, make)
+    return _load_once(path, make, facts)
 
 
-def _load_once(path: str, make: Callable[[str, dict], T]) -> T:
+def _load_once(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
     mpath = os.path.join(path, "manifest.json")
     if not os.path.isdir(path):
         raise ArtifactError(f"{path}: no such artifact directory")
@@ -210,8 +225,8 @@ def _load_once(path: str, make: Callable[[str, dict], T]) -> T:
         raise _broken(mpath, "missing (not a complete optgen artifact)", path) from None
     except (OSError, ValueError) as e:
         raise _broken(mpath, f"unreadable manifest ({e})", path) from None
-    verify_manifest(path, manifest)
-    verify_files(path, manifest)
+    verify_manifest(path, manifest, facts)
+    verify_files(path, manifest, facts)
     try:
         return make(path, manifest)
     except (KeyError, TypeError, ValueError, AttributeError) as e:

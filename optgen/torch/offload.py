@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from optgen.runtime import backends
+
 PLACES = ("cpu",)
-HOST_TARGETS = ("llvm", "c")   # targets whose kernels run on the host CPU
 WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 BUCKET_BYTES = 32 << 20    # gradient bytes per bucket of copies
 
@@ -41,9 +42,10 @@ def check(owner: str, offload: Any, target: str, flat: bool) -> None:
     if offload not in PLACES:
         raise ValueError(f"{owner}: offload must be None or one of {', '.join(PLACES)}, "
                          f"got {offload!r}")
-    if target not in HOST_TARGETS:
+    if not backends.get(target).host:
         raise ValueError(f"{owner}: offload={offload!r} steps the states on the host, which "
-                         f"needs a host target ({', '.join(HOST_TARGETS)}), got target={target!r}")
+                         f"needs a host target ({', '.join(backends.host_targets())}), "
+                         f"got target={target!r}")
     if flat:
         raise ValueError(f"{owner}: flat=True and offload={offload!r} together are not built "
                          "(flat groups adopt the device parameters into one buffer)")

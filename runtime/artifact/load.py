@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import backends
 from ..device import DeviceError, DeviceProgram
 from optgen.core.manifest import ArtifactError, load_verified, verify_files
 from optgen.core.tvm_runtime import load_tvm_runtime as _load_tvm_runtime  # noqa: F401
@@ -173,7 +174,7 @@ class Artifact:
     def load(cls, path: str | os.PathLike) -> "Artifact":
         """The verified artifact at ``path``: reads manifest.json and hashes the files the
         runtime reads; runs no code of the artifact (the library is opened on first use)."""
-        return load_verified(os.path.abspath(os.fspath(path)), cls)
+        return load_verified(os.path.abspath(os.fspath(path)), cls, backends.get)
 
     @property
     def flags(self) -> dict[str, HyperInfo]:
@@ -211,8 +212,8 @@ class Artifact:
 
     def function(self, symbol: str) -> Callable[..., Any]:
         """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached):
-        CPU targets (llvm, c) through tvm_ffi, GPU targets through their device ABI
-        (runtime/device.py)."""
+        through the target's runtime backend (runtime/backends/): CPU targets' library
+        through tvm_ffi, GPU targets through their device ABI (runtime/device.py)."""
         fn = self._functions.get(symbol)
         if fn is None:
             with _lock:
@@ -229,11 +230,11 @@ class Artifact:
         return fn
 
     def _load_module(self):
-        verify_files(self.path, self.manifest)  # unchanged since load? (a stat per file)
-        if self.target in ("llvm", "c"):
+        verify_files(self.path, self.manifest, backends.get)  # unchanged since load? (a stat per file)
+        backend = backends.get(self.target)
+        if backend.load is not None:         # a library through tvm_ffi (CPU targets)
             _load_tvm_runtime()
-            import tvm_ffi
-            return tvm_ffi.load_module(os.path.join(self.path, self.manifest["library"]))
+            return backend.load(self.path, self.manifest)
         try:
             return DeviceProgram(self.path, self.manifest)
         except DeviceError as e:

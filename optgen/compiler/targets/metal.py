@@ -1,0 +1,21 @@
+"""metal: Apple GPUs, Metal Shading Language (source only here)."""
+from __future__ import annotations
+
+import re
+
+from .base import Signature, Target, regex_signatures
+
+_SIGNATURE = re.compile(r'kernel void ()(\w+)\(')
+
+
+class Metal(Target):
+    def status(self) -> dict[str, str]:
+        return {"build": "yes (Metal source)", "compile": "no: needs Apple's metal compiler",
+                "run": "no: needs macOS"}
+
+    def signatures(self, sources: dict[str, str], folder: str) -> dict[str, Signature]:
+        return regex_signatures(_SIGNATURE, sources[self.source_key])
+
+
+TARGET = Metal("metal", "gpu", "metal", ("float32",), ("float16",), True, "float32",
+               "Apple GPUs: Metal Shading Language (no doubles: float32 reductions)")

@@ -1,0 +1,36 @@
+"""The runtime's backends, registered by target name: how the trainer-side runtime loads
+and runs each target's artifacts (``cpu``: the library through tvm_ffi; ``cuda``: CuPy;
+``opencl``: pyopencl). A target with no backend here (rocm, metal, webgpu) is built with
+its source only and cannot be run. The runtime asks this registry instead of comparing
+target names; it never imports the compiler (TVM).
+"""
+from __future__ import annotations
+
+from . import cpu, cuda, opencl
+from .base import Backend, source_only
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    if backend.target in BACKENDS:
+        raise ValueError(f"runtime backend {backend.target!r} is registered twice")
+    BACKENDS[backend.target] = backend
+    return backend
+
+
+for _b in (*cpu.BACKENDS, cuda.BACKEND, opencl.BACKEND):
+    register(_b)
+
+
+def get(target: str) -> Backend:
+    """The backend of ``target``; a source-only one for a target the runtime cannot run."""
+    return BACKENDS.get(target) or source_only(target)
+
+
+def host_targets() -> list[str]:
+    """Targets whose kernels step host arrays in place (CPU offload)."""
+    return [n for n, b in BACKENDS.items() if b.host]
+
+
+__all__ = ["BACKENDS", "Backend", "get", "host_targets", "register"]

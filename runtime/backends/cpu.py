@@ -1,0 +1,21 @@
+"""CPU targets (llvm, c): the artifact's library opened with ``tvm_ffi``. The caller
+(runtime/artifact.py) has loaded ``libtvm_runtime.so`` into the global symbol namespace
+first (``needs_tvm``): it provides the thread pool and workspace hooks the kernels call
+(tvm-notes §7), so ``import tvm`` (seconds) is never needed."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import Backend
+
+
+def load(folder: str, manifest: dict) -> Any:
+    """The artifact's library; ``module[symbol]`` is a kernel."""
+    import tvm_ffi
+    return tvm_ffi.load_module(os.path.join(folder, manifest["library"]))
+
+
+# llvm code is for this machine's CPU (its ISA flags are part of the artifact key)
+BACKENDS = (Backend("llvm", "cpu", host=True, load=load, machine_bound=True),
+            Backend("c", "cpu", host=True, load=load))
