@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # package -> folder, as pyproject.toml's [tool.setuptools.package-dir] installs them
 PACKAGES = {"optgen": "optgen", "optgen.compiler": "optgen/compiler",
             "optgen.core": "optgen/core", "optgen.torch": "optgen/torch",
-            "optgen.runtime": "runtime", "optgen.runtime.schedules": "runtime/schedules", "optgen.specs": "specs",
+            "optgen.runtime": "runtime", "optgen.runtime.schedules": "runtime/schedules",
+            "optgen.runtime.strategies": "runtime/strategies", "optgen.specs": "specs",
             "optgen.templates": "templates"}
 CHECKED = ("optgen", "runtime")   # the folders whose modules must stay small
 MAX_LINES = 400
