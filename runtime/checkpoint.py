@@ -208,8 +208,7 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
     dequantized (then cast to its dtype); codes of another block size, map or format
     (q8 <-> q4) are dequantized and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
     widened. Anything else is left to the checks."""
-    slot = opt.records[i]
-    st, out, shape = slot.state, dict(rec), tuple(slot.array.shape)
+    st, out, shape = opt.state[i], dict(rec), tuple(opt.params[i].shape)
     for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
               and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
