@@ -6,11 +6,11 @@ a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Write
 atomic: a temporary file in the same folder, fsynced, then ``os.replace`` (a crash
 mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file).
 
-``state_dict``, ``check`` and ``restore_states`` read an optimizer's parameters,
-states, groups, step counts and multipliers (``opt.params``, ``opt.state``, ``opt.t``,
-``opt._lib``, ``opt._groups``, ``opt._group_of``, ``opt._defaults``, ``opt._steps``,
-``opt._lr_mult``, ``opt._wd_mult``, ``opt._refreshed``); ``apply`` sets what ``check``
-returns.
+``state_dict`` and ``check`` read an optimizer through its public interface: its
+records (``opt.records``: each parameter's array, library, states, step count,
+multipliers, last refresh), ``opt.groups``, ``opt.hyper`` and ``opt.t``;
+``Optimizer.load_state_dict`` sets what ``check`` returns (``restore_states`` writes the
+states in place).
 
 May import: numpy, formats, hyper, tensors.
 """
@@ -56,44 +56,39 @@ def state_dict(opt) -> dict[str, Any]:
     return {
         "format": FORMAT, "optimizer": opt.name,
         "spec_hash": spec_hash(opt.artifact), "key": opt.artifact.key,
-        "t": opt.t, "param_steps": list(opt._steps), "skipped_steps": opt.skipped_steps,
-        "hyper": dict(opt._defaults),
+        "t": opt.t, "param_steps": [s.steps for s in opt.records],
+        "skipped_steps": opt.skipped_steps, "hyper": opt.hyper,
         "groups": [{"hyper": dict(g.hyper), "lr_schedule": g.lr is not None,
-                    "params": [i for i, x in enumerate(opt._group_of) if x == gi]}
-                   for gi, g in enumerate(opt._groups)],
-        "params": [{"name": n, "shape": list(p.shape),
-                    "dtype": tensors.dtype_name(p, lib)}
-                   for n, p, lib in zip(opt.names, opt.params, opt._lib)],
-        "lr_mult": list(opt._lr_mult), "wd_mult": list(opt._wd_mult),
-        "refreshed": list(opt._refreshed),
+                    "params": _members(opt, gi)} for gi, g in enumerate(opt.groups)],
+        "params": [{"name": s.name, "shape": list(s.array.shape),
+                    "dtype": tensors.dtype_name(s.array, s.lib)} for s in opt.records],
+        "lr_mult": [s.lr_mult for s in opt.records],
+        "wd_mult": [s.wd_mult for s in opt.records],
+        "refreshed": [s.refreshed for s in opt.records],
         "state": [{n: (float(v) if isinstance(v, np.floating) else
-                       tensors.to_numpy(v, lib)) for n, v in st.items()}
-                  for st, lib in zip(opt.state, opt._lib)],
+                       tensors.to_numpy(v, s.lib)) for n, v in s.state.items()}
+                  for s in opt.records],
         # how formatted states are stored (optgen/core/formats.py): "bfloat16",
         # "q8:<map>[:<block>]", "q4:<map>[:<block>]"
-        "stored": [{n: opt.artifact.stored[n] for n in st if n in opt.artifact.stored}
-                   if fmt else {} for st, fmt in zip(opt.state, opt._formatted)]}
+        "stored": [{n: opt.artifact.stored[n] for n in s.state if n in opt.artifact.stored}
+                   if s.formatted else {} for s in opt.records]}
 
 
-def apply(opt, plan: Mapping[str, Any]) -> None:
-    """Give ``opt`` what ``check`` returned: states, hyperparameters, counts."""
-    restore_states(opt.state, opt._lib, plan["states"])
-    opt._defaults = plan["defaults"]
-    for g, h in zip(opt._groups, plan["groups"]):
-        g.hyper = h
-    opt.t, opt._steps, opt.skipped_steps = plan["t"], plan["steps"], plan["skipped_steps"]
-    opt._lr_mult, opt._wd_mult = plan["lr_mult"], plan["wd_mult"]
-    opt._refreshed, opt._prepared = plan["refreshed"], [None] * len(opt.params)
+def _members(opt, gi: int) -> list[int]:
+    """The indices of group ``gi``'s parameters."""
+    return [s.index for s in opt.records if s.group == gi]
 
 
-def restore_states(states: list[dict[str, Any]], libs: list[str], saved: list) -> None:
-    """Overwrite every state in place with its saved value (checked by ``check``)."""
-    for i, (mine, theirs) in enumerate(zip(states, saved)):
+def restore_states(slots: Any, saved: list) -> None:
+    """Overwrite every state of the parameters (``slots``: their records) in place with
+    its saved value (checked by ``check``)."""
+    for s, theirs in zip(slots, saved):
+        mine = s.state
         for n in list(mine):
             if isinstance(mine[n], np.floating):
                 mine[n] = np.float64(theirs[n])
             else:
-                tensors.copy_into(mine[n], libs[i], np.asarray(theirs[n]))
+                tensors.copy_into(mine[n], s.lib, np.asarray(theirs[n]))
 
 
 # dtype pairs a state may change between a checkpoint and the optimizer loading it: a
@@ -150,22 +145,22 @@ def check(opt, sd: Any) -> dict[str, Any]:
     if not isinstance(params, list) or len(params) != n:
         _fail(opt, f"state_dict describes {len(params) if isinstance(params, list) else '?'} "
                    f"parameters, this optimizer has {n}")
-    for i, (p, lib, rec) in enumerate(zip(opt.params, opt._lib, params)):
-        want = (list(p.shape), tensors.dtype_name(p, lib))
+    for i, (s, rec) in enumerate(zip(opt.records, params)):
+        want = (list(s.array.shape), tensors.dtype_name(s.array, s.lib))
         got = (list(rec.get("shape", [])), rec.get("dtype"))
         if got != want:
             _fail(opt, f"state_dict parameter {i} is {got[1]}{got[0]}, this optimizer's "
                        f"parameter {i} is {want[1]}{want[0]}")
-    layout = [[i for i, g in enumerate(opt._group_of) if g == gi] for gi in range(len(opt._groups))]
+    layout = [_members(opt, gi) for gi in range(len(opt.groups))]
     groups = sd.get("groups")
     theirs = [g.get("params") for g in groups] if isinstance(groups, list) else None
     if theirs != layout:
         _fail(opt, f"state_dict has the group layout {theirs}, this optimizer has {layout} "
                    "(parameter indices per group)")
     defaults = hyper_rules.resolve(opt.name, opt.artifact.hypers, opt.artifact.requirements,
-                                   opt._defaults, sd.get("hyper", {}))
+                                   opt.hyper, sd.get("hyper", {}))
     restored = []
-    for g, rec in zip(opt._groups, groups):
+    for g, rec in zip(opt.groups, groups):
         h = dict(rec.get("hyper", {}))
         if g.lr is not None or rec.get("lr_schedule"):
             h.pop("lr", None)      # schedules are code: each side keeps its own lr
@@ -189,7 +184,7 @@ def check(opt, sd: Any) -> dict[str, Any]:
                     _fail(opt, f"state_dict state {i}.{name} must be a float, got {x!r}")
                 continue
             src = np.asarray(rec[name])
-            want = (tensors.dtype_name(v, opt._lib[i]), list(v.shape))
+            want = (tensors.dtype_name(v, opt.records[i].lib), list(v.shape))
             if (src.dtype.name, list(src.shape)) != want:
                 _fail(opt, f"state_dict state {i}.{name} is {src.dtype.name}{list(src.shape)}, "
                            f"expected {want[0]}{want[1]}")
@@ -218,7 +213,7 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
               and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
         src = np.asarray(rec[n])
-        want = tensors.dtype_name(st[n], opt._lib[i])
+        want = tensors.dtype_name(st[n], opt.records[i].lib)
         if not mine and not theirs and src.dtype.name != want and \
                 list(src.shape) == list(st[n].shape) and {src.dtype.name, want} in REFORMAT:
             out[n] = src.astype(tensors.numpy_dtype(want))

@@ -18,8 +18,9 @@ The optimizer finds runs by looking at memory, not by trusting a mode:
   address, cached per gradient object) and every parameter in it takes this step;
   otherwise its parameters are stepped one by one, exactly as before.
 
-This module owns that memory logic (chains, runs, spans); runtime/launch.py keeps the
-runs it finds and makes the calls. May import: numpy, tensors, sparse.
+This module owns that memory logic (chains, runs, spans); the run strategies
+(runtime/strategies/runs.py) keep the runs it finds, and runtime/launch.py makes the
+calls. May import: numpy, tensors, sparse.
 """
 from __future__ import annotations
 
@@ -179,14 +180,13 @@ def find_runs(chains: Sequence[tuple[int, int]], same: Callable[[int], tuple | N
 
 
 def run_calls(artifact: Any, k: Any, lib: str, like: Any, parts: Sequence[Mapping[str, Any]],
-              sizes: Sequence[int]) -> list[tuple[Callable, list]] | None:
+              sizes: Sequence[int], *, segmented: bool) -> list[tuple[Callable, list]] | None:
     """The calls that update a run's parameters together (``parts``: each one's kernel
     arguments by buffer name, ``sizes`` their element counts): the kernel's one launch
-    over the span, or each pass's segmented variant with the run's offsets (``_seg``)
-    and reduction buffers (one per tensor, kept with the run); None when some
-    persistent array is not back to back."""
+    over the span, or (``segmented``) each pass's segmented variant with the run's
+    offsets (``_seg``) and reduction buffers (one per tensor, kept with the run); None
+    when some persistent array is not back to back."""
     spans: dict[str, Any] = {"grad": GRAD}
-    segmented = "seg_symbol" in k.launches[0]
     if segmented:
         size = artifact.reduction_buffer_size * len(parts)
         spans.update((n, tensors.full_like(like, lib, (size,), 0.0, artifact.reduction_dtype))
@@ -210,19 +210,20 @@ def run_calls(artifact: Any, k: Any, lib: str, like: Any, parts: Sequence[Mappin
     return calls
 
 
-def grad_span(cache: dict, i: int, gs: Sequence[Any], lib: str, steps: Sequence[int],
+def grad_span(cache: dict, i: int, gs: Sequence[Any], lib: str, members: Sequence[Any],
               args: Sequence[Any]) -> Any:
     """The span of a run's gradients ``gs`` (its first parameter is ``i``) if they lie
     back to back (apart from the run's arguments ``args``: parameters and states) and
-    every one takes this step (their ``steps`` counts agree); else None. The verdict is
-    kept in ``cache`` per gradient object, rechecked by address for torch tensors."""
+    every one takes this step (the step counts of its ``members``, their records,
+    agree); else None. The verdict is kept in ``cache`` per gradient object, rechecked
+    by address for torch tensors."""
     hit = cache.get(i)
     if hit is not None and all(r() is g for r, g in zip(hit[0], gs)) and \
             (lib == "numpy" or hit[2] == [tensors.address_range(g, lib)[0] for g in gs]):
         return hit[1]
     cache.pop(i, None)
     if any(g is None or isinstance(g, RowSparse) for g in gs) or \
-            any(steps[x] != steps[i] for x in range(i, i + len(gs))) or \
+            any(m.steps != members[0].steps for m in members) or \
             not adjacent(gs, lib):
         return None
     whole = span(gs, lib)

@@ -223,13 +223,13 @@ class RuntimeGroup:
         self.grad_centralization = grad_centralization
 
 
-def describe(groups: Sequence[RuntimeGroup], group_of: Sequence[int], params: Sequence[Any],
-             names: Sequence[str | None]) -> list[dict[str, Any]]:
-    """``Optimizer.param_groups``: each group's parameters, names and hyperparameters."""
+def describe(groups: Sequence[RuntimeGroup], slots: Sequence[Any]) -> list[dict[str, Any]]:
+    """``Optimizer.param_groups``: each group's parameters, names and hyperparameters
+    (``slots``: the parameters' records)."""
     out = []
     for gi, g in enumerate(groups):
-        idx = [i for i, x in enumerate(group_of) if x == gi]
-        out.append({"params": [params[i] for i in idx], "names": [names[i] for i in idx],
+        members = [s for s in slots if s.group == gi]
+        out.append({"params": [s.array for s in members], "names": [s.name for s in members],
                     **g.hyper, **({"lr": g.lr} if g.lr is not None else {}),
                     "grad_centralization": g.grad_centralization})
     return out
@@ -309,11 +309,10 @@ def multipliers(owner: str, what: str, mults: Any, names: Sequence[str | None]
     return out
 
 
-def decay_filter(owner: str, flt: Any, names: Sequence[str | None],
-                 group_of: Sequence[int], groups: Sequence[RuntimeGroup],
-                 wd_mult: list[float]) -> None:
-    """wd_mult 0 for named parameters the filter leaves out, in groups that did not
-    set weight_decay themselves (MindSpore's rule)."""
+def decay_filter(owner: str, flt: Any, slots: Sequence[Any],
+                 groups: Sequence[RuntimeGroup]) -> None:
+    """wd_mult 0 for named parameters (``slots``: their records) the filter leaves out,
+    in groups that did not set weight_decay themselves (MindSpore's rule)."""
     if flt == "default":
         flt = default_decay_filter
     elif flt is None or flt is False:
@@ -321,10 +320,10 @@ def decay_filter(owner: str, flt: Any, names: Sequence[str | None],
     elif not callable(flt):
         raise TypeError(f"{owner}: decay_filter must be 'default', None or a callable "
                         f"name -> bool, got {flt!r}")
-    for i, name in enumerate(names):
-        if name is not None and "weight_decay" not in groups[group_of[i]].explicit \
-                and not flt(name):
-            wd_mult[i] = 0.0
+    for s in slots:
+        if s.name is not None and "weight_decay" not in groups[s.group].explicit \
+                and not flt(s.name):
+            s.wd_mult = 0.0
 
 
 def name_flags(owner: str, flags: Mapping[str, Sequence[str]], filters: Any,

@@ -6,7 +6,7 @@ the message); it returns the validated value or raises the typed error of
 docs/reliability.md (TypeError for a wrong kind, ValueError for a wrong value) and
 changes nothing. The optimizer runs them all before any kernel does.
 
-May import: numpy, formats, tensors, sparse. Imports no other runtime module.
+May import: numpy, formats, state (a parameter's state arrays), tensors, sparse.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import backends, tensors
+from . import backends, state, tensors
 from optgen.core import formats
 from .sparse import RowSparse
 
@@ -147,29 +147,32 @@ def check_names(owner: str, names: list[str | None], param_names: Sequence[str] 
     return param_names
 
 
-def check_centralization(owner: str, params: Sequence[Any], group_of: Sequence[int],
-                         centralized: Sequence[bool], names: Sequence[str | None]) -> None:
-    """grad_centralization applies to 4-D convolution weights only."""
-    for i, gi in enumerate(group_of):
-        if centralized[gi] and len(params[i].shape) != 4:
-            raise ValueError(f"{owner}: {label(i, names)} has shape "
-                             f"{tuple(params[i].shape)}; grad_centralization applies "
-                             f"only to 4-D convolution weights (group {gi})")
+def check_centralization(owner: str, slots: Sequence[Any], centralized: Sequence[bool]
+                         ) -> None:
+    """grad_centralization (``centralized[group]``) applies to 4-D convolution weights
+    only (``slots``: the parameters' records)."""
+    for s in slots:
+        if centralized[s.group] and len(s.array.shape) != 4:
+            raise ValueError(f"{owner}: {label(s.index, [x.name for x in slots])} has shape "
+                             f"{tuple(s.array.shape)}; grad_centralization applies "
+                             f"only to 4-D convolution weights (group {s.group})")
 
 
-def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequence[str],
-                  flags_of: Callable[[int], dict], names: Sequence[str | None],
-                  formatted: Sequence[bool], multi_precision: bool) -> None:
-    """Each parameter has a kernel for its dtype under its flags (a matrix rule has
+def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
+                  flags_of: Callable[[int], dict], multi_precision: bool) -> None:
+    """Each parameter (``slots``: their records) has a kernel for its dtype under its
+    flags (``flags_of(i)``; a matrix rule has
     float32/float64 kernels only: no mixed precision; state formats compute in float32
     and apply to elementwise rules), and a matrix rule (products) gets a 2-D parameter
     (specs pick it by a shape flag, so that fails only for a spec that does not)."""
-    for i, p in enumerate(params):
-        dt, flags = tensors.dtype_name(p, libs[i]), flags_of(i)
+    names = [s.name for s in slots]
+    for i, s in enumerate(slots):
+        p = s.array
+        dt, flags = tensors.dtype_name(p, s.lib), flags_of(i)
         master = multi_precision or dt not in tensors.LOW_PRECISION
-        k = artifact.kernel_for(dt, flags, formatted[i], master)
+        k = artifact.kernel_for(dt, flags, s.formatted, master)
         plain = artifact.kernel_for(dt, flags, master=master) \
-            if k is None and formatted[i] else None
+            if k is None and s.formatted else None
         if plain is not None:
             why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
                    "elementwise rules") if plain.matrix else (
@@ -197,14 +200,16 @@ def check_kernels(owner: str, artifact: Any, params: Sequence[Any], libs: Sequen
 
 
 # -- gradients and extra inputs ----------------------------------------------------------
-def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: Any,
-                what: str, checked: list | None, guarded: Callable[[int], list],
-                row_sparse: Callable[[int, Any, RowSparse], Any]) -> list[Any]:
+def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
+                remember: bool = False,
+                row_sparse: Callable[[Any, RowSparse], Any] | None = None) -> list[Any]:
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
-    parameter. ``checked`` (gradients only) remembers the numpy arrays that passed,
-    by parameter: (weakref, shape, dtype, strides), so the same array in the same form
-    is not checked again; ``guarded(i)`` are parameter i's state arrays (a gradient
-    must not overlap them); ``row_sparse(i, p, g)`` checks a RowSparse gradient."""
+    parameter (``slots``: their records; a gradient must not overlap the parameter's
+    state arrays either). With ``remember`` (gradients only) a slot's ``checked``
+    keeps the array that passed: (weakref, shape, dtype, strides), so the same array
+    in the same form is not checked again; ``row_sparse(slot, g)`` checks a RowSparse
+    gradient."""
+    params = [s.array for s in slots]
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
     grads = list(grads)
@@ -215,15 +220,15 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
     label_ = "gradient" if what == "grads" else what
 
     def layout_p(i: int) -> tuple:
-        return tensors.layout(params[i], libs[i])[:1]   # (the parameter's address)
+        return tensors.layout(params[i], slots[i].lib)[:1]   # (the parameter's address)
     for i, (p, g) in enumerate(zip(params, grads)):
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             continue
         if isinstance(g, RowSparse) and what == "grads":
-            grads[i] = row_sparse(i, p, g)
+            grads[i] = row_sparse(slots[i], g)
             continue
-        lib = libs[i]
-        seen = checked[i] if checked is not None else None
+        lib = slots[i].lib
+        seen = slots[i].checked if remember else None
         if seen is not None and seen[0]() is g and (
                 seen[1:] == (g.shape, g.dtype, g.strides) and g.flags.writeable
                 if lib == "numpy" else seen[1] == tensors.layout(g, lib) + layout_p(i)):
@@ -256,9 +261,9 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
                                  "numpy arrays: pass a writeable copy (np.array(g)); the "
                                  "optimizer never writes to it")
             shared = np.may_share_memory(g, p) or any(
-                np.may_share_memory(g, s) for s in guarded(i))
-            if not shared and checked is not None:   # (its memory cannot move)
-                checked[i] = (weakref.ref(g), g.shape, g.dtype, g.strides)
+                np.may_share_memory(g, s) for s in state.arrays(slots[i].state))
+            if not shared and remember:   # (its memory cannot move)
+                slots[i].checked = (weakref.ref(g), g.shape, g.dtype, g.strides)
         else:
             if tensors.device(g, lib) != tensors.device(p, lib):
                 raise TypeError(f"{owner}: {label_} {i} is on {tensors.device(g, lib)}, "
@@ -267,9 +272,10 @@ def check_grads(owner: str, params: Sequence[Any], libs: Sequence[str], grads: A
                 raise ValueError(f"{owner}: {label_} {i} is not C-contiguous")
             r = tensors.address_range(g, lib)
             shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
-                tensors.overlaps(r, tensors.address_range(s, lib)) for s in guarded(i))
-            if not shared and checked is not None:   # (skipped while g and p stay put)
-                checked[i] = (weakref.ref(g), tensors.layout(g, lib) + layout_p(i))
+                tensors.overlaps(r, tensors.address_range(s, lib))
+                for s in state.arrays(slots[i].state))
+            if not shared and remember:   # (skipped while g and p stay put)
+                slots[i].checked = (weakref.ref(g), tensors.layout(g, lib) + layout_p(i))
         if shared:
             raise ValueError(f"{owner}: {label_} {i} shares memory with parameter {i} "
                              "or its state; pass a separate gradient array")

@@ -8,14 +8,15 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
   workspaces) viewed once; per-step arrays (the gradient, extra inputs) are named by a
   ``(name, axes, view)`` placeholder filled in per call;
 - workspaces: reduction buffers and a matrix rule's temporaries, kept per parameter;
-- flat runs: stretches of parameters one call per pass updates (found by
-  runtime/flat.py), and their gradient spans.
+- the calls: one parameter's (``run``, ``run_lazy``, ``passes``) and a flat run's
+  (``run_fused``); which of them steps a parameter is its launch strategy's choice
+  (runtime/strategies/).
 
-It shares the optimizer's lists of parameters and states (the same list objects), and
-is told the rest (kernels prepared, groups, multipliers, step counts) when it needs it.
+It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
+parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, flat, formats, reference, rounding, shards, sparse,
-tensors, views.
+May import: numpy, artifact, flat (its GRAD slot), formats, reference, rounding, shards,
+slots, sparse, tensors, views.
 """
 from __future__ import annotations
 
@@ -23,38 +24,28 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, shards, tensors
+from . import shards, tensors
 from optgen.core import formats, reference, rounding, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
+from .slots import ParamSlot
 from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
-Run = tuple[int, list[tuple[Callable, list]], list]   # (end, [(kernel, args)], every arg)
 
 
 class Launcher:
     """The launches of one optimizer's parameters."""
 
-    def __init__(self, owner: str, artifact: Any, backend: str, params: list, libs: list,
-                 state: list[dict[str, Any]], mixed: list[bool],
-                 dims: list[tuple[int, int, int]], formatted: list[bool]):
-        self.owner, self.artifact, self.formatted = owner, artifact, formatted
+    def __init__(self, owner: str, artifact: Any, backend: str, slots: Sequence[ParamSlot]):
+        self.owner, self.artifact, self.slots = owner, artifact, slots
         self.compiled = backend == "compiled"
-        self.params, self.libs, self.state, self.mixed, self.dims = \
-            params, libs, state, mixed, dims
-        self.kargs = [tensors.kernel_arg(p, lib) for p, lib in zip(params, libs)]
-        self.numel = [int(np.prod(tuple(p.shape), dtype=np.int64)) for p in params]
-        self.bf16_numpy = [lib == "numpy" and p.dtype.name == "bfloat16"
-                           for p, lib in zip(params, libs)]
+        for s in slots:         # (the kernel argument of each parameter, made once)
+            s.karg = tensors.kernel_arg(s.array, s.lib)
+            s.numel = int(np.prod(tuple(s.array.shape), dtype=np.int64))
+            s.bf16_numpy = s.lib == "numpy" and s.array.dtype.name == "bfloat16"
         self.kernels: dict[tuple, KernelInfo] = {}
-        self.plans: list[list | None] = [None] * len(params)
-        self.work: list[dict[str, dict[str, Any]]] = [{} for _ in params]
-        self.runs: dict[int, Run] = {}
-        self.runs_for: list | None = None   # the prepared kernels the runs were found for
-        self.grad_spans: dict[int, tuple[tuple, Any, list[int]]] = {}   # start ->
-        # (weak references to the gradients, their span, their addresses)
         self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
         self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
 
@@ -67,9 +58,10 @@ class Launcher:
     # -- kernels and plans ---------------------------------------------------------------
     def select(self, i: int, flags: dict[str, bool]) -> KernelInfo:
         """The artifact's kernel for parameter ``i`` under ``flags``: by its dtype, with
-        state formats where ``formatted[i]`` (cached)."""
-        dtype, fmt = tensors.dtype_name(self.params[i], self.libs[i]), self.formatted[i]
-        master = self.mixed[i] or dtype not in tensors.LOW_PRECISION   # (else: no master)
+        state formats where its slot is ``formatted`` (cached)."""
+        s = self.slots[i]
+        dtype, fmt = tensors.dtype_name(s.array, s.lib), s.formatted
+        master = s.mixed or dtype not in tensors.LOW_PRECISION   # (else: no master)
         key = (dtype, tuple(sorted(flags.items())), fmt, master)
         k = self.kernels.get(key)
         if k is None:
@@ -82,19 +74,20 @@ class Launcher:
 
     def prepare(self, i: int, k: KernelInfo) -> None:
         """Parameter ``i`` launches ``k`` from now on (its states are ready for it)."""
-        self.plans[i] = self._plan(i, k) if self.compiled else None
+        self.slots[i].plan = self._plan(i, k) if self.compiled else None
 
     def arrays(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]) -> dict[str, Any]:
         """Kernel arguments by buffer name (without the gradient when ``g`` is None)."""
-        st, lib = self.state[i], self.libs[i]
+        s = self.slots[i]
+        st, lib = s.state, s.lib
         arrays = {**({} if g is None else {"grad": tensors.kernel_arg(g, lib)}),
                   **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()},
                   **{n: st[n] for n in k.buffers if n in st}}
         arrays.update((b, self.table(i, b)) for b in k.tables)   # (block-quantized states)
-        if self.mixed[i]:
-            arrays["w"], arrays[LOW_COPY] = st["master"], self.kargs[i]
+        if s.mixed:
+            arrays["w"], arrays[LOW_COPY] = st["master"], s.karg
         else:
-            arrays["w"] = self.kargs[i]
+            arrays["w"] = s.karg
         return arrays
 
     def table(self, i: int, name: str) -> Any:
@@ -102,22 +95,23 @@ class Launcher:
         the numpy array, or for compiled kernels on a GPU (torch CUDA tensors, CuPy
         arrays) its copy on the parameter's device, made once per device and kept."""
         host = formats.table(name)
-        lib = self.libs[i]
-        where = tensors.device(self.params[i], lib)
+        p, lib = self.slots[i].array, self.slots[i].lib
+        where = tensors.device(p, lib)
         if not self.compiled or where == "cpu":
             return host
         key = (name, lib, where)
         if key not in self.tables:
-            self.tables[key] = tensors.copy_to(self.params[i], lib, host)
+            self.tables[key] = tensors.copy_to(p, lib, host)
         return self.tables[key]
 
     def workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
         """Parameter ``i``'s workspaces for kernel ``k``, kept between steps: float64
         reduction buffers, and a matrix rule's temporaries in the kernel dtype."""
-        ws = self.work[i].get(k.symbol)
+        s = self.slots[i]
+        ws = s.work.get(k.symbol)
         if ws is None:
-            ws = self.work[i][k.symbol] = {
-                n: tensors.full_like(self.params[i], self.libs[i],
+            ws = s.work[k.symbol] = {
+                n: tensors.full_like(s.array, s.lib,
                                      (self.artifact.reduction_buffer_size,) if not axes
                                      else views.extents(d, axes), 0.0,
                                      self.artifact.reduction_dtype if n.startswith("_red")
@@ -126,7 +120,7 @@ class Launcher:
         return ws
 
     def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
-        d = self.dims[i]
+        d = self.slots[i].dims
         persistent = {**self.arrays(i, k, None, {}), **self.workspace(i, k, d)}
         plan = []
         for ln in k.launches:
@@ -142,61 +136,16 @@ class Launcher:
             plan.append((self.artifact.function(ln["symbol"]), args))
         return plan
 
-    # -- flat runs (runtime/flat.py) ----------------------------------------------------
-    def find_runs(self, prepared: Sequence[KernelInfo], chains: Sequence[tuple[int, int]],
-                  group_of: Sequence[int], lr_mult: Sequence[float],
-                  wd_mult: Sequence[float]) -> dict[int, Run]:
-        """The runs under the kernels ``prepared`` (every parameter's): stretches of a
-        chain with one group, one kernel and equal multipliers whose persistent arrays
-        are back to back."""
-        has_inputs, libs = bool(self.artifact.inputs), self.libs
-
-        def same(i: int) -> tuple | None:
-            k = prepared[i]
-            if not flat.fusable(k, has_inputs, views.AXES):
-                return None
-            return group_of[i], k.symbol, lr_mult[i], wd_mult[i]
-
-        def calls(i: int, j: int) -> list | None:
-            k = prepared[i]
-            return flat.run_calls(self.artifact, k, libs[i], self.params[i],
-                                  [self.arrays(x, k, None, {}) for x in range(i, j)],
-                                  self.numel[i:j])
-
-        runs = flat.find_runs(chains, same, calls)
-        # numpy bfloat16 spans (state formats) pass as tvm_ffi views; the run's list of
-        # every argument keeps the arrays (gradient overlap checks read their addresses)
-        self.runs = {i: (end, [(fn, [a if a is GRAD else bfloat16_tensor(a) for a in args])
-                               for fn, args in found], every)
-                     for i, (end, found, every) in runs.items()}
-        self.runs_for = prepared
-        self.grad_spans.clear()
-        return self.runs
-
-    def forget_runs(self) -> None:
-        """Find the runs again before the next step (a multiplier changed)."""
-        self.runs_for = None
-
-    def fused(self, i: int, run: Run, k: KernelInfo, grads: Sequence[Any],
-              steps: Sequence[int]) -> Any:
-        """The gradient span that steps ``run`` (from parameter ``i``, kernel ``k``) with
-        one call per pass this step, or None: its scalar states differ, or its gradients
-        are not back to back or do not all take this step."""
-        end, state = run[0], self.state
-        names = k.scalar_state_updates
-        if names and not all(state[x][n] == state[i][n] for x in range(i + 1, end)
-                             for n in names):
-            return None
-        return flat.grad_span(self.grad_spans, i, grads[i:end], self.libs[i], steps, run[2])
-
     # -- calls ---------------------------------------------------------------------------
-    def run_fused(self, run: Run, gspan: Any, scalars: np.ndarray, first: int) -> None:
-        """One call per pass for every parameter of ``run`` (``first`` .. its end)."""
-        for i in range(first, run[0]) if self.hooks else ():
+    def run_fused(self, members: Sequence[int], calls: list[tuple[Callable, list]], gspan: Any,
+                  scalars: np.ndarray) -> None:
+        """A flat run's ``calls``, one per pass, for all its ``members`` at once; the
+        gradient span ``gspan`` fills the ``GRAD`` slot (runtime/flat.py)."""
+        for i in members if self.hooks else ():
             self.hooks[0](i)
-        for fn, args in run[1]:
+        for fn, args in calls:
             fn(*[gspan if a is GRAD else a for a in args], scalars)
-        for i in range(first, run[0]) if self.hooks else ():
+        for i in members if self.hooks else ():
             self.hooks[1](i)
 
     def run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
@@ -210,17 +159,17 @@ class Launcher:
 
     def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
              extra: Mapping[str, Any]) -> None:
-        d = self.dims[i]
+        d = self.slots[i].dims
         if self.compiled:
             call = self._caller(i, g, scalars, extra)
             if k.matrix:                 # its plan may hold loops
-                run_loops(self.plans[i], call, scalars)
+                run_loops(self.slots[i].plan, call, scalars)
             else:
-                for fn, args in self.plans[i]:
+                for fn, args in self.slots[i].plan:
                     call(fn, args)
             return
         arrays = self.arrays(i, k, g, extra)
-        lib = self.libs[i]
+        lib = self.slots[i].lib
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
         values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
                                              host["w"].shape)
@@ -241,10 +190,11 @@ class Launcher:
 
     def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
         """Calls one plan entry of parameter ``i`` with this step's arrays."""
-        d, lib = self.dims[i], self.libs[i]
+        s = self.slots[i]
+        d, lib = s.dims, s.lib
         step = {"grad": tensors.kernel_arg(g, lib),
                 **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()}}
-        wrap = bfloat16_tensor if self.bf16_numpy[i] else _same
+        wrap = bfloat16_tensor if s.bf16_numpy else _same
 
         def call(fn, args):
             fn(*[a if type(a) is not tuple else
@@ -260,15 +210,16 @@ class Launcher:
         if not self.compiled or k.matrix:
             raise ValueError(f"{self.owner}: parameter {i} is split across ranks; its "
                              "reductions are summed between compiled passes only")
-        call = self._caller(i, g, scalars, extra) if self.numel[i] else None
-        work = self.workspace(i, k, self.dims[i])
+        s = self.slots[i]
+        call = self._caller(i, g, scalars, extra) if s.numel else None
+        work = self.workspace(i, k, s.dims)
         unsummed: dict[str, shards.Pending] = {}
-        for (fn, args), ln in zip(self.plans[i], k.launches):
+        for (fn, args), ln in zip(s.plan, k.launches):
             wanted = [unsummed.pop(b) for b in ln["buffers"] if b in unsummed]
             if wanted:
                 yield wanted
             fills = shards.needs_sum(ln, split) and shards.pending(
-                ln, work, k.workspaces, self.dims[i], split)
+                ln, work, k.workspaces, s.dims, split)
             if call is not None:
                 call(fn, args)
             elif ln["kind"] == "reduce":
@@ -278,7 +229,7 @@ class Launcher:
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""
-        p = self.params[i]
+        p = self.slots[i].array
         rows = g.rows.reshape(len(g.indices), -1)
         full = self.arrays(i, k, rows, {})
         full.pop("grad")

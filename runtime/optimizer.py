@@ -5,15 +5,16 @@ rooms together. A step is:
                 ranks, every rank passed them          (inputs.py, refresh.py, shards.py)
     preprocess  lr of each group (schedules), loss scale, global norm / non-finite
                 check, gradient centralization                  (groups.py, preprocess.py)
-    plan        per parameter (or flat run): its kernel, its host scalars in float64,
-                its refresh rule                                (launch.py, scalars.py,
-                                                                 refresh.py)
-    launch      the kernel calls, in place                      (launch.py, flat.py)
-    count       t and each parameter's step count
+    launch      each parameter's (or flat run's) launch strategy, chosen when its
+                kernel was prepared: its step count, its host scalars in float64, its
+                refresh rule, its kernel calls, in place   (strategies/, scalars.py,
+                                                            refresh.py, launch.py, flat.py)
 
-Every input is checked before any kernel runs, so an error (or a skipped step) leaves
-parameters and states bit-identical. Messages name the optimizer, the parameter
-(index and name), the value and the rule.
+Everything the optimizer knows about a parameter is in its record (``ParamSlot``,
+slots.py), one table (``records``) in parameter order. Every input is checked before
+any kernel runs, so an error (or a skipped step) leaves parameters and states
+bit-identical. Messages name the optimizer, the parameter (index and name), the value
+and the rule.
 
 Also: groups.py and hyper.py (groups, hyperparameters, lr schedules, multipliers),
 state.py (state allocation), checkpoint.py (state_dict checks and files). This module
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, launch, preprocess, refresh, scalars, state
+from . import checkpoint, flat, launch, preprocess, refresh, scalars, state, strategies
 from optgen.core import formats, scalar_expr
 from . import shards as shards_
 from . import groups as grouping
@@ -34,11 +35,12 @@ from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
 from .preprocess import NORM_EPS                             # noqa: F401 (re-exported)
+from .slots import ParamSlot, RecordTable
 from .sparse import RowSparse
 from .tensors import aligned_full
 
 
-class Optimizer:
+class Optimizer(RecordTable):
     """Steps arrays (numpy, torch, CuPy) in place with an artifact's kernels.
 
     ``backend="reference"`` runs the reference interpreter instead of the compiled
@@ -79,13 +81,13 @@ class Optimizer:
         # parameters, their names and groups (accepted: options the spec takes unused)
         self.accepted = {n: hyper.pop(n) for n in list(hyper) if n in artifact.accepted}
         entries, parsed = grouping.parse(name, params, artifact.hypers)
-        self.params: list[Any] = [e.array for e in entries]
-        n = len(self.params)
-        self._lib: list[str] = checks.check_params(name, artifact, self.params,
-                                                   self.multi_precision)
-        self.names: list[str | None] = checks.check_names(name, [e.name for e in entries],
-                                                          param_names, n)
-        self._group_of: list[int] = [e.group for e in entries]
+        arrays = [e.array for e in entries]
+        libs = checks.check_params(name, artifact, arrays, self.multi_precision)
+        names = checks.check_names(name, [e.name for e in entries], param_names, len(arrays))
+        self._slots: tuple[ParamSlot, ...] = tuple(   # the record table (slots.py)
+            ParamSlot(i, e.array, libs[i], names[i], e.group, views.dims(tuple(e.array.shape)),
+                      steps=self.t, split=shards_.split(shards, i))
+            for i, e in enumerate(entries))
         defaults = {h: info.default for h, info in artifact.hypers.items()}
         top = grouping.alias(name, artifact.hypers, hyper)
         self._defaults, self._default_lr = self._resolve(defaults, None, top)
@@ -94,87 +96,101 @@ class Optimizer:
             h, lr = self._resolve(self._defaults, self._default_lr, g.overrides)
             self._groups.append(grouping.RuntimeGroup(h, lr, set(g.overrides),
                                                       g.grad_centralization))
-        checks.check_centralization(name, self.params, self._group_of,
-                                    [g.grad_centralization for g in self._groups], self.names)
-        self._centralized = [i for i, gi in enumerate(self._group_of)
-                             if self._groups[gi].grad_centralization]
+        checks.check_centralization(name, self._slots,
+                                    [g.grad_centralization for g in self._groups])
+        self._centralized = [s for s in self._slots if self._groups[s.group].grad_centralization]
 
         # per parameter: flags set by shape and name, multipliers
-        self._dims = [views.dims(tuple(p.shape)) for p in self.params]
-        self._flags_fixed = [{f: bool(scalar_expr.evaluate(rule, views.shape_env(shape)))
-                              for f, rule in artifact.shape_flags.items()}
-                             for shape in shards_.whole_shapes(self.params, shards)]
-        for flags, by_name in zip(self._flags_fixed, grouping.name_flags(
-                name, artifact.name_flags, name_filters, self.names)):
-            flags.update(by_name)
-        self._lr_mult, self._wd_mult = [1.0] * n, [1.0] * n
-        grouping.decay_filter(name, decay_filter, self.names, self._group_of, self._groups,
-                              self._wd_mult)
+        for s, shape in zip(self._slots, shards_.whole_shapes(arrays, shards)):
+            s.fixed_flags = {f: bool(scalar_expr.evaluate(rule, views.shape_env(shape)))
+                             for f, rule in artifact.shape_flags.items()}
+        for s, by_name in zip(self._slots, grouping.name_flags(
+                name, artifact.name_flags, name_filters, names)):
+            s.fixed_flags.update(by_name)
+        grouping.decay_filter(name, decay_filter, self._slots, self._groups)
 
         # states, kernels and launches
-        self._steps = [self.t] * n               # per parameter (bias corrections)
-        self.state: list[dict[str, Any]] = [{} for _ in self.params]
-        self._is_mixed = [self.multi_precision and tensors.dtype_name(p, lib) in
-                          tensors.LOW_PRECISION for p, lib in zip(self.params, self._lib)]
+        for s in self._slots:
+            s.mixed = self.multi_precision and \
+                tensors.dtype_name(s.array, s.lib) in tensors.LOW_PRECISION
         self.state_format = formats.rounded(name, formats.request(name, state_format),
                                             stochastic_rounding)
         self.seed = checks.check_seed(name, seed)    # of stochastic rounding
-        self._formatted = state.formatted(name, artifact, self.state_format, self.params,
-                                          state_format_min_size)
-        self._launch = launch.Launcher(name, artifact, backend, self.params, self._lib,
-                                       self.state, self._is_mixed, self._dims, self._formatted)
+        for s, fmt in zip(self._slots, state.formatted(name, artifact, self.state_format,
+                                                       arrays, state_format_min_size)):
+            s.formatted = fmt
+        self._launch = launch.Launcher(name, artifact, backend, self._slots)
+        self._runs: dict[int, strategies.FlatRun] | None = None   # None: found next step
         for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
             if mults:
                 setter(mults)
-        for i, lib in enumerate(self._lib):
-            if self._is_mixed[i]:   # the float32 master copy the kernel updates
-                self.state[i][state.MASTER] = state.master_copy(self.params[i], lib)
-        self._prepared: list[KernelInfo | None] = [None] * n  # kernels under current flags
+        for s in self._slots:
+            if s.mixed:   # the float32 master copy the kernel updates
+                s.state[state.MASTER] = state.master_copy(s.array, s.lib)
         # flat chains (runtime/flat.py): parameters back to back get back-to-back states
-        self._chains = flat.chains(self.params, self._lib, [   # (split ones step alone)
-            not m and not shards_.split(shards, i) for i, m in enumerate(self._is_mixed)])
-        self._chain_of = {i: (a, b) for a, b in self._chains for i in range(a, b)}
-        # gradients that passed the checks, by parameter (see inputs.check_grads);
-        # forgotten when states change (a new state must be checked against)
-        self._checked: list[tuple | None] = [None] * n
-        self._refreshed: list[int | None] = [None] * n  # (step of the last refresh)
+        self._chains = flat.chains(arrays, libs, [   # (split ones step alone)
+            not s.mixed and s.split is None for s in self._slots])
+        for a, b in self._chains:
+            for s in self._slots[a:b]:
+                s.chain = (a, b)
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
-        checks.check_kernels(name, artifact, self.params, self._lib, self._flags,
-                             self.names, self._formatted, self.multi_precision)
-        for i in range(n):
+        checks.check_kernels(name, artifact, self._slots, flags_of=self._flags,
+                             multi_precision=self.multi_precision)
+        for i in range(len(self._slots)):
             self._ensure_state(i)
+
+    # -- the record table (and records, params, names, state: slots.RecordTable) --------
+    @property
+    def groups(self) -> tuple[grouping.RuntimeGroup, ...]:
+        """The groups (hyperparameters and lr schedule); change them with set_hyper."""
+        return tuple(self._groups)
+
+    def forget_kernels(self) -> None:
+        """Prepare every kernel (and its states, plan and strategy) and find the flat
+        runs again before the next step: flags or states changed."""
+        for s in self._slots:
+            s.forget_kernel()
+        self._runs = None
+
+    def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
+        """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
+        (offloaded states: optgen/torch/offload.py)."""
+        self._launch.watch(ready, done)
 
     # -- per parameter: flags, states, kernel --------------------------------------------
     def _flags(self, i: int) -> dict[str, bool]:
         """Parameter ``i``'s flags: its group's, then those set by its shape and name."""
-        h = self._groups[self._group_of[i]].hyper
-        return {**{n: h[n] for n in self.artifact.flags}, **self._flags_fixed[i]}
+        h = self._groups[self._slots[i].group].hyper
+        return {**{n: h[n] for n in self.artifact.flags}, **self._slots[i].fixed_flags}
 
-    def _state_init(self, i: int, s) -> tuple[float, str] | None:
-        gi, art = self._group_of[i], self.artifact
+    def _state_init(self, slot: ParamSlot, s) -> tuple[float, str] | None:
+        gi, art = slot.group, self.artifact
         return state.init_value(
-            s, self.state[i], self._flags(i),
+            s, slot.state, self._flags(slot.index),
             lambda: scalars.group_env(art.hypers, self._groups[gi].hyper,
                                       self._lr_value(gi, self.t), 1.0, self.t),
-            tensors.compute_dtype(tensors.dtype_name(self.params[i], self._lib[i])),
-            art.stored if self._formatted[i] else {})
+            tensors.compute_dtype(tensors.dtype_name(slot.array, slot.lib)),
+            art.stored if slot.formatted else {})
 
     def _ensure_state(self, i: int) -> None:
-        state.allocate(self.artifact.states, i, self.params, self._lib[i], self.state,
-                       self._chain_of.get(i, (i, i + 1)), self._state_init)
+        s = self._slots[i]
+        chain = self._slots[s.chain[0]:s.chain[1]] if s.chain else (s,)
+        state.allocate(self.artifact.states, s, chain, self._state_init)
 
     def _param_kernel(self, i: int) -> KernelInfo:
         """Parameter ``i``'s kernel under the current flags, with its states ready for it
-        (cached: only a flag change, through set_hyper or load_state_dict, redoes this)."""
-        k = self._prepared[i]
-        if k is not None:
-            return k
+        and its launch strategy chosen (cached: only a flag change, through set_hyper or
+        load_state_dict, redoes this)."""
+        s = self._slots[i]
+        if s.kernel is not None:
+            return s.kernel
         k = self._launch.select(i, self._flags(i))
         self._ensure_state(i)
-        state.convert(self.state[i], self._lib[i], k)
-        self._prepared[i] = k
+        state.convert(s.state, s.lib, k)
+        s.kernel = k
         self._launch.prepare(i, k)
-        self._checked[i] = None
+        s.strategy = strategies.choose(self._launch, s, self.lazy_update)
+        s.checked = None
         return k
 
     # -- hyperparameters ---------------------------------------------------------------
@@ -195,7 +211,7 @@ class Optimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         """Each group's parameters, names and hyperparameters (copies; the lr entry is
         the schedule where the group has one)."""
-        return grouping.describe(self._groups, self._group_of, self.params, self.names)
+        return grouping.describe(self._groups, self._slots)
 
     @property
     def learning_rate(self) -> float | None:
@@ -222,19 +238,19 @@ class Optimizer:
         for gi, (h, lr) in new.items():
             self._groups[gi].hyper, self._groups[gi].lr = h, lr
         if any(n in self.artifact.flags for n in changes):
-            self._prepared = [None] * len(self.params)  # kernels and state storage follow flags
+            self.forget_kernels()   # kernels and state storage follow flags
 
     def set_lr_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter lr multipliers, by name or index: lr_i = lr * mult."""
         for i, v in grouping.multipliers(self.name, "lr_mult", mults, self.names).items():
-            self._lr_mult[i] = v
-        self._launch.forget_runs()
+            self._slots[i].lr_mult = v
+        self._runs = None          # (runs share one multiplier)
 
     def set_wd_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter weight-decay multipliers, by name or index."""
         for i, v in grouping.multipliers(self.name, "wd_mult", mults, self.names).items():
-            self._wd_mult[i] = v
-        self._launch.forget_runs()
+            self._slots[i].wd_mult = v
+        self._runs = None
 
     # -- stepping ----------------------------------------------------------------------
     def step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
@@ -243,132 +259,96 @@ class Optimizer:
         Extra inputs (SVRG: ``step(grads, grad_snapshot=[...], full_grad=[...])``) and
         statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
-        art = self.artifact
+        art, slots = self.artifact, self._slots
         with shards_.agreed(self._shards, self.name, grads):   # all ranks passed, or none
             stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
-            grads = self._check_grads(grads, "grads", self._checked)       # check
+            grads = self._check_grads(grads, "grads", remember=True)       # check
             extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
-            for i in (i for i, g in enumerate(grads) if g is not None and not self._prepared[i]):
+            for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
                 self._launch.select(i, self._flags(i))
             due = self._refresh_due(grads, stats)
-        used = sorted({self._group_of[i] for i, g in enumerate(grads) if g is not None})
+        used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
         lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess
         scale, norm = preprocess.grad_scale(
-            self.name, grads, self._lib, self._group_of,
-            [g.hyper.get("rescale_grad", 1.0) for g in self._groups], self.loss_scale,
-            self.clip_global_norm, self.nonfinite, self.names, self._shards)
+            self.name, grads, slots,
+            rescale=[g.hyper.get("rescale_grad", 1.0) for g in self._groups],
+            loss_scale=self.loss_scale, clip_global_norm=self.clip_global_norm,
+            nonfinite=self.nonfinite, shards=self._shards)
         self.last_grad_norm = self.last_grad_norm if norm is None else norm
         if scale is None:
             self.skipped_steps += 1
             return False
         if self._centralized:
-            preprocess.centralize(grads, self._lib, self._centralized)
-        self.t += 1                                                         # count
+            preprocess.centralize(grads, self._centralized)
+        self.t += 1
         envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lrs[gi], scale,
                                       self.t) for gi in used}
-        self._launch_all(grads, extra, due, envs, lrs)                      # plan, launch
+        self._launch_all(strategies.StepInputs(grads, extra, due, envs, lrs, self.t, self.seed,
+                                               art.statistics))             # launch
         return True
 
-    def _check_grads(self, grads: Any, what: str, checked: list | None = None) -> list[Any]:
-        return checks.check_grads(self.name, self.params, self._lib, grads, what, checked,
-                                  self._guarded, self._row_sparse)
+    def _check_grads(self, grads: Any, what: str, remember: bool = False) -> list[Any]:
+        return checks.check_grads(self.name, self._slots, grads, what, remember=remember,
+                                  row_sparse=self._row_sparse)
 
-    def _guarded(self, i: int) -> list[Any]:
-        """The state arrays of parameter ``i`` (a gradient must not overlap them)."""
-        return state.arrays(self.state[i])
-
-    def _row_sparse(self, i: int, p, g: RowSparse):
+    def _row_sparse(self, slot: ParamSlot, g: RowSparse):
         """A valid RowSparse gradient, coalesced; or its dense array (lazy_update off,
         or a rule with whole-tensor reductions, which has no lazy variant)."""
-        checks.check_row_sparse(self.name, i, p, self._lib[i], g,
-                                self._groups[self._group_of[i]].grad_centralization)
-        k = self._prepared[i] or self._launch.select(i, self._flags(i))
+        checks.check_row_sparse(self.name, slot.index, slot.array, slot.lib, g,
+                                self._groups[slot.group].grad_centralization)
+        k = slot.kernel or self._launch.select(slot.index, self._flags(slot.index))
         if not self.lazy_update or k.lazy is None:
-            return g.to_dense(p.shape)
+            return g.to_dense(slot.array.shape)
         return g.coalesce()
 
-    def _launch_all(self, grads: list, extra: list, due: Mapping[int, dict],
-                    envs: Mapping[int, dict], lrs: Mapping[int, float | None]) -> None:
-        """Each parameter with a gradient, or each flat run whose gradients lie back to
-        back: its kernel, its step count, its host scalars (computed once for parameters
-        with one kernel, group, step and multipliers unless they read scalar states or
-        the shape), its refresh rule, then its launch."""
-        launcher, runs = self._launch, self._current_runs()
-        prepared, steps, states = self._prepared, self._steps, self.state
-        shared: dict[tuple, tuple] = {}
-        end, split = 0, []      # split: the passes of parameters split across ranks
-        for i, g in enumerate(grads):
-            if g is None or i < end:
+    def _launch_all(self, step: strategies.StepInputs) -> None:
+        """Each flat run whose gradients lie back to back this step, and each other
+        parameter with a gradient, by its strategy (chosen when its kernel was prepared);
+        then the passes of parameters split across ranks, together."""
+        runs, stepped = self._current_runs(), set()
+        for i, g in enumerate(step.grads):
+            if g is None or i in stepped:
                 continue
-            k = prepared[i] or self._param_kernel(i)
             run = runs.get(i)
-            if run is not None:
-                gspan = launcher.fused(i, run, k, grads, steps)
-                if gspan is not None:           # one call for parameters i .. end - 1
-                    end = run[0]
-                    for x in range(i + 1, end):
-                        steps[x] += 1
-            gi, st = self._group_of[i], states[i]
-            steps[i] += 1
-            lm, wm = self._lr_mult[i], self._wd_mult[i]
-            key = (k.symbol, gi, steps[i], lm, wm)
-            hit = shared.get(key)
-            if hit is None:
-                hit = shared[key] = scalars.step_values(k, envs[gi], steps[i], self.t, lm, wm,
-                                                        lrs[gi] is not None)
-            values, packed = hit
-            if i in due:
-                refresh.run(k, self.artifact.statistics, values, due[i], st, self.params[i],
-                            self._lib[i], self._dims[i])
-                self._refreshed[i] = steps[i]
-            if k.scalar_state_updates or packed is None:  # scalar states, shape scalars
-                packed = scalars.param_values(k, values, st, self._dims[i], packed)
-                for x in range(i + 1, end):     # the run's parameters had the same values
-                    states[x].update((n, st[n]) for n in k.scalar_state_updates)
-            if k.stochastic:                    # (a key per parameter and step)
-                packed = scalars.keyed(k, packed, self.seed, steps[i], i)
-            if i < end:
-                launcher.run_fused(run, gspan, packed, i)
-            elif isinstance(g, RowSparse):
-                if len(g.indices) and self.params[i].size:
-                    launcher.run_lazy(i, k, g, packed)
-            elif shards_.split(self._shards, i):
-                split.append(launcher.passes(i, k, g, packed, extra[i], self._shards.splits[i]))
-            elif launcher.numel[i]:
-                launcher.run(i, k, g, packed, extra[i])
-        if split:
-            shards_.run(self._shards, split)
+            if run is not None and run.run(step):
+                stepped.update(run.indices)
+                continue
+            s = self._slots[i]
+            if s.strategy is None:
+                self._param_kernel(i)
+            s.strategy.run(step)
+        if step.pending:
+            shards_.run(self._shards, step.pending)
 
-    def _current_runs(self) -> dict[int, launch.Run]:
+    def _current_runs(self) -> dict[int, strategies.FlatRun]:
         """The flat runs under the current kernels (found again after a flag, state or
         multiplier change); none for the reference backend, which is the oracle."""
-        if self.backend != "compiled" or not self._chains:
-            return {}
-        # kernels to prepare again come as a new _prepared list (set_hyper, load_state_dict)
-        if self._launch.runs_for is not self._prepared:
-            for i in range(len(self.params)):
-                self._param_kernel(i)
-            self._launch.find_runs(self._prepared, self._chains, self._group_of,
-                                   self._lr_mult, self._wd_mult)
-        return self._launch.runs
+        if self._runs is None:
+            self._runs = {}
+            if self.backend == "compiled" and self._chains:
+                for i in range(len(self._slots)):
+                    self._param_kernel(i)
+                self._runs = strategies.find_runs(self._launch, self._slots, self._chains,
+                                                  bool(self.artifact.inputs))
+        return self._runs
 
     # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------
     def _due(self, i: int, k: KernelInfo) -> bool:
-        return refresh.due(k, self._refreshed[i], self._steps[i],
-                           self._groups[self._group_of[i]].hyper)
+        s = self._slots[i]
+        return refresh.due(k, s.refreshed, s.steps, self._groups[s.group].hyper)
 
     @property
     def refresh_due(self) -> bool:
         """Whether the next step() runs a refresh rule (and so reads the statistics, e.g.
         THOR's A and G): a trainer computes them only then."""
-        return any(self._due(i, self._param_kernel(i)) for i in range(len(self.params)))
+        return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
 
     def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
         if not self._refreshing:        # (most specs: nothing to do per step)
             return {}
-        return refresh.collect(self.name, self.artifact.statistics, stats, grads,
-                               self._param_kernel, self._due, self._dims, self._steps,
-                               self.names)
+        return refresh.collect(self.name, stats, grads, self._slots,
+                               kinds=self.artifact.statistics, kernel_of=self._param_kernel,
+                               is_due=self._due)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -381,7 +361,16 @@ class Optimizer:
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        checkpoint.apply(self, checkpoint.check(self, sd))
+        plan = checkpoint.check(self, sd)
+        checkpoint.restore_states(self._slots, plan["states"])
+        self._defaults = plan["defaults"]
+        for g, h in zip(self._groups, plan["groups"]):
+            g.hyper = h
+        self.t, self.skipped_steps = plan["t"], plan["skipped_steps"]
+        for s, n, lm, wm, r in zip(self._slots, plan["steps"], plan["lr_mult"],
+                                   plan["wd_mult"], plan["refreshed"]):
+            s.steps, s.lr_mult, s.wd_mult, s.refreshed = n, lm, wm, r
+        self.forget_kernels()
 
     def save(self, path: str) -> None:
         """Write ``state_dict()`` to ``path`` (npz + json, no pickle; atomic)."""
@@ -393,8 +382,8 @@ class Optimizer:
 
     def __repr__(self) -> str:
         hp = ", ".join(f"{k}={v!r}" for k, v in self._defaults.items())
-        return f"<optgen {self.name} ({len(self.params)} params, {len(self._groups)} " \
+        return f"<optgen {self.name} ({len(self._slots)} params, {len(self._groups)} " \
             f"group(s), t={self.t}): {hp}>"
 
 
-__all__ = ["Optimizer", "aligned_full", "default_decay_filter"]
+__all__ = ["Optimizer", "ParamSlot", "aligned_full", "default_decay_filter"]

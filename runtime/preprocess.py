@@ -16,15 +16,14 @@ from .sparse import RowSparse
 NORM_EPS = 1e-6   # clip coefficient max_norm / (norm + eps), as torch.nn.utils.clip_grad_norm_
 
 
-def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
-               group_of: Sequence[int], rescale: Sequence[float], loss_scale: float,
-               clip_global_norm: float | None, nonfinite: str | None,
-               names: Sequence[str | None], shards: Any = None
+def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
+               rescale: Sequence[float], loss_scale: float, clip_global_norm: float | None,
+               nonfinite: str | None, shards: Any = None
                ) -> tuple[float | None, float | None]:
     """(scale, norm): the factor every gradient is multiplied by this step,
     1/loss_scale times the global-norm clip coefficient, and the global norm of the
-    gradients as the kernels see them (``rescale[group]`` is each group's
-    rescale_grad); norm is None when it was not computed (neither clipping nor a
+    gradients as the kernels see them (``slots``: the parameters' records;
+    ``rescale[group]`` is each group's rescale_grad); norm is None when it was not computed (neither clipping nor a
     non-finite check). scale is None (norm NaN) when a gradient is not finite and
     ``nonfinite == "skip"``; with ``"raise"`` that is a FloatingPointError."""
     scale = 1.0 / loss_scale
@@ -32,13 +31,13 @@ def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
         return scale, None
 
     def values(i: int, g) -> tuple[Any, str]:   # the array holding g's values, its library
-        return (g.rows, "numpy") if isinstance(g, RowSparse) else (g, libs[i])
+        return (g.rows, "numpy") if isinstance(g, RowSparse) else (g, slots[i].lib)
 
     parts = [0.0, 0.0]      # (parameters split across ranks, whole ones)
     for i, g in enumerate(grads):
         if g is None:
             continue
-        r = rescale[group_of[i]] * scale
+        r = rescale[slots[i].group] * scale
         parts[shards_.split(shards, i) is None] += \
             tensors.sum_of_squares(*values(i, g)) * r * r
     bad = None              # a non-finite gradient (not an overflow of the sum)
@@ -51,8 +50,9 @@ def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
     if bad is not None or elsewhere:
         if nonfinite == "skip":
             return None, math.nan
+        name = None if bad is None else slots[bad].name
         where = "a gradient on another rank" if bad is None else \
-            f"gradient {bad}{f' ({names[bad]})' if names[bad] else ''}"
+            f"gradient {bad}{f' ({name})' if name else ''}"
         raise FloatingPointError(f"{owner}: {where} has NaN or Inf values; the step was "
                                  "not applied (nonfinite='skip' skips such steps)")
     norm = math.sqrt(total)
@@ -61,10 +61,10 @@ def grad_scale(owner: str, grads: Sequence[Any], libs: Sequence[str],
     return scale, norm
 
 
-def centralize(grads: list, libs: Sequence[str], which: Sequence[int]) -> None:
-    """Replace the dense gradients of parameters ``which`` (groups with
-    grad_centralization) by their centralized copies."""
-    for i in which:
-        g = grads[i]
+def centralize(grads: list, which: Sequence[Any]) -> None:
+    """Replace the dense gradients of the parameters ``which`` (their records: groups
+    with grad_centralization) by their centralized copies."""
+    for s in which:
+        g = grads[s.index]
         if g is not None and not isinstance(g, RowSparse):
-            grads[i] = tensors.centralize(g, libs[i])
+            grads[s.index] = tensors.centralize(g, s.lib)

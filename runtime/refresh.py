@@ -31,14 +31,15 @@ def due(k: Any, refreshed: int | None, step: int, hyper: Mapping[str, Any]) -> b
     return k.refresh is not None and (refreshed is None or step % every(k, hyper) == 0)
 
 
-def collect(owner: str, kinds: Mapping[str, str], stats: Mapping[str, Any], grads: Sequence[Any],
-            kernel_of: Callable[[int], Any], is_due: Callable[[int, Any], bool],
-            dims: Sequence[tuple[int, int, int]], steps: Sequence[int],
-            names: Sequence[str | None]) -> dict[int, dict[str, np.ndarray]]:
+def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
+            slots: Sequence[Any], *, kinds: Mapping[str, str],
+            kernel_of: Callable[[int], Any], is_due: Callable[[int, Any], bool]
+            ) -> dict[int, dict[str, np.ndarray]]:
     """Parameter -> its statistics (numpy float64) for the parameters this step
-    refreshes (``kinds``: each statistic's shape, "rr" or "cc"); every statistic is
-    checked before anything changes."""
+    refreshes (``slots``: the optimizer's records; ``kinds``: each statistic's shape,
+    "rr" or "cc"); every statistic is checked before anything changes."""
     n = len(grads)
+    names = [s.name for s in slots]
     inputs.check_statistic_lists(owner, stats, n)
     out = {}
     for i, g in enumerate(grads):
@@ -47,23 +48,23 @@ def collect(owner: str, kinds: Mapping[str, str], stats: Mapping[str, Any], grad
         k = kernel_of(i)
         if not is_due(i, k):
             continue
-        d = dims[i]
+        d = slots[i].dims
         out[i] = {}
         reads = k.refresh["reads"]
         for name in reads:
             m = d[1] if kinds[name] == "rr" else d[2]
-            what = (f"{owner}: step {steps[i] + 1} of {inputs.label(i, names)} refreshes "
+            what = (f"{owner}: step {slots[i].steps + 1} of {inputs.label(i, names)} refreshes "
                     f"and reads statistic {name!r} ({m} x {m})")
             out[i][name] = inputs.check_statistic(what, stats.get(name, [None] * n)[i], m,
                                                   reads)
     return out
 
 
-def run(k: Any, kinds: Mapping[str, str], env: Mapping[str, Any],
-        stats: Mapping[str, np.ndarray], st: dict[str, Any], w: Any, lib: str,
-        d: tuple[int, int, int]) -> None:
-    """Run kernel ``k``'s refresh rule for a parameter ``w`` with states ``st`` on the
+def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarray], *,
+        kinds: Mapping[str, str]) -> None:
+    """Run kernel ``k``'s refresh rule for a parameter (``slot``: its record) on the
     host (numpy, float64) and store the new states in their dtype."""
+    st, w, lib, d = slot.state, slot.array, slot.lib, slot.dims
     arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
               if not isinstance(v, np.floating)}
     arrays["w"] = tensors.to_numpy(w, lib)

@@ -34,7 +34,7 @@ def group_env(infos: Mapping[str, Any], hyper: Mapping[str, Any], lr: float | No
     return env
 
 
-def step_values(k: Any, env: Mapping[str, Any], step: int, t: int, lr_mult: float,
+def step_values(k: Any, env: Mapping[str, Any], *, step: int, t: int, lr_mult: float,
                 wd_mult: float, has_lr: bool) -> tuple[dict[str, Any], np.ndarray | None]:
     """(values, packed) of kernel ``k`` for a parameter at its ``step`` in a group of
     environment ``env``: the environment with the multipliers applied and the

@@ -56,15 +56,15 @@ def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
     return [int(np.prod(tuple(p.shape), dtype=np.int64)) >= min_size for p in params]
 
 
-def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
-             state: Sequence[dict[str, Any]], chain: tuple[int, int],
-             new: Callable[[int, Any], tuple[float, str] | None]) -> None:
-    """Allocate the states parameter ``i`` has under its current flags (a state that
-    appears when a flag is switched on starts at its init value); ``new(j, s)`` is
-    ``init_value`` for parameter ``j`` and ``chain`` the [start, end) of i's chain."""
-    p, st = params[i], state[i]
+def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
+             new: Callable[[Any, Any], tuple[float, str] | None]) -> None:
+    """Allocate the states a parameter (``slot``: its record) has under its current
+    flags (a state that appears when a flag is switched on starts at its init value);
+    ``new(x, s)`` is ``init_value`` of state ``s`` for the parameter of record ``x``,
+    and ``chain`` the records of its flat chain (itself alone when it has none)."""
+    p, st, lib = slot.array, slot.state, slot.lib
     for s in specs:
-        found = new(i, s)
+        found = new(slot, s)
         if found is None:
             continue
         init, dtype = found
@@ -76,11 +76,11 @@ def allocate(specs: Sequence[Any], i: int, params: Sequence[Any], lib: str,
             st.update(coded.allocate(s.name, init, tuple(p.shape),
                                      lambda shape, v, dt: tensors.full_like(p, lib, shape, v, dt)))
             continue
-        a, b = chain
-        if s.shape == "param" and b - a > 1 and all(new(j, s) == found for j in range(a, b)):
-            for j, v in zip(range(a, b), flat.split_full(
-                    params[a:b], lib, [tuple(q.shape) for q in params[a:b]], init, dtype)):
-                state[j][s.name] = v
+        if s.shape == "param" and len(chain) > 1 and all(new(x, s) == found for x in chain):
+            for x, v in zip(chain, flat.split_full(
+                    [x.array for x in chain], lib, [tuple(x.array.shape) for x in chain],
+                    init, dtype)):
+                x.state[s.name] = v
             continue
         st[s.name] = tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
                                        init, dtype)

@@ -349,16 +349,19 @@ def test_tables_are_copied_to_the_device_once():
     torch = pytest.importorskip("torch", reason="the device-table case uses torch tensors")
     from optgen.core import quant
     from optgen.runtime.launch import Launcher
+    from optgen.runtime.slots import ParamSlot
     params = [torch.empty(300, device="meta"), torch.empty(7, device="meta"),
               torch.empty(5)]
-    launch = Launcher("adam", None, "compiled", params, ["torch"] * 3, [{}, {}, {}],
-                      [False] * 3, [(1, 1, 300), (1, 1, 7), (1, 1, 5)], [True] * 3)
+
+    def slots():
+        return [ParamSlot(i, p, "torch", dims=(1, 1, p.numel()), formatted=True)
+                for i, p in enumerate(params)]
+    launch = Launcher("adam", None, "compiled", slots())
     first = launch.table(0, "_qtab_signed")
     assert isinstance(first, torch.Tensor) and first.device.type == "meta"
     assert first.dtype == torch.int32 and tuple(first.shape) == quant.code_table("signed").shape
     assert launch.table(1, "_qtab_signed") is first        # same device: the same copy
     assert launch.table(0, "_qmid_signed") is not first
     assert launch.table(2, "_qtab_signed") is quant.code_table("signed")   # CPU: numpy
-    ref = Launcher("adam", None, "reference", params, ["torch"] * 3, [{}, {}, {}],
-                   [False] * 3, [(1, 1, 300), (1, 1, 7), (1, 1, 5)], [True] * 3)
+    ref = Launcher("adam", None, "reference", slots())
     assert ref.table(0, "_qmap_signed") is quant.dynamic_map("signed")

@@ -176,7 +176,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
                      **self._options)
         if self._offload is not None:
-            core._launch.watch(self._offload.ready, self._offload.done)
+            core.watch(self._offload.ready, self._offload.done)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
             raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
         if old is not None:
@@ -184,8 +184,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
             for j, p in enumerate(core.params):
                 if id(p) in where:
                     i = where[id(p)]
-                    core.state[j], core._steps[j] = old.state[i], old._steps[i]
-                    core._refreshed[j] = old._refreshed[i]
+                    core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         return core
 
@@ -202,8 +201,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """``self.state[p]``: the runtime's state tensors (shared), scalar states as
         floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
         kinds = self._kinds()
-        for i, p in enumerate(self._params):
-            st, core = self.state[p], self._core.state[i]
+        for p, slot in zip(self._params, self._core.records):
+            st, core = self.state[p], slot.state
             if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
                                        core.items() if not isinstance(v, np.floating)):
                 st.clear()
@@ -214,7 +213,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
             for n, v in core.items():
                 if isinstance(v, np.floating):
                     st[n] = float(v)
-            st["step"].fill_(float(self._core._steps[i]))
+            st["step"].fill_(float(slot.steps))
 
     @property
     def refresh_due(self) -> bool:
@@ -303,7 +302,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
             self._core.load(path)
         if self._offload is not None:
             self._offload.refresh(self._params)
-        for group, core_group in zip(self.param_groups, self._core._groups):
+        for group, core_group in zip(self.param_groups, self._core.groups):
             group.update(_torch_view(self._artifact, core_group.hyper))
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._mirror()
@@ -324,7 +323,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 for a, b in zip(saved_groups, self.param_groups)):
             raise ValueError(f"{self._artifact.name}: state_dict has another group layout "
                              "(number of groups or parameters per group)")
-        core = self._core
+        core, states = self._core, self._core.state
         index = {id(p): i for i, p in enumerate(self._params)}
         plan = []
         for sg, g in zip(saved_groups, self.param_groups):
@@ -332,11 +331,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 if pid not in saved_state:
                     continue
                 i, rec = index[id(p)], saved_state[pid]
-                want = set(core.state[i]) | {"step"}
+                want = set(states[i]) | {"step"}
                 if set(rec) != want:
                     raise ValueError(f"{self._artifact.name}: state_dict state of parameter "
                                      f"{i} has {sorted(rec)}, expected {sorted(want)}")
-                for n, v in core.state[i].items():   # (a DTensor state: its local shard)
+                for n, v in states[i].items():   # (a DTensor state: its local shard)
                     got = None if isinstance(v, np.floating) else torch_shards.local(rec[n])
                     if got is not None and tuple(got.shape) != tuple(v.shape):
                         raise ValueError(f"{self._artifact.name}: state_dict state {i}.{n} has "
@@ -346,14 +345,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
         if self._offload is not None:   # the model's weights may have been loaded before
             self._offload.refresh(self._params)
         for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
-            for n, v in core.state[i].items():
+            for n, v in states[i].items():
                 if isinstance(v, np.floating):
-                    core.state[i][n] = np.float64(float(rec[n]))
+                    states[i][n] = np.float64(float(rec[n]))
                 else:
                     v.copy_(torch_shards.local(rec[n]))
-            core._steps[i] = int(rec["step"])
-        core.t = max(core._steps, default=0)
-        core._prepared = [None] * len(core.params)
+        core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
+        core.t = max((s.steps for s in core.records), default=0)
+        core.forget_kernels()
         self._synced = [{} for _ in self.param_groups]   # re-send every group's values
         self._sync()
         self._mirror()

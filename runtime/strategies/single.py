@@ -1,0 +1,56 @@
+"""Strategies that step one parameter: per tensor, row-sparse (lazy) and split across
+ranks. A parameter's strategy is chosen when its kernel is prepared (``choose`` in
+runtime/strategies/__init__.py) and kept in its slot.
+
+May import: base, launch, slots, sparse.
+"""
+from __future__ import annotations
+
+from ..launch import Launcher
+from ..slots import ParamSlot
+from ..sparse import RowSparse
+from .base import StepInputs
+
+
+class PerTensor:
+    """One parameter, one launch plan: its kernel's passes over the whole tensor."""
+
+    def __init__(self, launcher: Launcher, slot: ParamSlot):
+        self.launcher, self.slot = launcher, slot
+        self.indices = (slot.index,)
+
+    def run(self, step: StepInputs) -> bool:
+        s = self.slot
+        packed = step.advance(s, s.kernel)
+        if s.numel:                   # (an empty parameter counts its step, runs nothing)
+            self.launcher.run(s.index, s.kernel, step.grads[s.index], packed,
+                              step.extra[s.index])
+        return True
+
+
+class Lazy(PerTensor):
+    """A parameter whose kernel has a lazy variant, with ``lazy_update`` on: a row-sparse
+    gradient (``RowSparse``, coalesced by the checks) updates only the rows it names
+    and their states; a dense one steps the whole tensor as ``PerTensor`` does."""
+
+    def run(self, step: StepInputs) -> bool:
+        s, g = self.slot, step.grads[self.slot.index]
+        if not isinstance(g, RowSparse):
+            return super().run(step)
+        packed = step.advance(s, s.kernel)
+        if len(g.indices) and s.array.size:
+            self.launcher.run_lazy(s.index, s.kernel, g, packed)
+        return True
+
+
+class Split(PerTensor):
+    """A parameter split across ranks (FSDP2 shards): its passes are collected in
+    ``step.pending``, and the optimizer drives every split parameter's passes together,
+    summing reduction buffers across ranks between them (runtime/shards.py)."""
+
+    def run(self, step: StepInputs) -> bool:
+        s = self.slot
+        packed = step.advance(s, s.kernel)
+        step.pending.append(self.launcher.passes(s.index, s.kernel, step.grads[s.index],
+                                                 packed, step.extra[s.index], s.split))
+        return True
