@@ -57,3 +57,16 @@ def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
         return g + wd * w if wd is not None else g
 
     return preprocess
+
+
+def moments(m: Expr, v: Expr, g: Expr, beta1: Expr, beta2: Expr) -> tuple[Expr, Expr]:
+    """Adam's first and second moments of ``g``, the new values of states ``m`` and ``v``::
+
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+
+    Written once for the Adam family (adam, adamw, adamweightdecay, lamb, nadam, radam,
+    the torch_* Adam forms); the expressions are exactly those the specs wrote, so
+    their kernels are unchanged.
+    """
+    return beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
