@@ -1,25 +1,7 @@
-"""Drop-in ``torch.optim.Optimizer`` classes, one per spec, stepping with optgen's kernels.
-
-    model = torch.nn.Linear(10, 1)
-    opt = optgen.torch.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
-    loss.backward(); opt.step(); sched.step(); opt.zero_grad()
-    torch.save(opt.state_dict(), "opt.pt")
-
-Each class reads ``p.grad``, keeps torch's ``param_groups`` (so every torch lr scheduler
-works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
-in ``opt.state[p]`` as tensors, with ``step`` as torch does. Group dicts use the spec's
-hyperparameter names, with ``betas=(beta1, beta2)`` where the spec has both.
-
-``flat=True`` adopts each group's parameters into one buffer (``p.data`` becomes a view,
-the Parameter objects stay the same) and gives them ``.grad`` views of a second buffer,
-which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
-then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
-``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
-
-Classes: ``optgen.torch.Adam``, ``SGD``, ``AdamW``, ``LAMB``, ... (``optgen.torch.CLASSES``
-names them), or ``optgen.torch.make(spec, base=None)`` for any spec file or wrapper.
-"""
+"""The base of the torch drop-ins: torch.optim's bookkeeping (param_groups, state,
+state_dict, lr schedulers, torch.compile) around an optgen runtime optimizer that runs
+the fused kernels. The seeds' classes (optgen/torch/seeds.py) and the torch forms
+(optgen/torch/optim.py) subclass it; the package docstring says how to use them."""
 from __future__ import annotations
 
 import os
@@ -29,20 +11,11 @@ import numpy as np
 import torch
 
 from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
-from .kfac import KFACStatistics
-from optgen.runtime import catalog, flatten, get_artifact
+from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
-# catalog name -> class name, in torch's spelling where torch has the optimizer
-CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
-           "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
-           "adamweightdecay": "AdamWeightDecay", "ftml": "FTML", "ftrl": "FTRL",
-           "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
-           "muon": "Muon", "nadam": "NAdam", "nag": "NAG",
-           "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
-           "sgd": "SGD", "signum": "Signum", "thor": "THOR"}
 RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale",
                    "state_format", "state_format_min_size", "stochastic_rounding", "seed")
 
@@ -73,6 +46,15 @@ class OptgenOptimizer(torch.optim.Optimizer):
     base: str | None = None
 
     def __init__(self, params, *, flat: bool = False, **kwargs: Any):
+        art = self._prepare(flat, kwargs)
+        given = grouping.alias(art.name, art.hypers, kwargs)
+        spec_defaults = {n: h.default for n, h in art.hypers.items()}
+        hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
+        super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
+
+    def _prepare(self, flat: bool, kwargs: dict[str, Any]):
+        """The runtime side, before torch's constructor: runtime options (popped from
+        ``kwargs``), the artifact, offload; returns the artifact."""
         if not isinstance(flat, bool):
             raise TypeError(f"flat must be True or False, got {flat!r}")
         self._flat = flat
@@ -88,14 +70,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                                 "stochastic_rounding", False))
         self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
         self._params: list = []   # the torch parameters, in the runtime's order
-        given = grouping.alias(art.name, art.hypers, kwargs)
-        spec_defaults = {n: h.default for n, h in art.hypers.items()}
-        hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
         self._core: _Core | None = None
         self._synced: list[dict[str, Any]] = []
         self._op_handle = torch_ops.register(self)   # torch.compile's view (optgen/torch/ops.py)
         self._op_tensors: tuple[list, list] = ([], [])
-        super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
+        return art
 
     # -- the runtime optimizer behind the torch interface --------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -250,10 +229,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
         self._opt_called = True   # what torch's lr schedulers check (see after step)
         self._sync()
-        for i, g in enumerate(grads):
-            if g is not None and g.is_sparse:
-                raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
-                                "optgen.torch optimizers take dense gradients")
+        grads = self._kernel_grads(grads)
         if self._offload is None:
             self._core.step([torch_shards.local(g) for g in grads], **statistics)
         elif self._core.step(self._offload.grads_to_host(
@@ -261,6 +237,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                                    self._core.nonfinite)), **statistics):
             self._offload.finish()   # (buckets go back as they are stepped)
         self._mirror()
+
+    def _kernel_grads(self, grads: list) -> list:
+        """The gradients as the runtime takes them (SparseAdam: row-sparse)."""
+        for i, g in enumerate(grads):
+            if g is not None and g.is_sparse:
+                raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
+                                "optgen.torch optimizers take dense gradients")
+        return grads
 
     @torch.no_grad()
     def _step_op(self, params: list, grads: list, states: list) -> None:
@@ -303,9 +287,21 @@ class OptgenOptimizer(torch.optim.Optimizer):
         if self._offload is not None:
             self._offload.refresh(self._params)
         for group, core_group in zip(self.param_groups, self._core._groups):
-            group.update(_torch_view(self._artifact, core_group.hyper))
+            group.update(self._group_values(group, core_group.hyper))
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._mirror()
+
+    def _group_values(self, group: dict[str, Any], hyper: dict[str, Any]) -> dict[str, Any]:
+        """Spec-named hyperparameters as ``group`` holds them (the inverse of
+        ``_group_hyper``)."""
+        return _torch_view(self._artifact, hyper)
+
+    def _optgen_form(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` with this optimizer's state names: a torch.optim checkpoint of
+        the same algorithm is converted (optgen/torch/format.py)."""
+        if torch_format.is_torch(state_dict, {n for st in self._core.state for n in st}):
+            return torch_format.to_optgen(self._artifact.name, self.param_groups, state_dict)
+        return state_dict
 
     def _kinds(self) -> dict[str, str]:
         return {s.name: s.shape for s in self._artifact.states}
@@ -314,9 +310,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
         torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
-        if torch_format.is_torch(state_dict, {n for st in self._core.state for n in st}):
-            state_dict = torch_format.to_optgen(self._artifact.name, self.param_groups,
-                                                state_dict)
+        state_dict = self._optgen_form(state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
         if len(saved_groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"])
@@ -356,37 +350,3 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._synced = [{} for _ in self.param_groups]   # re-send every group's values
         self._sync()
         self._mirror()
-
-
-_made: dict[tuple, type] = {}
-
-
-def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
-    """The drop-in class of a spec (catalog name, registered name or file), optionally
-    wrapping ``base`` (``make("lars", base="momentum")``)."""
-    path = catalog.resolve(spec)
-    key = (path, base)
-    if key not in _made:
-        stem = os.path.splitext(os.path.basename(path))[0]
-        cls_name = name or CLASSES.get(stem) or "".join(w.capitalize() for w in stem.split("_"))
-        if base is not None:
-            cls_name += "_" + CLASSES.get(base, base)
-        _made[key] = type(cls_name, (OptgenOptimizer,),
-                          {"spec": path, "base": base, "__module__": __name__,
-                           "__doc__": f"optgen's {stem} as a torch.optim.Optimizer "
-                                      "(see optgen.torch)."})
-    return _made[key]
-
-
-def __getattr__(attr: str) -> type:
-    if attr == "AdamOffload":   # the seeds' name (optgen/torch/offload.py)
-        return _made.setdefault(("AdamOffload",), torch_offload.seed_class(make("adam")))
-    for stem, cls_name in CLASSES.items():
-        if cls_name == attr:
-            return make(stem)
-    raise AttributeError(f"module 'optgen.torch' has no attribute {attr!r}; optimizers: "
-                         f"{', '.join(CLASSES.values())} (or optgen.torch.make(spec))")
-
-
-__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "make", "AdamOffload",
-           *CLASSES.values()]

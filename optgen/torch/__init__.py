@@ -1,0 +1,69 @@
+"""Drop-in ``torch.optim.Optimizer`` classes stepping with optgen's fused kernels.
+
+    model = torch.nn.Linear(10, 1)
+    opt = optgen.torch.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+    loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+    torch.save(opt.state_dict(), "opt.pt")
+
+Two families (docs/catalog.md lists both, side by side):
+
+* **torch forms** (optgen/torch/optim.py): ``Adam``, ``AdamW``, ``SGD``, ``Adagrad``,
+  ``RMSprop``, ``Adadelta``, ``Adamax``, ``NAdam``, ``RAdam``, ``Adafactor``, ``Muon``,
+  ``ASGD``, ``Rprop``, ``SparseAdam`` are torch.optim's optimizers of the same name:
+  torch's signature, defaults, checks, param_groups, rule (the ``torch_<name>`` specs)
+  and state_dict. ``TORCH_FORMS`` names them. LBFGS has no twin (a closure-driven line
+  search is not a fused elementwise step).
+* **seed forms** (optgen/torch/seeds.py): one class per catalog spec, with the spec's
+  hyperparameter names and defaults (MXNet/MindSpore conventions):
+  ``optgen.torch.seeds.RMSprop``, ``optgen.torch.make("rmsprop")``. Optimizers torch has
+  no twin of (``LAMB``, ``Lion``, ``FTML``, ``FTRL``, ``THOR``, ...) are these classes
+  under ``optgen.torch`` as before; ``CLASSES`` maps their catalog names to class names.
+
+Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
+works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
+in ``opt.state[p]`` as tensors, with ``step`` as torch does.
+
+``flat=True`` adopts each group's parameters into one buffer (``p.data`` becomes a view,
+the Parameter objects stay the same) and gives them ``.grad`` views of a second buffer,
+which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
+then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
+``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
+"""
+from __future__ import annotations
+
+import os
+
+from . import seeds
+from .base import OptgenOptimizer
+from .kfac import KFACStatistics
+from .optim import TORCH_FORMS
+from .seeds import CLASSES
+from optgen.runtime import catalog
+
+globals().update(TORCH_FORMS)
+
+
+def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
+    """The drop-in class of a spec (catalog name, registered name or file), optionally
+    wrapping ``base`` (``make("lars", base="momentum")``): a ``torch_<name>`` spec gives
+    its torch form (``make("torch_adam") is optgen.torch.Adam``), any other spec its
+    seed form (``make("adam") is optgen.torch.seeds.Adam``)."""
+    if base is None and name is None:
+        path = catalog.resolve(spec)
+        for cls in TORCH_FORMS.values():
+            if catalog.resolve(cls.spec_name) == path:
+                return cls
+    return seeds.make(spec, base=base, name=name)
+
+
+def __getattr__(attr: str) -> type:
+    if attr == "AdamOffload" or (attr in CLASSES.values() and attr not in TORCH_FORMS):
+        return getattr(seeds, attr)
+    raise AttributeError(f"module 'optgen.torch' has no attribute {attr!r}; optimizers: "
+                         f"{', '.join([*TORCH_FORMS, *CLASSES.values()])} (or "
+                         "optgen.torch.make(spec))")
+
+
+__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "TORCH_FORMS", "make", "seeds",
+           "AdamOffload", *TORCH_FORMS, *(n for n in CLASSES.values() if n not in TORCH_FORMS)]
