@@ -72,7 +72,7 @@ def moments(m: Expr, v: Expr, g: Expr, beta1: Expr, beta2: Expr) -> tuple[Expr, 
     return beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
 
 
-def torch_gradient(spec: Spec, *, weight_decay_default: float = 0.0,
+def torch_gradient(spec: Spec, *, weight_decay_default: float | None = 0.0,
                    decoupled: bool | None = False
                    ) -> tuple[Callable[[Expr, Expr, Any], Expr], Callable[[Expr, Any], Expr]]:
     """torch.optim's gradient and weight decay, for the ``torch_*`` specs.
@@ -80,6 +80,7 @@ def torch_gradient(spec: Spec, *, weight_decay_default: float = 0.0,
     Declares ``rescale_grad`` and ``clip_gradient`` (``gradient_preprocessing``, default
     off, so the runtime's loss_scale and clip_global_norm work), ``weight_decay``, the
     flag ``maximize`` and, with ``decoupled=None``, the flag ``decoupled_weight_decay``.
+    ``weight_decay_default=None``: no weight decay at all (torch's Rprop, SparseAdam).
     Returns ``(gradient, decay)``::
 
         gradient(w, grad, flags) = clip(rescale_grad * (-grad if maximize else grad))
@@ -91,9 +92,9 @@ def torch_gradient(spec: Spec, *, weight_decay_default: float = 0.0,
     """
     lr = spec.hypers["lr"].node
     clipped_pre = gradient_preprocessing(spec, coupled_weight_decay=False)
-    wd = spec.hyper("weight_decay", weight_decay_default, "weight_decay >= 0",
-                    "weight decay: L2 on the gradient, or w * (1 - lr * weight_decay) "
-                    "when decoupled")
+    wd = None if weight_decay_default is None else spec.hyper(
+        "weight_decay", weight_decay_default, "weight_decay >= 0",
+        "weight decay: L2 on the gradient, or w * (1 - lr * weight_decay) when decoupled")
     spec.flag("maximize", False, "maximize the objective: step along +grad")
     if decoupled is None:
         spec.flag("decoupled_weight_decay", False,
@@ -104,10 +105,10 @@ def torch_gradient(spec: Spec, *, weight_decay_default: float = 0.0,
 
     def gradient(w: Expr, grad: Expr, flags: Any) -> Expr:
         g = clipped_pre(w, -grad if flags.maximize else grad)
-        return g if is_decoupled(flags) else g + wd * w
+        return g if wd is None or is_decoupled(flags) else g + wd * w
 
     def decay(w: Expr, flags: Any) -> Expr:
-        return w * (1 - lr * wd) if is_decoupled(flags) else w
+        return w * (1 - lr * wd) if wd is not None and is_decoupled(flags) else w
 
     return gradient, decay
 

@@ -42,7 +42,26 @@ CONFIGS = {
                               {"maximize": True}]),
     "adamax": ("Adamax", [{}, {"lr": 0.01, "betas": (0.5, 0.8), "weight_decay": 0.1},
                           {"maximize": True, "eps": 0.0}]),
+    "nadam": ("NAdam", [{}, {"lr": 0.01, "weight_decay": 0.1, "momentum_decay": 0.01},
+                        {"decoupled_weight_decay": True, "weight_decay": 0.1, "maximize": True}]),
+    # rho_t passes 5 within the 20 steps: both branches of the rectification switch run
+    "radam": ("RAdam", [{}, {"lr": 0.01, "betas": (0.5, 0.9), "weight_decay": 0.1},
+                        {"decoupled_weight_decay": True, "weight_decay": 0.1,
+                         "maximize": True}]),
+    "asgd": ("ASGD", [{}, {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 5.0,
+                           "weight_decay": 0.1},
+                      {"maximize": True, "t0": 0.0}]),
+    "rprop": ("Rprop", [{}, {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.1)},
+                        {"maximize": True}]),
 }
+# torch.optim.Adafactor divides by sqrt(numel): an empty parameter is a ZeroDivisionError
+ADAFACTOR = ("Adafactor", [{}, {"lr": 0.05, "beta2_decay": -0.5, "d": 1.5,
+                                "weight_decay": 0.1, "maximize": True},
+                           {"eps": (1e-3, 1e-2), "lr": 0.5}])
+MUON = ("Muon", [{}, {"lr": 0.01, "nesterov": False, "weight_decay": 0.0},
+                 {"adjust_lr_fn": "match_rms_adamw", "momentum": 0.5, "ns_steps": 3,
+                  "ns_coefficients": (2.0, -1.5, 0.5), "eps": 1e-3},
+                 {"adjust_lr_fn": "original", "ns_steps": 0}])
 
 
 def optgen_hypers(name: str, kw: dict) -> dict:
@@ -65,6 +84,17 @@ def assert_near(actual, expected, dtype, what):
     scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
     np.testing.assert_allclose(actual.reshape(expected.shape), expected, rtol=0,
                                atol=TOL[dtype] * scale, err_msg=what)
+
+
+@pytest.fixture(autouse=True)
+def torch_scalars_in_float64():
+    """torch keeps per-parameter scalars (NAdam's mu_product, ASGD's eta and mu) in the
+    default dtype, float32 unless set: float64 here, as optgen's host scalars (float32
+    parameters are compared at 1e-5, far above float32 scalars' rounding)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def compare(name, cls, kw, shape, dtype, *, steps=20, grad=None, seed=0):
@@ -120,3 +150,102 @@ def test_sgd_momentum_switched_on_later_starts_from_g():
     assert_near(w, p.detach().numpy(), "float64", "w")
     assert_near(opt.state[0]["momentum_buffer"], ref.state[p]["momentum_buffer"].numpy(),
                 "float64", "momentum_buffer")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("i", range(len(ADAFACTOR[1])))
+def test_adafactor_matches_torch(i, dtype):
+    kw = ADAFACTOR[1][i]
+    if dtype == "float64" and "eps" not in kw:   # torch's eps1 None: finfo(dtype).eps
+        kw = {**kw, "eps": (None, 1e-3)}
+    for shape in [1, 17, 255, (33, 31), (3, 5, 7)]:
+        opt, ref = compare("adafactor", ADAFACTOR[0], {"foreach": False, **kw}, shape, dtype,
+                           steps=20) if dtype == "float32" or "eps" in ADAFACTOR[1][i] else \
+            compare_adafactor_f64(kw, shape)
+
+
+def compare_adafactor_f64(kw, shape):
+    """float64 with torch's eps1 None: the spec gets finfo(float64).eps (CONTRACT.md)."""
+    eps1 = float(np.finfo(np.float64).eps)
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal(shape)
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    ref = torch.optim.Adafactor([p], foreach=False, **kw)
+    w = w0.copy()
+    opt = optgen.create("torch_adafactor", [w], **{**optgen_hypers("adafactor", kw),
+                                                   "eps1": eps1})
+    for _ in range(20):
+        g = rng.standard_normal(shape)
+        p.grad = torch.from_numpy(g.copy())
+        ref.step()
+        opt.step([g])
+    assert_near(w, p.detach().numpy(), "float64", f"adafactor {kw} {shape}: w")
+    for key in ("row_var", "col_var", "variance"):
+        if ref.state[p].get(key) is not None:
+            assert_near(opt.state[0][key], ref.state[p][key].numpy(), "float64", key)
+    return opt, ref
+
+
+def test_adafactor_zero_gradient_rows_hit_the_eps1_bounds():
+    """A zero gradient makes torch clamp the variance estimate at eps1**2 (and the row
+    mean at eps1): the update is 0 * rsqrt(eps1**2), not NaN."""
+    kw = {"eps": (1e-6, 1e-3), "lr": 0.1}
+    grad = lambda rng, shape, dtype, k: np.where(  # noqa: E731
+        np.arange(np.prod(shape)).reshape(shape) % 3 == 0, 0.0,
+        rng.standard_normal(shape)).astype(dtype) * (k % 4 != 0)
+    for shape in [17, (9, 6)]:
+        compare("adafactor", "Adafactor", kw, shape, "float64", grad=grad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("i", range(len(MUON[1])))
+def test_muon_matches_torch(i, dtype, monkeypatch):
+    """torch.optim.Muon with its Newton-Schulz iterations in the parameter's dtype (torch
+    casts to bfloat16 there; optgen does not): the cast is made the identity."""
+    monkeypatch.setattr(torch.Tensor, "bfloat16", lambda self, *a, **k: self.clone())
+    for shape in MATRICES:
+        compare("muon", MUON[0], MUON[1][i], shape, dtype)
+
+
+def test_muon_close_to_torch_in_bfloat16():
+    """torch's own bfloat16 iterations: the same step up to bfloat16's resolution."""
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((33, 31)).astype(np.float32)
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    ref = torch.optim.Muon([p], lr=0.02)
+    w = w0.copy()
+    opt = optgen.create("torch_muon", [w], lr=0.02)
+    for _ in range(10):
+        g = rng.standard_normal(w.shape).astype(np.float32)
+        p.grad = torch.from_numpy(g.copy())
+        ref.step()
+        opt.step([g])
+    moved = np.abs(p.detach().numpy() - w0).max()
+    assert np.abs(w - p.detach().numpy()).max() < 0.02 * moved
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("maximize", [False, True])
+def test_sparseadam_matches_torch(maximize, dtype):
+    """Row-sparse gradients (duplicate rows included) through the lazy kernels, against
+    torch.optim.SparseAdam on the same sparse COO gradients."""
+    rng = np.random.default_rng(3)
+    kw = {"lr": 0.01, "betas": (0.8, 0.95), "maximize": maximize}
+    for shape in [1, 17, (33, 31)]:
+        w0 = rng.standard_normal(shape).astype(dtype)
+        p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+        ref = torch.optim.SparseAdam([p], **kw)
+        w = w0.copy()
+        opt = optgen.create("torch_sparseadam", [w], **optgen_hypers("sparseadam", kw))
+        rows = w.shape[0]
+        for _ in range(20):
+            idx = rng.integers(0, rows, size=max(1, rows // 2))
+            vals = rng.standard_normal((len(idx),) + w.shape[1:]).astype(dtype)
+            p.grad = torch.sparse_coo_tensor(torch.from_numpy(idx)[None],
+                                             torch.from_numpy(vals.copy()), w.shape)
+            ref.step()
+            opt.step([optgen.RowSparse(idx, vals)])
+        what = f"sparseadam {kw} {shape} {dtype}"
+        assert_near(w, p.detach().numpy(), dtype, f"{what}: w")
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_near(opt.state[0][key], ref.state[p][key].numpy(), dtype, f"{what}: {key}")
