@@ -60,9 +60,9 @@ def make(spec: str | os.PathLike, base: str | None = None, name: str | None = No
 def __getattr__(attr: str) -> type:
     if attr == "AdamOffload" or (attr in CLASSES.values() and attr not in TORCH_FORMS):
         return getattr(seeds, attr)
+    names = [*CLASSES.values(), *(n for n in TORCH_FORMS if n not in CLASSES.values())]
     raise AttributeError(f"module 'optgen.torch' has no attribute {attr!r}; optimizers: "
-                         f"{', '.join([*TORCH_FORMS, *CLASSES.values()])} (or "
-                         "optgen.torch.make(spec))")
+                         f"{', '.join(names)} (or optgen.torch.make(spec))")
 
 
 __all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "TORCH_FORMS", "make", "seeds",

@@ -19,6 +19,7 @@ Imports: base, torch_state.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -86,6 +87,13 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
         if any(isinstance(p, torch.Tensor) and p.is_complex() for p in items):
             raise RuntimeError(f"{self.torch_cls.__name__} does not support complex "
                                "parameters")   # (torch's message; raised at its step)
+        if len({id(p) for p in items}) != len(items):
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; "
+                          "in future, this will cause an error; see github.com/pytorch/"
+                          "pytorch/issues/40967 for more information", stacklevel=3)
+            raise ValueError(f"{type(self).__name__}: a parameter group lists a parameter "
+                             "twice; torch.optim warns (as above) and steps it twice per "
+                             "step, optgen refuses it")
         super().add_param_group(param_group)
 
     # -- torch's group keys <-> the spec's hyperparameters ------------------------------
