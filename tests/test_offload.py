@@ -181,8 +181,8 @@ def test_offloaded_state_formats(fmt):
     parameters, bit for bit, and the formatted states never move."""
     kept, moved = _model(), _model()
     kw = dict(lr=1e-2, state_format=fmt, state_format_min_size=0)
-    a = ot.AdamW(kept.parameters(), **kw)
-    b = ot.AdamW(moved.parameters(), offload="cpu", **kw)
+    a = ot.seeds.AdamW(kept.parameters(), **kw)
+    b = ot.seeds.AdamW(moved.parameters(), offload="cpu", **kw)
     before = {id(v) for st in b._core.state for v in st.values()}
     _run(kept, a, 20)
     _run(moved, b, 20)

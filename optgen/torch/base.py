@@ -147,8 +147,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._params = [p for g in self.param_groups for p in g["params"]]
         torch_shards.check(self._artifact.name, self._artifact, self._params,
                            self._options.get("clip_global_norm"), self._offload, self._flat)
-        # the tensors the runtime steps: host copies (offload) or local shards (DTensor)
-        host = self._offload.master if self._offload else torch_shards.local
+        host = self._runtime_tensor
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
         core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
@@ -166,6 +165,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     core._refreshed[j] = old._refreshed[i]
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         return core
+
+    def _runtime_tensor(self, p: Any) -> Any:
+        """What the runtime steps for parameter ``p`` (the same object at every call):
+        its host copy (offload), its local shard (DTensor), or ``p``."""
+        return self._offload.master(p) if self._offload else torch_shards.local(p)
 
     def _sync(self) -> None:
         """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
@@ -342,6 +346,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
             for n, v in core.state[i].items():
                 if isinstance(v, np.floating):
                     core.state[i][n] = np.float64(float(rec[n]))
+                elif isinstance(v, np.ndarray):   # (SparseAdam steps numpy views)
+                    np.copyto(v, torch.as_tensor(rec[n]).detach().cpu().numpy())
                 else:
                     v.copy_(torch_shards.local(rec[n]))
             core._steps[i] = int(rec["step"])

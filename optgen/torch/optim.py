@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
@@ -232,6 +233,25 @@ class SparseAdam(TorchForm):
                  maximize: bool = False) -> None:
         self._build(params, _args(locals()))
 
+    # optgen's lazy row-sparse kernels step numpy arrays: the runtime sees numpy views of
+    # the (CPU) parameters, opt.state shows its states as tensors over the same memory
+    def _runtime_tensor(self, p: Any) -> Any:
+        views = self.__dict__.setdefault("_views", {})
+        if id(p) not in views:
+            if p.device.type != "cpu" or self._offload is not None or self._flat:
+                raise ValueError("SparseAdam: optgen steps sparse gradients of CPU parameters "
+                                 f"(got {p.device}{', offload' if self._offload else ''}"
+                                 f"{', flat' if self._flat else ''})")
+            views[id(p)] = p.detach().numpy()
+        return views[id(p)]
+
+    def _mirror(self) -> None:
+        super()._mirror()
+        for st in self.state.values():
+            for n, v in st.items():
+                if isinstance(v, np.ndarray):
+                    st[n] = torch.from_numpy(v)
+
     def _kernel_grads(self, grads: list) -> list:
         out = []
         for g in grads:
@@ -251,3 +271,5 @@ class SparseAdam(TorchForm):
 
 TORCH_FORMS = {c.__name__: c for c in (Adam, AdamW, SGD, Adagrad, RMSprop, Adadelta, Adamax,
                                        NAdam, RAdam, Adafactor, Muon, ASGD, Rprop, SparseAdam)}
+for _cls in TORCH_FORMS.values():   # their public home (pickle finds them there)
+    _cls.__module__ = "optgen.torch"
