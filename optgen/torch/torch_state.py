@@ -5,7 +5,8 @@ The torch_* specs keep torch's state names, so the conversion is small: per para
 scalar states (NAdam's ``mu_product``, ASGD's ``eta``/``mu``) as 0-d tensors, and what
 a class's ``_torch_record`` / ``_optgen_record`` change (a state torch holds only
 sometimes, Adafactor's factored shapes). Group keys are torch's on both sides already.
-States are copied on the way out (torch.optim steps its tensors in place). Imports: torch.
+States are copied on the way out (torch.optim steps its tensors in place), q8/q4
+codes dequantized (format.py). Imports: format.
 """
 from __future__ import annotations
 
@@ -14,17 +15,24 @@ from typing import Any
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
+from .format import full_precision
+from optgen.core.formats import ABSMAX
+
 
 def to_torch(opt: Any, sd: dict[str, Any]) -> dict[str, Any]:
     """``sd`` (the drop-in's own state_dict) as torch.optim.<cls>.state_dict() writes it."""
     group_of = {pid: g for g in sd["param_groups"] for pid in g["params"]}
+    shapes = {pid: tuple(p.shape) for sg, g in zip(sd["param_groups"], opt.param_groups)
+              for pid, p in zip(sg["params"], g["params"])}
     state = {}
     for pid, rec in sd["state"].items():
         new: dict[str, Any] = {}
         for k, v in rec.items():
-            if k == "step":
+            if k == "step" or k.endswith(ABSMAX):
                 continue
-            new[k] = v.detach().clone() if isinstance(v, torch.Tensor) else \
+            # (q8/q4 codes dequantized to float32: torch.optim has no 8-bit states)
+            new[k] = full_precision(k, v, rec, opt._artifact.stored, shapes.get(pid)) \
+                if isinstance(v, torch.Tensor) else \
                 torch.tensor(float(v), dtype=_get_scalar_dtype())
         if opt.step_kind == "tensor":
             new["step"] = torch.tensor(float(rec["step"]), dtype=_get_scalar_dtype())
