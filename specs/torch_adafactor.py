@@ -36,7 +36,8 @@ eps1 = spec.hyper("eps1", None, "eps1 >= 0", "eps[0]: lower bound of the varianc
                   optional=True, none_value=FLOAT32_EPS)
 eps2 = spec.hyper("eps2", 1e-3, "eps2 >= 0", "eps[1]: lower bound of RMS(w) in the step size")
 d = spec.hyper("d", 1.0, "d >= 1", "the update is scaled down so that its RMS is at most d")
-gradient, decay = torch_gradient(spec, decoupled=True)
+gradient, _ = torch_gradient(spec, decoupled=True)
+weight_decay = spec.hypers["weight_decay"].node
 spec.shape_flag("factored", "ndim >= 2", "row and column variances (2+-D tensors)")
 row_var = spec.state("row_var", 0.0, "row means of g*g (2+-D)", shape="row", when="factored")
 col_var = spec.state("col_var", 0.0, "column means of g*g (2+-D)", shape="col",
@@ -59,4 +60,5 @@ def torch_adafactor(w, grad, flags):
         var = variance + b * (sq - variance)
         new = {variance: var}
     u = g * rsqrt(maximum(var, eps1 * eps1))
-    return {**new, w: decay(w, flags) - alpha / maximum(1.0, rms(u) / d) * u}
+    # (w - lr * weight_decay * w: the mixed-precision kernels then round as the float32 ones)
+    return {**new, w: w - lr * weight_decay * w - alpha / maximum(1.0, rms(u) / d) * u}
