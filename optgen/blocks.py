@@ -5,9 +5,9 @@ that builds the IR for its piece of the update.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from .dsl import Spec, clip
+from .dsl import Spec, clip, maximum, sqrt
 from .ir import Expr
 
 PREPROCESSED = "preprocessed"
@@ -57,3 +57,91 @@ def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
         return g + wd * w if wd is not None else g
 
     return preprocess
+
+
+def moments(m: Expr, v: Expr, g: Expr, beta1: Expr, beta2: Expr) -> tuple[Expr, Expr]:
+    """Adam's first and second moments of ``g``, the new values of states ``m`` and ``v``::
+
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+
+    Written once for the Adam family (adam, adamw, adamweightdecay, lamb, nadam, radam,
+    the torch_* Adam forms); the expressions are exactly those the specs wrote, so
+    their kernels are unchanged.
+    """
+    return beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
+
+
+def torch_gradient(spec: Spec, *, weight_decay_default: float | None = 0.0,
+                   decoupled: bool | None = False
+                   ) -> tuple[Callable[[Expr, Expr, Any], Expr], Callable[[Expr, Any], Expr]]:
+    """torch.optim's gradient and weight decay, for the ``torch_*`` specs.
+
+    Declares ``rescale_grad`` and ``clip_gradient`` (``gradient_preprocessing``, default
+    off, so the runtime's loss_scale and clip_global_norm work), ``weight_decay``, the
+    flag ``maximize`` and, with ``decoupled=None``, the flag ``decoupled_weight_decay``.
+    ``weight_decay_default=None``: no weight decay at all (torch's Rprop, SparseAdam).
+    Returns ``(gradient, decay)``::
+
+        gradient(w, grad, flags) = clip(rescale_grad * (-grad if maximize else grad))
+                                   + weight_decay * w          (coupled, torch's L2)
+        decay(w, flags)          = w * (1 - lr * weight_decay)  (decoupled), else w
+
+    maximize is a flag because torch's argument is a bool: each value has its own
+    kernel, and the negation costs nothing per element.
+    """
+    lr = spec.hypers["lr"].node
+    clipped_pre = gradient_preprocessing(spec, coupled_weight_decay=False)
+    wd = None if weight_decay_default is None else spec.hyper(
+        "weight_decay", weight_decay_default, "weight_decay >= 0",
+        "weight decay: L2 on the gradient, or w * (1 - lr * weight_decay) when decoupled")
+    spec.flag("maximize", False, "maximize the objective: step along +grad")
+    if decoupled is None:
+        spec.flag("decoupled_weight_decay", False,
+                  "decay w by 1 - lr * weight_decay instead of adding weight_decay * w to g")
+
+    def is_decoupled(flags: Any) -> bool:
+        return flags.decoupled_weight_decay if decoupled is None else decoupled
+
+    def gradient(w: Expr, grad: Expr, flags: Any) -> Expr:
+        g = clipped_pre(w, -grad if flags.maximize else grad)
+        return g if wd is None or is_decoupled(flags) else g + wd * w
+
+    def decay(w: Expr, flags: Any) -> Expr:
+        return w * (1 - lr * wd) if wd is not None and is_decoupled(flags) else w
+
+    return gradient, decay
+
+
+def torch_adam(spec: Spec, *, weight_decay_default: float,
+               decoupled: bool | None) -> Callable[[Expr, Expr, Any], dict]:
+    """torch.optim.Adam's rule (AdamW's with ``decoupled=True``), declared on ``spec``::
+
+        g = torch_gradient(...)
+        exp_avg, exp_avg_sq = moments(...)
+        max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq); v = it       (amsgrad)
+        w = decay(w) - lr / (1 - beta1**t) * exp_avg / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+    """
+    lr = spec.hyper("lr", 1e-3, "lr >= 0", "learning rate")
+    beta1 = spec.hyper("beta1", 0.9, "0 <= beta1 < 1", "betas[0]: decay rate of exp_avg")
+    beta2 = spec.hyper("beta2", 0.999, "0 <= beta2 < 1", "betas[1]: decay rate of exp_avg_sq")
+    eps = spec.hyper("eps", 1e-8, "eps >= 0", "added to the bias-corrected sqrt(exp_avg_sq)")
+    spec.flag("amsgrad", False, "divide by the running maximum of exp_avg_sq (AMSGrad)")
+    gradient, decay = torch_gradient(spec, weight_decay_default=weight_decay_default,
+                                     decoupled=decoupled)
+    exp_avg = spec.state("exp_avg", 0.0, "first moment (mean of g)")
+    exp_avg_sq = spec.state("exp_avg_sq", 0.0, "second moment (mean of g*g)")
+    max_sq = spec.state("max_exp_avg_sq", 0.0, "running maximum of exp_avg_sq",
+                        when="amsgrad")
+    t = spec.t
+
+    def rule(w: Expr, grad: Expr, flags: Any) -> dict:
+        m, v = moments(exp_avg, exp_avg_sq, gradient(w, grad, flags), beta1, beta2)
+        new = {exp_avg: m, exp_avg_sq: v}
+        if flags.amsgrad:
+            v = new[max_sq] = maximum(max_sq, v)
+        denom = sqrt(v) / sqrt(1 - beta2 ** t) + eps
+        new[w] = decay(w, flags) - lr / (1 - beta1 ** t) * m / denom
+        return new
+
+    return rule

@@ -17,7 +17,7 @@ Weight decay is L2 on the gradient (coupled), as in both seeds and torch.optim.A
 Reference: D. P. Kingma, J. Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015;
 MindSpore Adam (seed 001) for use_nesterov.
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, sqrt
 
 spec = Spec("adam", __doc__, reference="arXiv:1412.6980")
@@ -36,8 +36,7 @@ t = spec.t
 @spec.update
 def adam(w, grad, flags):
     g = preprocess(w, grad)
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     lr_t = lr * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
     direction = beta1 * m_new + (1 - beta1) * g if flags.use_nesterov else m_new
     return {m: m_new, v: v_new, w: w - lr_t * direction / (sqrt(v_new) + eps)}

@@ -13,7 +13,7 @@ adaptive step and not through the gradient.
 Reference: I. Loshchilov, F. Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
 torch.optim.AdamW.
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, sqrt
 
 spec = Spec("adamw", __doc__, reference="arXiv:1711.05101")
@@ -33,8 +33,7 @@ t = spec.t
 def adamw(w, grad, flags):
     g = preprocess(w, grad)
     w_decayed = w * (1 - lr * weight_decay)
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     step = lr / (1 - beta1 ** t)
     denom = sqrt(v_new) / sqrt(1 - beta2 ** t) + eps
     return {m: m_new, v: v_new, w: w_decayed - step * m_new / denom}

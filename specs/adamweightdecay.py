@@ -13,7 +13,7 @@ after the adaptive scaling, so the parameter shrinks by lr * weight_decay * w pe
 Reference: MindSpore AdamWeightDecay (seed 001); I. Loshchilov, F. Hutter, "Decoupled
 Weight Decay Regularization", ICLR 2019.
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, sqrt
 
 spec = Spec("adamweightdecay", __doc__, reference="MindSpore AdamWeightDecay; arXiv:1711.05101")
@@ -31,7 +31,6 @@ v = spec.state("v", 0.0, "second moment (mean of g*g)")
 @spec.update
 def adamweightdecay(w, grad, flags):
     g = preprocess(w, grad)
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     u = m_new / (sqrt(v_new) + eps) + weight_decay * w
     return {m: m_new, v: v_new, w: w - lr * u}

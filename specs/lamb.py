@@ -18,7 +18,7 @@ The seed (MindSpore) writes the bias correction as m / beta1**t, a known typo fo
 Reference: Y. You et al., "Large Batch Optimization for Deep Learning: Training BERT in
 76 minutes", ICLR 2020 (arXiv:1904.00962).
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, maximum, minimum, norm, sqrt, where
 
 spec = Spec("lamb", __doc__, reference="arXiv:1904.00962")
@@ -46,8 +46,7 @@ t = spec.t
 @spec.update
 def lamb(w, grad, flags):
     g = preprocess(w, grad)
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     if flags.bias_correction:
         r = (m_new / (1 - beta1 ** t)) / (sqrt(v_new / (1 - beta2 ** t)) + eps)
     else:

@@ -18,7 +18,7 @@ decoupled_weight_decay.
 Reference: T. Dozat, "Incorporating Nesterov Momentum into Adam", ICLR 2016 workshop;
 torch.optim.NAdam.
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, sqrt
 
 spec = Spec("nadam", __doc__, reference="Dozat 2016")
@@ -42,8 +42,7 @@ def nadam(w, grad, flags):
     mu_t = beta1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
     mu_next = beta1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
     product = mu_product * mu_t
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     denom = sqrt(v_new / (1 - beta2 ** t)) + eps
     w_new = (w - lr * (1 - mu_t) / (1 - product) * g / denom
              - lr * mu_next / (1 - product * mu_next) * m_new / denom)

@@ -21,7 +21,7 @@ decoupled_weight_decay.
 Reference: L. Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
 ICLR 2020; torch.optim.RAdam.
 """
-from optgen.blocks import gradient_preprocessing
+from optgen.blocks import gradient_preprocessing, moments
 from optgen.dsl import Spec, sqrt, where
 
 spec = Spec("radam", __doc__, reference="arXiv:1908.03265")
@@ -38,8 +38,7 @@ t = spec.t
 @spec.update
 def radam(w, grad, flags):
     g = preprocess(w, grad)
-    m_new = beta1 * m + (1 - beta1) * g
-    v_new = beta2 * v + (1 - beta2) * g * g
+    m_new, v_new = moments(m, v, g, beta1, beta2)
     m_hat = m_new / (1 - beta1 ** t)
     rho_inf = 2 / (1 - beta2) - 1
     rho_t = rho_inf - 2 * t * beta2 ** t / (1 - beta2 ** t)

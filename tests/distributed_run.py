@@ -65,7 +65,7 @@ def optimizer_class(name: str) -> type:
     cls = OPTIMIZERS[name][0]
     if cls.endswith(".py"):
         return ot.make(os.path.join(os.path.dirname(HERE), cls))
-    return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot, cls)
+    return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot.seeds, cls)
 
 
 def setup(name: str, mode: str = "single") -> tuple:

@@ -96,9 +96,10 @@ def torch_train(model, opt, steps: int, seed: int = 1, dtype=None) -> None:
 
 
 def torch_drop_in(name: str) -> type:
-    """optgen.torch's class of that name; "LARS" is LARS on momentum (no class of its own)."""
+    """optgen.torch's seed-form class of that name (optgen.torch.seeds: the catalog spec's
+    rule); "LARS" is LARS on momentum (no class of its own)."""
     import optgen.torch as ot
-    return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot, name)
+    return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot.seeds, name)
 
 
 def load_example(name: str):

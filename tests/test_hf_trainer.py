@@ -46,7 +46,7 @@ def test_trainer_checkpoint_resumes(example, trained):
     out, net, _, _ = trained
     half = os.path.join(out, f"checkpoint-{STEPS // 2}")
     saved = torch.load(os.path.join(half, "optimizer.pt"), weights_only=True)
-    assert float(saved["state"][0]["step"]) == STEPS // 2 and "m" in saved["state"][0]
+    assert float(saved["state"][0]["step"]) == STEPS // 2 and "exp_avg" in saved["state"][0]
     again = example.model()
     example.trainer(again, out, STEPS, save_steps=STEPS // 2).train(resume_from_checkpoint=half)
     for (name, p), q in zip(net.state_dict().items(), again.state_dict().values()):

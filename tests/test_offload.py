@@ -113,8 +113,8 @@ def test_adam_offload_has_the_seed_signature():
     seed = ot.AdamOffload(a.parameters(), learning_rate=0.01, beta1=0.8, beta2=0.99, eps=1e-7,
                           use_locking=True, use_nesterov=True, weight_decay=0.001,
                           loss_scale=4.0)
-    plain = ot.Adam(b.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-7, use_nesterov=True,
-                    weight_decay=0.001, loss_scale=4.0)
+    plain = ot.seeds.Adam(b.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-7, use_nesterov=True,
+                          weight_decay=0.001, loss_scale=4.0)
     assert seed._offload is not None and plain._offload is None
     assert ot.AdamOffload is ot.AdamOffload and isinstance(seed, ot.OptgenOptimizer)
     _run(a, seed, 20)
@@ -181,8 +181,8 @@ def test_offloaded_state_formats(fmt):
     parameters, bit for bit, and the formatted states never move."""
     kept, moved = _model(), _model()
     kw = dict(lr=1e-2, state_format=fmt, state_format_min_size=0)
-    a = ot.AdamW(kept.parameters(), **kw)
-    b = ot.AdamW(moved.parameters(), offload="cpu", **kw)
+    a = ot.seeds.AdamW(kept.parameters(), **kw)
+    b = ot.seeds.AdamW(moved.parameters(), offload="cpu", **kw)
     before = {id(v) for st in b._core.state for v in st.values()}
     _run(kept, a, 20)
     _run(moved, b, 20)

@@ -45,7 +45,8 @@ THREADS = 256                           # threads per block of every GPU kernel
 # Which reductions each spec's passes make (golden): "whole" = whole-tensor (two kernels,
 # both block all-reduces), "rows" = along the innermost axis (a block per output, block
 # all-reduce), "cols" = along an outer axis (a thread per output, serial, no shuffles).
-REDUCTIONS = {"adafactor": {"whole", "rows", "cols"}, "lamb": {"whole"}, "lars": {"whole"}}
+REDUCTIONS = {"adafactor": {"whole", "rows", "cols"}, "lamb": {"whole"}, "lars": {"whole"},
+              "torch_adafactor": {"whole", "rows", "cols"}}
 
 needs_nvcc = pytest.mark.skipif(targets.nvcc() is None,
                                 reason="the cuda target needs nvcc on PATH to build")

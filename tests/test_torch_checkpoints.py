@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch.optim checkpoints need torch")
-import optgen.torch as ot  # noqa: E402
+import optgen.torch.seeds as ot  # noqa: E402  (the seeds' forms: optgen/torch/format.py)
 from helpers import torch_mlp as _model, torch_train as _run  # noqa: E402
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=1e-3)

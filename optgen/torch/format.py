@@ -145,7 +145,7 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
     for pid, rec in sd["state"].items():
         # copies: torch.optim's load keeps tensors of the right dtype and device as they
         # are, and two optimizers stepping one state tensor in place would corrupt both
-        new = {back[k]: _full_precision(k, v, rec, stored or {}, (shapes or {}).get(pid))
+        new = {back[k]: full_precision(k, v, rec, stored or {}, (shapes or {}).get(pid))
                for k, v in rec.items() if k in back}
         if name == "sgd":
             if not float(rec.get(SGD_STARTED, 0.0)):
@@ -165,7 +165,7 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
     return {"state": state, "param_groups": groups}
 
 
-def _full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str],
+def full_precision(k: str, v: Any, rec: dict[str, Any], stored: dict[str, str],
                     shape: tuple[int, ...] | None):
     """A copy of state ``k`` for torch.optim: q8/q4 codes dequantized to float32."""
     if k + ABSMAX not in rec:

@@ -1,0 +1,357 @@
+"""The base of the torch drop-ins: torch.optim's bookkeeping (param_groups, state,
+state_dict, lr schedulers, torch.compile) around an optgen runtime optimizer that runs
+the fused kernels. The seeds' classes (optgen/torch/seeds.py) and the torch forms
+(optgen/torch/optim.py) subclass it; the package docstring says how to use them."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
+from optgen.runtime import flatten, get_artifact
+from optgen.runtime import groups as grouping
+from optgen.core import hyper as hyper_rules
+from optgen.runtime.optimizer import Optimizer as _Core
+
+RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale",
+                   "state_format", "state_format_min_size", "stochastic_rounding", "seed")
+
+
+def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
+    """Spec-named hyperparameters as a torch group holds them (betas as a pair)."""
+    out = dict(hyper)
+    if "beta1" in out and "beta2" in out and "betas" not in art.hypers:
+        out["betas"] = (out.pop("beta1"), out.pop("beta2"))
+    return out
+
+
+def _value(v: Any) -> Any:
+    """A group value as of now: a one-element tensor (torch.optim allows a tensor lr or
+    betas) becomes a float; pairs are read element by element."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_value(x) for x in v)
+    return v
+
+
+class OptgenOptimizer(torch.optim.Optimizer):
+    """The base of the generated classes: torch's bookkeeping around an optgen runtime
+    optimizer that runs the fused kernels."""
+
+    spec: str = ""
+    base: str | None = None
+
+    def __init__(self, params, *, flat: bool = False, **kwargs: Any):
+        art = self._prepare(flat, kwargs)
+        given = grouping.alias(art.name, art.hypers, kwargs)
+        spec_defaults = {n: h.default for n, h in art.hypers.items()}
+        hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
+        super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
+
+    def _prepare(self, flat: bool, kwargs: dict[str, Any]):
+        """The runtime side, before torch's constructor: runtime options (popped from
+        ``kwargs``), the artifact, offload; returns the artifact."""
+        if not isinstance(flat, bool):
+            raise TypeError(f"flat must be True or False, got {flat!r}")
+        self._flat = flat
+        self._flat_grads: list[tuple[list, list, torch.Tensor]] = []
+        options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
+        self._target = options.pop("target", "llvm")
+        self._options = options
+        offload = kwargs.pop("offload", getattr(self, "offload", None))
+        torch_offload.check(os.path.basename(self.spec)[:-3], offload, self._target, flat)
+        art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
+                                            state_format=options.get("state_format"),
+                                            stochastic_rounding=options.get(
+                                                "stochastic_rounding", False))
+        self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
+        self._params: list = []   # the torch parameters, in the runtime's order
+        self._core: _Core | None = None
+        self._synced: list[dict[str, Any]] = []
+        self._op_handle = torch_ops.register(self)   # torch.compile's view (optgen/torch/ops.py)
+        self._op_tensors: tuple[list, list] = ([], [])
+        return art
+
+    # -- the runtime optimizer behind the torch interface --------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if self._flat:
+            self._adopt(self.param_groups[-1]["params"])
+        self._core = self._rebuild(self._core)
+        self._op_tensors = self._op_lists()
+        self._mirror()   # opt.state holds every state from the start (DCP's get_state_dict
+        # would otherwise run a step with lr 0 to create them, which lr > 0 rules refuse)
+
+    def _op_lists(self) -> tuple[list, list]:
+        """The parameters and every state tensor, in a fixed order: what ``optgen::step``
+        takes and writes under torch.compile."""
+        states = [v for st in self._core.state for _, v in sorted(st.items())
+                  if isinstance(v, torch.Tensor)]
+        return list(self._params), states
+
+    @torch.no_grad()
+    def _adopt(self, params: list) -> None:
+        """Move a group's parameters into one buffer (their values and Parameter objects
+        kept) and give them gradient views of another, existing gradients copied."""
+        if not params:
+            return
+        try:
+            views = flatten([p.data for p in params])
+            grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p)
+                             for p in params])
+        except TypeError as e:
+            raise TypeError(f"{self._artifact.name}: flat=True needs every parameter of a "
+                            f"group on one device with one dtype ({e})") from None
+        for p, v, g in zip(params, views, grads):
+            p.data = v
+            p.grad = g
+        buffer = grads[0].as_strided((sum(g.numel() for g in grads),), (1,),
+                                     grads[0].storage_offset())
+        self._flat_grads.append((params, grads, buffer))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad; flat groups then zero their gradient buffer in place (one op)
+        and keep their views as ``.grad``, whatever ``set_to_none`` says. Under
+        torch.compile the same in traceable form (torch's zero_grad disables dynamo)."""
+        if torch.compiler.is_compiling():   # (param_groups would be guarded on lr)
+            for p in self._op_tensors[0]:
+                if p.grad is not None and set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+        with torch.no_grad():
+            for params, grads, buffer in self._flat_grads:
+                buffer.zero_()
+                for p, g in zip(params, grads):
+                    if p.grad is not g:
+                        p.grad = g
+
+    def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The spec's hyperparameters of a torch group (keys torch schedulers add, such as
+        initial_lr, are not hyperparameters and are ignored), with one-element tensors read
+        as floats: torch schedulers change a tensor lr in place (``fill_``), so a stored
+        reference would never look changed to ``_sync``."""
+        art = self._artifact
+        known = {k: _value(v) for k, v in group.items()
+                 if k != "params" and grouping.is_hyper_key(k, art.hypers)}
+        return grouping.alias(art.name, art.hypers, known)
+
+    def _rebuild(self, old: _Core | None) -> _Core:
+        """A runtime optimizer over the current groups, keeping existing states."""
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        torch_shards.check(self._artifact.name, self._artifact, self._params,
+                           self._options.get("clip_global_norm"), self._offload, self._flat)
+        host = self._runtime_tensor
+        groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
+                  for g in self.param_groups]
+        core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
+                     **self._options)
+        if self._offload is not None:
+            core.watch(self._offload.ready, self._offload.done)
+        if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
+            raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
+        if old is not None:
+            where = {id(p): i for i, p in enumerate(old.params)}
+            for j, p in enumerate(core.params):
+                if id(p) in where:
+                    i = where[id(p)]
+                    core.adopt(j, old.records[i])
+        self._synced = [self._group_hyper(g) for g in self.param_groups]
+        return core
+
+    def _runtime_tensor(self, p: Any) -> Any:
+        """What the runtime steps for parameter ``p`` (the same object at every call):
+        its host copy (offload), its local shard (DTensor), or ``p``."""
+        return self._offload.master(p) if self._offload else torch_shards.local(p)
+
+    def _sync(self) -> None:
+        """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
+        for gi, group in enumerate(self.param_groups):
+            now = self._group_hyper(group)
+            if now != self._synced[gi]:
+                changed = {k: v for k, v in now.items() if self._synced[gi].get(k) != v}
+                self._core.set_hyper(group=gi, **changed)
+                self._synced[gi] = now
+
+    def _mirror(self) -> None:
+        """``self.state[p]``: the runtime's state tensors (shared), scalar states as
+        floats, and ``step`` as a float32 tensor (torch's convention), updated in place."""
+        kinds = self._kinds()
+        for p, slot in zip(self._params, self._core.records):
+            st, core = self.state[p], slot.state
+            if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
+                                       core.items() if not isinstance(v, np.floating)):
+                st.clear()
+                st.update((n, torch_shards.shown(p, v, kinds.get(n, "param")))
+                          for n, v in core.items() if not isinstance(v, np.floating))
+                st["step"] = torch.tensor(0.0)
+                self._op_tensors = self._op_lists()
+            for n, v in core.items():
+                if isinstance(v, np.floating):
+                    st[n] = float(v)
+            st["step"].fill_(float(slot.steps))
+
+    @property
+    def refresh_due(self) -> bool:
+        """Whether the next step() runs the spec's refresh rule (THOR: it then needs the
+        statistics, which ``KFACStatistics`` collects only on such steps)."""
+        self._sync()
+        return self._core.refresh_due
+
+    @torch.no_grad()
+    def step(self, closure=None, **statistics):
+        """One update of every parameter with a ``.grad``; returns the closure's loss.
+        Statistics (THOR's ``A=[...], G=[...]``, one per parameter of the optimizer, in
+        its order) go to the refresh rule (``KFACStatistics.collect`` builds them)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
+            if statistics:
+                raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
+                                " are not passed to a step under torch.compile; step "
+                                "eagerly on refresh steps")
+            params, states = self._op_tensors
+            torch.ops.optgen.step(self._op_handle, params, [p.grad for p in params], states)
+            return loss
+        self._step_now([p.grad for p in self._params], statistics)
+        return loss
+
+    # torch's lr schedulers wrap an optimizer's step (to record _opt_called, which
+    # _step_now sets) unless it says it is wrapped already; dynamo skips their wrapper (it
+    # lives in torch/optim/lr_scheduler.py), which would break a compiled step's graph.
+    step._wrapped_by_lr_sched = True
+
+    def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
+        self._opt_called = True   # what torch's lr schedulers check (see after step)
+        self._sync()
+        grads = self._kernel_grads(grads)
+        if self._offload is None:
+            self._core.step([torch_shards.local(g) for g in grads], **statistics)
+        elif self._core.step(self._offload.grads_to_host(
+                self._params, grads, wait_all=bool(self._core.clip_global_norm or
+                                                   self._core.nonfinite)), **statistics):
+            self._offload.finish()   # (buckets go back as they are stepped)
+        self._mirror()
+
+    def _kernel_grads(self, grads: list) -> list:
+        """The gradients as the runtime takes them (SparseAdam: row-sparse)."""
+        for i, g in enumerate(grads):
+            if g is not None and g.is_sparse:
+                raise TypeError(f"{self._artifact.name}: parameter {i} has a sparse .grad; "
+                                "optgen.torch optimizers take dense gradients")
+        return grads
+
+    @torch.no_grad()
+    def _step_op(self, params: list, grads: list, states: list) -> None:
+        """``optgen::step``'s body: the eager step on this optimizer's own tensors, with
+        copies that functionalization passed taken in and given back."""
+        own_params, own_states = self._op_tensors
+        torch_ops.stepped([*params, *states], [*own_params, *own_states],
+                          lambda: self._step_now(grads, {}))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self, format: str = "optgen") -> dict[str, Any]:
+        """torch's state_dict with the spec's state names, or (``format="torch"``) the
+        one torch.optim's optimizer of the same algorithm loads (optgen/torch/format.py)."""
+        if format not in ("optgen", "torch"):
+            raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
+        self._mirror()
+        sd = super().state_dict()
+        shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
+        return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored, shapes) \
+            if format == "torch" else sd
+
+    def save(self, path: str | os.PathLike) -> None:
+        """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of
+        states, step counts and hyperparameters. With parameters sharded across ranks
+        (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
+        ``load`` then reads it at any world size (optgen/torch/shards.py)."""
+        self._sync()
+        if any(torch_shards.is_dtensor(p) for p in self._params):
+            torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
+        else:
+            self._core.save(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
+        become the checkpoint's, in ``param_groups`` too."""
+        if os.path.isdir(path):
+            torch_shards.load(self._core, self._params, self._kinds(), os.fspath(path))
+        else:
+            self._core.load(path)
+        if self._offload is not None:
+            self._offload.refresh(self._params)
+        for group, core_group in zip(self.param_groups, self._core.groups):
+            group.update(self._group_values(group, core_group.hyper))
+        self._synced = [self._group_hyper(g) for g in self.param_groups]
+        self._mirror()
+
+    def _group_values(self, group: dict[str, Any], hyper: dict[str, Any]) -> dict[str, Any]:
+        """Spec-named hyperparameters as ``group`` holds them (the inverse of
+        ``_group_hyper``)."""
+        return _torch_view(self._artifact, hyper)
+
+    def _optgen_form(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` with this optimizer's state names: a torch.optim checkpoint of
+        the same algorithm is converted (optgen/torch/format.py)."""
+        if torch_format.is_torch(state_dict, {n for st in self._core.state for n in st}):
+            return torch_format.to_optgen(self._artifact.name, self.param_groups, state_dict)
+        return state_dict
+
+    def _kinds(self) -> dict[str, str]:
+        return {s.name: s.shape for s in self._artifact.states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, with every state checked against this optimizer's layout first
+        (a wrong shape or a missing state is a ValueError and changes nothing). A
+        torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
+        state_dict = self._optgen_form(state_dict)
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if len(saved_groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"])
+                for a, b in zip(saved_groups, self.param_groups)):
+            raise ValueError(f"{self._artifact.name}: state_dict has another group layout "
+                             "(number of groups or parameters per group)")
+        core, states = self._core, self._core.state
+        index = {id(p): i for i, p in enumerate(self._params)}
+        plan = []
+        for sg, g in zip(saved_groups, self.param_groups):
+            for pid, p in zip(sg["params"], g["params"]):
+                if pid not in saved_state:
+                    continue
+                i, rec = index[id(p)], saved_state[pid]
+                want = set(states[i]) | {"step"}
+                if set(rec) != want:
+                    raise ValueError(f"{self._artifact.name}: state_dict state of parameter "
+                                     f"{i} has {sorted(rec)}, expected {sorted(want)}")
+                for n, v in states[i].items():   # (a DTensor state: its local shard)
+                    got = None if isinstance(v, np.floating) else torch_shards.local(rec[n])
+                    if got is not None and tuple(got.shape) != tuple(v.shape):
+                        raise ValueError(f"{self._artifact.name}: state_dict state {i}.{n} has "
+                                         f"shape {tuple(got.shape)}, expected {tuple(v.shape)}")
+                plan.append((i, rec))
+        super().load_state_dict(state_dict)
+        if self._offload is not None:   # the model's weights may have been loaded before
+            self._offload.refresh(self._params)
+        for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
+            for n, v in states[i].items():
+                if isinstance(v, np.floating):
+                    states[i][n] = np.float64(float(rec[n]))
+                elif isinstance(v, np.ndarray):   # (SparseAdam steps numpy views)
+                    np.copyto(v, torch.as_tensor(rec[n]).detach().cpu().numpy())
+                else:
+                    v.copy_(torch_shards.local(rec[n]))
+        core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
+        core.t = max((s.steps for s in core.records), default=0)
+        core.forget_kernels()
+        self._synced = [{} for _ in self.param_groups]   # re-send every group's values
+        self._sync()
+        self._mirror()

@@ -1,0 +1,63 @@
+"""The seeds' forms as torch.optim.Optimizer classes: one per catalog spec.
+
+``optgen.torch.seeds.RMSprop`` is the MindSpore RMSProp (lr 0.1, decay 0.9, epsilon
+1e-10 inside the root), ``seeds.SGD`` / ``seeds.Adagrad`` / ``seeds.Adam`` the MXNet and
+MindSpore conventions of specs/sgd.py, specs/adagrad.py, specs/adam.py, ...: what
+``optgen.create(name)`` steps for numpy, with torch's bookkeeping. Their constructors
+take the spec's hyperparameter names (and the aliases of runtime/groups.py) plus the
+runtime options (``target``, ``flat``, ``offload``, ``state_format``, ...).
+``optgen.torch.Adam`` etc. are torch.optim's own rules instead (optgen/torch/optim.py);
+optimizers torch has no twin of (LAMB, Lion, FTML, ...) are the seeds' classes there too.
+
+``make(spec, base=None)`` gives the class of any spec file, registered name or wrapper.
+Imports: base, offload.
+"""
+from __future__ import annotations
+
+import os
+
+from . import offload as torch_offload
+from .base import OptgenOptimizer
+from optgen.runtime import catalog
+
+# catalog name -> class name, in torch's spelling where torch has the optimizer
+CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
+           "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
+           "adamweightdecay": "AdamWeightDecay", "ftml": "FTML", "ftrl": "FTRL",
+           "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
+           "muon": "Muon", "nadam": "NAdam", "nag": "NAG",
+           "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
+           "sgd": "SGD", "signum": "Signum", "thor": "THOR"}
+
+_made: dict[tuple, type] = {}
+
+
+def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
+    """The drop-in class of a spec (catalog name, registered name or file), optionally
+    wrapping ``base`` (``make("lars", base="momentum")``), with the spec's own
+    hyperparameter names and defaults."""
+    path = catalog.resolve(spec)
+    key = (path, base)
+    if key not in _made:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        cls_name = name or CLASSES.get(stem) or "".join(w.capitalize() for w in stem.split("_"))
+        if base is not None:
+            cls_name += "_" + CLASSES.get(base, base)
+        _made[key] = type(cls_name, (OptgenOptimizer,),
+                          {"spec": path, "base": base, "__module__": __name__,
+                           "__doc__": f"optgen's {stem} as a torch.optim.Optimizer "
+                                      "(see optgen.torch.seeds)."})
+    return _made[key]
+
+
+def __getattr__(attr: str) -> type:
+    if attr == "AdamOffload":   # the seeds' name (optgen/torch/offload.py)
+        return _made.setdefault(("AdamOffload",), torch_offload.seed_class(make("adam")))
+    for stem, cls_name in CLASSES.items():
+        if cls_name == attr:
+            return make(stem)
+    raise AttributeError(f"module 'optgen.torch.seeds' has no attribute {attr!r}; "
+                         f"optimizers: {', '.join(CLASSES.values())} (or make(spec))")
+
+
+__all__ = ["CLASSES", "make", "AdamOffload", *CLASSES.values()]

@@ -1,0 +1,72 @@
+"""Muon, in the torch.optim.Muon form: momentum orthogonalized by Newton-Schulz, 2-D only.
+
+For a 2-D parameter W (R x C):
+
+    g   = grad
+    momentum_buffer = momentum_buffer + (1 - momentum) * (g - momentum_buffer)
+    u   = g + momentum * (momentum_buffer - g)   if nesterov  else  momentum_buffer
+    X   = u / max(||u||_F, eps)
+    repeat ns_steps times:                       (R > C: on X^T, the C x C Gram matrix)
+        A = X @ X^T;   B = ns_b * A + ns_c * A @ A;   X = ns_a * X + B @ X
+    s   = 0.2 * sqrt(max(R, C))   if match_rms_adamw   else   sqrt(max(1, R / C))
+    W   = W * (1 - lr * weight_decay) - lr * s * X
+
+torch's ns_coefficients are (ns_a, ns_b, ns_c); its adjust_lr_fn None or "original" is
+match_rms_adamw False, "match_rms_adamw" True (a flag: a choice between two rules, as
+torch's string). ns_steps is read at run time. torch refuses parameters that are not 2-D
+(a ValueError at its step) and optgen.torch.Muon refuses them when it is made; a spec
+cannot refuse a shape, so here they are left unchanged (the seed muon.py steps them with
+AdamW). torch has no maximize. torch runs the iterations in bfloat16; optgen runs them
+in the parameter's dtype.
+
+References: K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks"
+(2024), kellerjordan.github.io/posts/muon; J. Liu et al., "Muon is Scalable for LLM
+Training", arXiv:2502.16982 (match_rms_adamw); torch.optim.Muon.
+"""
+from optgen.blocks import gradient_preprocessing
+from optgen.dsl import Spec, matmul, maximum, norm, repeat, sqrt
+
+spec = Spec("torch_muon", __doc__, reference="kellerjordan.github.io/posts/muon; "
+            "torch.optim.Muon")
+lr = spec.hyper("lr", 1e-3, "lr >= 0", "learning rate")
+momentum = spec.hyper("momentum", 0.95, "momentum >= 0", "momentum factor")
+ns_a = spec.hyper("ns_a", 3.4445, doc="ns_coefficients[0]: Newton-Schulz coefficient of X")
+ns_b = spec.hyper("ns_b", -4.775, doc="ns_coefficients[1]: coefficient of A = X X^T")
+ns_c = spec.hyper("ns_c", 2.0315, doc="ns_coefficients[2]: coefficient of A A")
+eps = spec.hyper("eps", 1e-7, "eps > 0", "lower bound of ||u|| in the normalization")
+ns_steps = spec.hyper("ns_steps", 5, "0 <= ns_steps < 100", "Newton-Schulz iterations",
+                      type="int")
+spec.flag("nesterov", True, "orthogonalize the Nesterov look-ahead, not the buffer")
+spec.flag("match_rms_adamw", False, "adjust_lr_fn='match_rms_adamw': scale by "
+          "0.2 * sqrt(max(R, C)) instead of sqrt(max(1, R / C))")
+preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
+weight_decay = spec.hyper("weight_decay", 0.1, "weight_decay >= 0",
+                          "decoupled: w is scaled by 1 - lr * weight_decay (the unadjusted lr)")
+spec.shape_flag("matrix", "ndim == 2", "2-D parameters (the only ones torch.optim.Muon takes)")
+spec.shape_flag("tall", "rows > cols", "R > C: iterate on the C x C Gram matrix")
+buf = spec.state("momentum_buffer", 0.0, "momentum of g")
+
+
+def newton_schulz(x, tall):
+    """X ~ the orthogonal factor U V^T of x = U S V^T (torch's quintic iteration)."""
+    def step(x):
+        if tall:                  # the same iteration on x^T, written without transposing x
+            a = matmul(x.T, x)
+            return ns_a * x + matmul(x, ns_b * a + ns_c * matmul(a, a))
+        a = matmul(x, x.T)
+        return ns_a * x + matmul(ns_b * a + ns_c * matmul(a, a), x)
+    return repeat(ns_steps, step, x / maximum(norm(x), eps))
+
+
+@spec.update
+def torch_muon(w, grad, flags):
+    if not flags.matrix:          # torch refuses these; its drop-in does too (see above)
+        return {buf: buf, w: w}
+    g = preprocess(w, grad)
+    b = buf + (1 - momentum) * (g - buf)
+    u = g + momentum * (b - g) if flags.nesterov else b
+    if flags.match_rms_adamw:
+        scale = 0.2 * sqrt(maximum(spec.rows, spec.cols))
+    else:
+        scale = sqrt(maximum(1.0, spec.rows / spec.cols))
+    return {buf: b, w: w * (1 - lr * weight_decay) - lr * scale * newton_schulz(u, flags.tall)}
