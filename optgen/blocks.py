@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .dsl import Spec, clip, maximum, sqrt
+from .dsl import Spec, clip, matmul, maximum, norm, repeat, sqrt
 from .ir import Expr
 
 PREPROCESSED = "preprocessed"
@@ -145,3 +145,20 @@ def torch_adam(spec: Spec, *, weight_decay_default: float,
         return new
 
     return rule
+
+
+def newton_schulz(x: Expr, tall: bool, coefficients: tuple[Expr, Expr, Expr], steps: Expr,
+                  eps: Expr) -> Expr:
+    """X ~ the orthogonal factor U V^T of x = U S V^T: Muon's quintic Newton-Schulz
+    iteration, ``steps`` times from x / max(||x||_F, eps), with (a, b, c) =
+    ``coefficients``: A = X X^T, X = a X + (b A + c A A) X. ``tall`` (R > C): the same
+    iteration on X^T, written on the C x C Gram matrix without transposing X."""
+    a_, b_, c_ = coefficients
+
+    def step(x):
+        if tall:
+            a = matmul(x.T, x)
+            return a_ * x + matmul(x, b_ * a + c_ * matmul(a, a))
+        a = matmul(x, x.T)
+        return a_ * x + matmul(b_ * a + c_ * matmul(a, a), x)
+    return repeat(steps, step, x / maximum(norm(x), eps))

@@ -24,7 +24,8 @@ References: K. Jordan et al., "Muon: An optimizer for hidden layers in neural ne
 Training", arXiv:2502.16982 (the 0.2 * sqrt(max(R, C)) scale); torch.optim.Muon.
 """
 from optgen.blocks import rescale_and_clip
-from optgen.dsl import Spec, base_spec, matmul, maximum, norm, repeat, sqrt, where
+from optgen import blocks
+from optgen.dsl import Spec, base_spec, maximum, sqrt, where
 
 adamw = base_spec("adamw")
 spec = Spec.extend(adamw, "muon", __doc__, reference="kellerjordan.github.io/posts/muon")
@@ -49,13 +50,7 @@ m = spec.states["m"].node
 
 def newton_schulz(x, tall):
     """X ~ the orthogonal factor U V^T of x = U S V^T (quintic iteration)."""
-    def step(x):
-        if tall:                  # the same iteration on x^T, written without transposing x
-            a = matmul(x.T, x)
-            return ns_a * x + matmul(x, ns_b * a + ns_c * matmul(a, a))
-        a = matmul(x, x.T)
-        return ns_a * x + matmul(ns_b * a + ns_c * matmul(a, a), x)
-    return repeat(ns_steps, step, x / maximum(norm(x), ns_eps))
+    return blocks.newton_schulz(x, tall, (ns_a, ns_b, ns_c), ns_steps, ns_eps)
 
 
 @spec.update

@@ -24,7 +24,8 @@ References: K. Jordan et al., "Muon: An optimizer for hidden layers in neural ne
 Training", arXiv:2502.16982 (match_rms_adamw); torch.optim.Muon.
 """
 from optgen.blocks import gradient_preprocessing
-from optgen.dsl import Spec, matmul, maximum, norm, repeat, sqrt
+from optgen import blocks
+from optgen.dsl import Spec, maximum, sqrt
 
 spec = Spec("torch_muon", __doc__, reference="kellerjordan.github.io/posts/muon; "
             "torch.optim.Muon")
@@ -49,13 +50,7 @@ buf = spec.state("momentum_buffer", 0.0, "momentum of g")
 
 def newton_schulz(x, tall):
     """X ~ the orthogonal factor U V^T of x = U S V^T (torch's quintic iteration)."""
-    def step(x):
-        if tall:                  # the same iteration on x^T, written without transposing x
-            a = matmul(x.T, x)
-            return ns_a * x + matmul(x, ns_b * a + ns_c * matmul(a, a))
-        a = matmul(x, x.T)
-        return ns_a * x + matmul(ns_b * a + ns_c * matmul(a, a), x)
-    return repeat(ns_steps, step, x / maximum(norm(x), eps))
+    return blocks.newton_schulz(x, tall, (ns_a, ns_b, ns_c), ns_steps, eps)
 
 
 @spec.update

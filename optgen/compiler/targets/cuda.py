@@ -2,9 +2,7 @@
 per ``--arch`` (optgen.compiler.nvcc); the runtime launches them through CuPy."""
 from __future__ import annotations
 
-import functools
 import os
-import importlib.util
 import re
 
 from .. import nvcc
@@ -13,18 +11,6 @@ from .base import Signature, Target, regex_signatures
 DEFAULT_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)')
-
-
-@functools.lru_cache(maxsize=1)
-def _device() -> str | None:
-    if importlib.util.find_spec("cupy") is None:
-        return None
-    try:
-        import cupy
-        n = cupy.cuda.runtime.getDeviceCount()
-        return f"{n} CUDA device(s)" if n else None
-    except Exception:  # CuPy installed without a driver or a GPU
-        return None
 
 
 class CUDA(Target):
@@ -44,10 +30,11 @@ class CUDA(Target):
         return archs
 
     def status(self) -> dict[str, str]:
-        cc, dev = nvcc.exe(), _device()
+        """Build and compile; whether it runs here is the runtime backend's answer
+        (optgen.runtime.backends.cuda: CuPy and a GPU), which ``optgen targets`` adds."""
+        cc = nvcc.exe()
         return {"build": "yes (CUDA C++ source)",
-                "compile": f"yes (nvcc: {cc})" if cc else "no: nvcc not on PATH (source only)",
-                "run": f"yes (CuPy: {dev})" if dev else "no: needs CuPy and an NVIDIA GPU"}
+                "compile": f"yes (nvcc: {cc})" if cc else "no: nvcc not on PATH (source only)"}
 
     def key(self, archs: tuple[str, ...]) -> str:
         return "cuda:" + ",".join(archs or DEFAULT_ARCHS)
