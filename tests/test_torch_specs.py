@@ -4,7 +4,7 @@ path) on the same gradients, for a few shapes, float32 and float64, and every fl
 
 The parameter and every state torch keeps must agree within 1e-5 (float32) or 1e-10
 (float64) of the largest absolute value. torch's keyword arguments are translated to the
-spec's hyperparameters as CONTRACT.md says (betas -> beta1, beta2, ...).
+spec's hyperparameters as docs/torch-forms.md says (betas -> beta1, beta2, ...).
 """
 import numpy as np
 import pytest
@@ -65,7 +65,7 @@ MUON = ("Muon", [{}, {"lr": 0.01, "nesterov": False, "weight_decay": 0.0},
 
 
 def optgen_hypers(name: str, kw: dict) -> dict:
-    """torch's keyword arguments as the spec's hyperparameters (CONTRACT.md)."""
+    """torch's keyword arguments as the spec's hyperparameters (docs/torch-forms.md)."""
     out = {}
     for k, v in kw.items():
         if k in SPLIT:
@@ -160,7 +160,7 @@ def test_sgd_momentum_switched_on_later_starts_from_g():
 @pytest.mark.parametrize("i", range(len(ADAFACTOR[1])))
 def test_adafactor_matches_torch(i, dtype):
     """torch's eps1 None is finfo(dtype).eps: the spec's None is float32's, and float64
-    gets finfo(float64).eps passed explicitly, as the drop-in does (CONTRACT.md)."""
+    gets finfo(float64).eps passed explicitly, as the drop-in does (docs/torch-forms.md)."""
     kw = {"foreach": False, **ADAFACTOR[1][i]}
     extra = {"eps1": float(np.finfo(np.float64).eps)} \
         if dtype == "float64" and "eps" not in kw else {}
