@@ -81,7 +81,7 @@ def test_thor_drop_in_without_statistics_is_a_typed_error():
 def test_muon_drop_in_matches_the_numpy_runtime():
     model = _model(4)
     params = [p.detach().numpy().copy() for p in model.parameters()]
-    opt = otorch.Muon(model.parameters(), lr=0.02, weight_decay=0.01)
+    opt = otorch.seeds.Muon(model.parameters(), lr=0.02, weight_decay=0.01)
     ref = optgen.create("muon", params, lr=0.02, weight_decay=0.01)
     for x, y in _batches(5, 5):
         opt.zero_grad()
