@@ -15,6 +15,11 @@ import re
 import platform
 
 
+# what `optgen build --target cuda` compiles for, and so what the artifact key of a CUDA
+# artifact built without --arch names: the compiler's target and the runtime's backend
+# both read it here (they cannot import each other)
+DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")
+
 FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
 #              "refresh"); 5: "files", "base"
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from optgen.core import cache
 from ..device_abi import DIM_TYPES, DeviceError, blocks, pick_binary, shape_values
 from .base import Backend
 
-DEFAULT_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
+DEFAULT_ARCHS = cache.DEFAULT_CUDA_ARCHS   # what `optgen build --target cuda` compiles for
 _NO_CONTEXT = contextlib.nullcontext()
 
 

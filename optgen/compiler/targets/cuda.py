@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 
+from optgen.core import cache
 from .. import nvcc
 from .base import Signature, Target, regex_signatures
 
-DEFAULT_ARCHS = ("sm_80", "sm_90")   # what `optgen build --target cuda` compiles for
+DEFAULT_ARCHS = cache.DEFAULT_CUDA_ARCHS   # what `optgen build --target cuda` compiles for
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)')
 
