@@ -5,6 +5,7 @@ and a device-to-device copy (the bandwidth anchor).
     python bench/cuda_bench.py                   # 10^7 and 10^8 fp32 parameters, 20 reps
     python bench/cuda_bench.py --sizes 10000000 --reps 50 --json gpu.json
     python bench/cuda_bench.py --bert            # + BERT-base's 199 tensors: flat vs torch fused
+    python bench/cuda_bench.py --q8 --muon       # + 8-bit Adam vs bitsandbytes/torchao, Muon
 
 Needs an NVIDIA GPU, CuPy (pip install 'optgen[cuda]'), nvcc for the build, and a CUDA
 build of torch for the torch row (skipped without one). Each contender updates its own
@@ -60,6 +61,10 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--bert", action="store_true",
                     help="also BERT-base's tensor list: optgen flat (one launch) vs torch fused")
+    ap.add_argument("--q8", action="store_true",
+                    help="also Adam with 8-bit states vs bitsandbytes Adam8bit and torchao")
+    ap.add_argument("--muon", action="store_true",
+                    help="also Muon on 768x3072 and 4096x4096 vs torch.optim.Muon")
     args = ap.parse_args()
     import cupy as cp
     import optgen
@@ -104,6 +109,10 @@ def main() -> None:
                             "bytes_per_param": contenders[k][1]})
     if args.bert:
         results += bert(sample, args.reps)
+    if args.q8:
+        results += eight_bit(sample, args.reps, [int(s) for s in args.sizes.split(",")])
+    if args.muon:
+        results += muon(sample, args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -143,6 +152,122 @@ def bert(sample: Sampler, reps: int) -> list[dict]:
         print(f"  {k:20} {ms:10.3f} {28 * n / (ms * 1e-3) / 1e9:8.1f} {ms / torch_ms:8.2f}")
         out.append({"n": n, "tensors": len(shapes), "contender": k, "median_ms": ms,
                     "samples_ms": rows[k], "bytes_per_param": 28})
+    return out
+
+
+def _state_bytes(opt) -> int:
+    """Bytes of every tensor in a torch optimizer's state (steps included)."""
+    import torch
+    total = 0
+    for rec in opt.state.values():
+        for v in rec.values():
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+            elif hasattr(v, "__tensor_flatten__"):     # torchao's subclass states
+                names, _ = v.__tensor_flatten__()
+                total += sum(getattr(v, k).numel() * getattr(v, k).element_size()
+                             for k in names)
+    return total
+
+
+def _third_party_8bit():
+    """The 8-bit (and fp8) Adams that install here, by name: a failed import or build is
+    reported and skipped."""
+    makers = {}
+    try:
+        import bitsandbytes as bnb
+        makers["bnb Adam8bit"] = lambda ps: bnb.optim.Adam8bit(ps, lr=1e-3)
+    except Exception as e:  # noqa: BLE001 (reported, not hidden)
+        print(f"  (bitsandbytes: {type(e).__name__}: {e})")
+    try:
+        from torchao.optim import AdamW8bit, AdamWFp8
+        makers["torchao AdamW8bit"] = lambda ps: AdamW8bit(ps, lr=1e-3, weight_decay=0.0)
+        makers["torchao AdamWFp8"] = lambda ps: AdamWFp8(ps, lr=1e-3, weight_decay=0.0)
+    except Exception as e:  # noqa: BLE001
+        print(f"  (torchao: {type(e).__name__}: {e})")
+    return makers
+
+
+def eight_bit(sample: Sampler, reps: int, sizes: list[int]) -> list[dict]:
+    """Adam with 8-bit (q8, q4) states on one flat tensor: optgen vs bitsandbytes'
+    Adam8bit, torchao's AdamW8bit/AdamWFp8 and torch fused fp32 Adam; bytes of state per
+    parameter from the states each one allocated."""
+    import torch
+    import optgen
+    out = []
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        w0 = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).cuda()
+        g0 = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).cuda()
+        steps, nbytes = {}, {}
+        for fmt in ("q8", "q4"):
+            w = w0.clone()
+            opt = optgen.create("adam", [w], target="cuda", lr=1e-3, state_format=fmt)
+            steps[f"optgen adam {fmt}"] = lambda opt=opt: opt.step([g0])
+            opt.step([g0])
+            nbytes[f"optgen adam {fmt}"] = sum(      # (torch or CuPy arrays: both have nbytes)
+                int(v.nbytes) for v in opt.state[0].values() if hasattr(v, "nbytes"))
+        for name, make in [("torch fused adam fp32",
+                            lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True)),
+                           *_third_party_8bit().items()]:
+            p = torch.nn.Parameter(w0.clone())
+            p.grad = g0.clone()
+            try:
+                topt = make([p])
+                topt.step()
+            except Exception as e:  # noqa: BLE001 (reported)
+                print(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            steps[name] = topt.step
+            nbytes[name] = _state_bytes(topt)
+        torch.cuda.synchronize()
+        rows = timed([Contender(k, fn) for k, fn in steps.items()], reps,
+                     torch.cuda.synchronize, sample)
+        base = [median(rows[k]) for k in rows if k.startswith(("bnb", "torchao"))]
+        best = min(base) if base else None
+        print(f"Adam with 8-bit states, n = {n:,}")
+        print(f"  {'contender':22} {'median ms':>10} {'B/param':>8} {'x best 3rd-party':>17}")
+        for k in steps:
+            ms = median(rows[k])
+            ratio = f"{ms / best:17.2f}" if best else "                -"
+            print(f"  {k:22} {ms:10.3f} {nbytes[k] / n:8.3f} {ratio}")
+            out.append({"n": n, "contender": k, "median_ms": ms, "samples_ms": rows[k],
+                        "state_bytes_per_param": nbytes[k] / n})
+    return out
+
+
+def muon(sample: Sampler, reps: int) -> list[dict]:
+    """One Muon step on a 768x3072 and a 4096x4096 matrix: torch.optim.Muon and
+    optgen's drop-in on CUDA tensors (an error is reported as the row)."""
+    import torch
+    import optgen.torch as ot
+    out = []
+    for shape in [(768, 3072), (4096, 4096)]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w0 = torch.randn(shape, device="cuda", generator=g)
+        g0 = torch.randn(shape, device="cuda", generator=g)
+        steps = {}
+        for name, make in [("torch Muon", lambda ps: torch.optim.Muon(ps, lr=0.02)),
+                           ("optgen Muon", lambda ps: ot.Muon(ps, lr=0.02))]:
+            p = torch.nn.Parameter(w0.clone())
+            p.grad = g0.clone()
+            try:
+                opt = make([p])
+                opt.step()
+            except Exception as e:  # noqa: BLE001 (reported as the row)
+                print(f"  {name} {shape}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            steps[name] = opt.step
+        if not steps:
+            continue
+        rows = timed([Contender(k, fn) for k, fn in steps.items()], reps,
+                     torch.cuda.synchronize, sample)
+        print(f"Muon step, {shape[0]}x{shape[1]}")
+        for k in steps:
+            ms = median(rows[k])
+            print(f"  {k:22} {ms:10.3f} ms")
+            out.append({"shape": list(shape), "contender": k, "median_ms": ms,
+                        "samples_ms": rows[k]})
     return out
 
 

@@ -1,0 +1,222 @@
+"""State formats and torch.compile on a real GPU (CUDA): bf16, bf16sr, q8 and q4 states
+for every elementwise catalog spec, bfloat16 parameters without a float32 master, and
+the torch drop-ins' compiled step on CUDA tensors.
+
+These run only where CuPy and torch see an NVIDIA GPU (skipped, with the reason,
+everywhere else: CI has none). The compiled CUDA kernels step torch CUDA tensors; the
+reference interpreter steps numpy copies of the same data.
+
+* bf16 / bf16sr: three steps, then states within one bfloat16 rounding of the
+  interpreter's (2**-7 relative; bf16sr: at least 99 % of the bits equal, since the
+  stochastic rounding draws from the same counter-based stream on both sides, and a
+  fused multiply-add can move the float32 value under it by one ulp);
+* q8 / q4: one step at a time from the same state (the reference's states are copied in
+  after each step), codes within one code and at most 1 % of them different, absmax to
+  1e-5, as tests/test_state_formats_cuda.py does for its sampled rows.
+
+A spec whose rule a format cannot store (a reduction for q8/q4, say) is refused at build
+time with a typed error: those rows skip with that error's text, which the GPU run lists.
+"""
+import itertools
+import shutil
+
+import numpy as np
+import pytest
+
+import optgen
+from optgen.core import catalog
+from optgen.runtime import tensors
+from helpers import assert_close, busy_hypers, matrix_specs, valid
+
+torch = pytest.importorskip("torch", reason="the GPU format tests step torch CUDA tensors")
+cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")
+
+
+def _gpu_count() -> int:
+    try:
+        return cp.cuda.runtime.getDeviceCount()
+    except Exception:  # CuPy without a driver
+        return 0
+
+
+GPU = _gpu_count() > 0 and torch.cuda.is_available()
+pytestmark = [
+    pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU seen by CuPy and torch"),
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="building for cuda needs nvcc"),
+]
+
+SHAPES = [(0,), (1,), (255,), (256,), (257,), (1_000_003,), (33, 31)]
+FORMATS = ["bf16", "bf16sr", "q8", "q4"]
+BF16 = tensors.numpy_dtype("bfloat16")
+
+
+def _elementwise() -> list[str]:
+    return sorted(set(catalog.list_specs()) - matrix_specs()) if GPU else []
+
+
+def _artifact(name: str, fmt: str, target: str):
+    sr = fmt == "bf16sr"
+    base = "adam" if name == "lars" else None
+    return optgen.get_artifact(name, target, base=base, state_format="bf16" if sr else fmt,
+                               stochastic_rounding=sr)
+
+
+def _host(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        if t.dtype == torch.bfloat16:
+            return t.detach().view(torch.int16).cpu().numpy().view(BF16)
+        return t.detach().cpu().numpy()
+    return np.asarray(t)
+
+
+def _device(a: np.ndarray):
+    a = np.asarray(a)
+    if a.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(a.copy()).cuda()
+
+
+def _first_valid(art):
+    names = list(art.flags)
+    for bits in itertools.product([False, True], repeat=len(names)):
+        flags = dict(zip(names, bits))
+        hyper = busy_hypers(art, flags)
+        if valid(art, hyper):
+            return flags, hyper
+    pytest.fail(f"{art.name}: no valid flag combination")
+
+
+def _pair(name, fmt, pdt, master, rng):
+    try:
+        gpu, cpu = _artifact(name, fmt, "cuda"), _artifact(name, fmt, "llvm")
+    except (optgen.BuildError, TypeError, ValueError) as e:
+        pytest.skip(f"{name}: no cuda {fmt} kernels: {type(e).__name__}: {str(e)[:300]}")
+    flags, hyper = _first_valid(gpu)
+    sr = fmt == "bf16sr"
+    kw = dict(state_format="bf16" if sr else fmt, stochastic_rounding=sr, seed=7,
+              state_format_min_size=0, multi_precision=master and pdt != "float32", **hyper)
+    ws = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in SHAPES]
+    try:
+        opt = optgen.create(gpu, [_device(w) for w in ws], **kw)
+    except (TypeError, ValueError) as e:
+        pytest.skip(f"{name}: {fmt} on cuda refused: {type(e).__name__}: {str(e)[:300]}")
+    ref = optgen.create(cpu, [w.copy() for w in ws], backend="reference", **kw)
+    return opt, ref, flags
+
+
+def _compare_float_state(mine, want, label, sr):
+    if want.dtype == BF16:
+        assert mine.dtype == BF16, f"{label} is {mine.dtype}, not bfloat16"
+        if sr:
+            same = mine.view(np.uint16) == want.view(np.uint16)
+            assert same.size == 0 or np.mean(same) > 0.99, f"{label}: {np.mean(same)} bits equal"
+        np.testing.assert_allclose(mine.astype(np.float32), want.astype(np.float32),
+                                   rtol=2 ** -7, atol=1e-30, err_msg=label)
+    else:
+        assert_close(mine, want, str(want.dtype), label)
+
+
+def _compare_codes(mine, want, fmt, label):
+    assert mine.dtype == np.uint8, f"{label} is {mine.dtype}, not codes"
+    assert mine.shape == want.shape, f"{label}: {mine.shape} vs {want.shape}"
+    a, b = mine.astype(np.int16), want.astype(np.int16)
+    diff = np.abs(a - b) if fmt == "q8" else \
+        np.maximum(np.abs(a // 16 - b // 16), np.abs(a % 16 - b % 16))
+    assert diff.max(initial=0) <= 1, f"{label}: codes differ by {diff.max()}"
+    assert np.count_nonzero(diff) <= max(1, 0.01 * diff.size), \
+        f"{label}: {np.count_nonzero(diff)} of {diff.size} codes differ"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", _elementwise())
+def test_cuda_formatted_states_match_reference(name, fmt, rng):
+    opt, ref, flags = _pair(name, fmt, "float32", True, rng)
+    quantized = fmt in ("q8", "q4")
+    for step in range(3):
+        gs = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+        opt.step([_device(g) for g in gs])
+        ref.step(gs)
+        torch.cuda.synchronize()
+        if not quantized and step < 2:
+            continue
+        for i, shape in enumerate(SHAPES):
+            what = f"{name} {fmt} {flags} step {step} shape {shape}"
+            assert_close(_host(opt.params[i]), ref.params[i], "float32", f"{what} w")
+            for s, want in ref.state[i].items():
+                if isinstance(want, np.floating):
+                    assert float(opt.state[i][s]) == pytest.approx(float(want)), what + s
+                    continue
+                mine = _host(opt.state[i][s])
+                if s.endswith("__absmax"):
+                    np.testing.assert_allclose(mine, want, rtol=1e-5, atol=0, err_msg=what + s)
+                elif want.dtype == np.uint8:
+                    _compare_codes(mine, want, fmt, f"{what} {s}")
+                else:
+                    _compare_float_state(mine, np.asarray(want), f"{what} {s}", fmt == "bf16sr")
+            if quantized:   # the next step starts from the reference's state
+                tensors.copy_into(opt.params[i], "torch", ref.params[i])
+                for s, want in ref.state[i].items():
+                    if not isinstance(want, np.floating):
+                        tensors.copy_into(opt.state[i][s], "torch", want)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "bf16sr"])
+@pytest.mark.parametrize("name", ["adam", "adamw", "lion", "sgd", "lamb"] if GPU else [])
+def test_cuda_bfloat16_parameters_without_master(name, fmt, rng):
+    """bfloat16 parameters stepped in place with no float32 master: the parameter is
+    rounded (to nearest, or stochastically for bf16sr) like the states."""
+    opt, ref, flags = _pair(name, fmt, "bfloat16", False, rng)
+    for _ in range(3):
+        gs = [rng.standard_normal(s).astype(np.float32).astype(BF16) for s in SHAPES]
+        opt.step([_device(g) for g in gs])
+        ref.step(gs)
+    torch.cuda.synchronize()
+    for i, shape in enumerate(SHAPES):
+        label = f"{name} {fmt} {flags} w {shape}"
+        _compare_float_state(_host(opt.params[i]), np.asarray(ref.params[i]), label,
+                             fmt == "bf16sr")
+
+
+# -- torch.compile on CUDA tensors -------------------------------------------------------
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                               torch.nn.Linear(256, 8)).cuda()
+
+
+@pytest.mark.parametrize("cls", ["AdamW", "seeds.LAMB", "seeds.Lion"] if GPU else [])
+def test_cuda_compiled_train_step_equals_eager(cls):
+    """forward, backward, ``opt.step()`` and ``zero_grad`` in one ``fullgraph=True``
+    graph on CUDA tensors (the ``optgen::step`` custom op), 30 steps with lr, betas and
+    weight decay changed by hand every step: no recompile, equal to the eager run."""
+    import optgen.torch as ot
+    from torch._dynamo.testing import CompileCounterWithBackend
+    make = ot.seeds.__dict__[cls.split(".")[1]] if cls.startswith("seeds.") else getattr(ot, cls)
+    models = [_mlp(), _mlp()]
+    opts = [make(m.parameters(), lr=1e-3) for m in models]
+
+    def train_step(m, o, x, y):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        o.step()
+        o.zero_grad()
+
+    counter = CompileCounterWithBackend("aot_eager")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        compiled = torch.compile(train_step, backend=counter, fullgraph=True)
+        for i in range(30):
+            x = torch.randn(32, 64, device="cuda", generator=g)
+            y = torch.randn(32, 8, device="cuda", generator=g)
+            for o in opts:
+                o.param_groups[0]["lr"] = 1e-3 / (1 + i)
+                if "betas" in o.param_groups[0]:
+                    o.param_groups[0]["betas"] = (0.9 - 0.01 * i / 30, 0.999)
+            compiled(models[0], opts[0], x, y)
+            train_step(models[1], opts[1], x, y)
+    torch._dynamo.reset()
+    assert counter.frame_count == 1, f"{cls}: {counter.frame_count} compiles (recompiled)"
+    for i, (p, q) in enumerate(zip(*(m.parameters() for m in models))):
+        assert p.device.type == "cuda"
+        np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"{cls}: parameter {i}")
+    assert any((p != q).any() for p, q in zip(models[0].parameters(), _mlp().parameters()))
