@@ -5,16 +5,21 @@
 # The machine reaches no package registry, and apache-tvm's wheel is over the carry
 # limit, so .gpu/ (git-ignored, carried) holds site.tar.xz (apache-tvm without its
 # compiler library, apache-tvm-ffi, bitsandbytes with its CUDA 13.0 library alone,
-# torchao) and libtvm_compiler.so.xz; torch, CuPy, numpy, jinja2, pytest and xdist are
-# the machine's own. Usage (from the repository root):
+# torchao) and libtvm_compiler.so.xz.* (xz -9e: 59 MB, split in parts when the whole is
+# over the limit: a first call unpacks site.tar.xz into /tmp/site and keeps the first
+# part; the second, on the still-warm machine, joins the parts into
+# /tmp/site/tvm/lib/libtvm_compiler.so and runs this script). torch, CuPy, numpy,
+# jinja2, pytest and xdist are the machine's own. Usage (from the repository root):
 #     bash bench/gpu_run.sh [extra test files...]
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-mkdir -p /tmp/site
-xz -dc .gpu/site.tar.xz | tar -xf - -C /tmp/site
-xz -dc .gpu/libtvm_compiler.so.xz > /tmp/site/tvm/lib/libtvm_compiler.so
+if [ ! -s /tmp/site/tvm/lib/libtvm_compiler.so ]; then
+    mkdir -p /tmp/site
+    xz -dc .gpu/site.tar.xz | tar -xf - -C /tmp/site
+    cat .gpu/libtvm_compiler.so.xz* | xz -dc > /tmp/site/tvm/lib/libtvm_compiler.so
+fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TVM_NUM_THREADS=4
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 \
     || { stamp "pip install failed"; tail -20 "$OUT/pip.log"; exit 1; }
