@@ -161,12 +161,12 @@ def _state_bytes(opt) -> int:
     total = 0
     for rec in opt.state.values():
         for v in rec.values():
-            if isinstance(v, torch.Tensor):
-                total += v.numel() * v.element_size()
-            elif hasattr(v, "__tensor_flatten__"):     # torchao's subclass states
+            if hasattr(v, "__tensor_flatten__"):     # torchao's subclass states: their parts
                 names, _ = v.__tensor_flatten__()
                 total += sum(getattr(v, k).numel() * getattr(v, k).element_size()
                              for k in names)
+            elif isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
     return total
 
 

@@ -32,6 +32,8 @@ stamp "installed"
     for s in thor muon; do timeout 60 python3 -m optgen.cli build specs/$s.py --target cuda 2>&1 | tail -1; done
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+stamp "prebuild"
+timeout 150 python3 bench/gpu_prebuild.py 14 > "$OUT/prebuild.log" 2>&1; tail -30 "$OUT/prebuild.log"
 stamp "tests"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -n 14 -q -p no:cacheprovider -rfEs --durations=15 \
     tests/test_gpu_cuda.py tests/test_gpu_formats.py tests/test_state_formats_cuda.py \
@@ -39,7 +41,7 @@ timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -n 14 -q -p no:cacheprovider -r
 echo "pytest rc=$?" >> "$OUT/tests.log"
 grep -E "passed|failed|rc=" "$OUT/tests.log" | tail -3
 stamp "bench"
-timeout "${BENCH_TIMEOUT:-150}" python3 bench/cuda_bench.py --bert --q8 --muon --reps 20 \
+timeout "${BENCH_TIMEOUT:-150}" python3 bench/cuda_bench.py ${BENCH_ARGS:---bert --q8 --muon} --reps 20 \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.log"
 cat "$OUT/bench.log"

@@ -379,3 +379,22 @@ def test_cli_reports_a_rebuild_in_one_line(tiny_spec, fresh_cache, capsys):
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(fresh_cache).st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_lock_file_removed_between_two_looks_is_retried(tmp_path, monkeypatch):
+    """The holder before us unlinks its lock file on release, at any moment: a waiter that
+    finds it gone after taking the flock retries on a new file instead of failing. (Found
+    on a 14-process test run on an H200: os.path.exists saw the file, os.stat did not.)"""
+    path = str(tmp_path / "a.lock")
+    real_stat, real_exists, calls = os.stat, os.path.exists, []
+
+    def stat(p, *a, **kw):
+        if p == path and not calls:
+            calls.append(p)
+            os.unlink(p)                  # the previous holder releases right here
+        return real_stat(p, *a, **kw)
+    monkeypatch.setattr(pipeline.os.path, "exists", lambda p: p == path or real_exists(p))
+    monkeypatch.setattr(pipeline.os, "stat", stat)
+    with pipeline._locked(path):
+        assert real_exists(path)
+    assert calls == [path] and not real_exists(path)

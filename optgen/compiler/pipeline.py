@@ -159,7 +159,10 @@ def _locked(path: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             held = os.fstat(fd)
-            current = os.stat(path) if os.path.exists(path) else None
+            try:     # (another holder may unlink it at any moment: no exists-then-stat)
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
         except BaseException:
             os.close(fd)
             raise

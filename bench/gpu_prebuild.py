@@ -1,0 +1,42 @@
+#!/usr/bin/env python
+"""Build, in parallel, every artifact the GPU tests load while pytest collects them: each
+elementwise catalog spec for cuda and llvm, plain and with bf16, bf16sr, q8 and q4
+states (a refused format is printed, not an error). Run before ``pytest -n``: otherwise
+every xdist worker builds the same artifacts during collection, one at a time under the
+cache's locks.
+
+    python bench/gpu_prebuild.py [processes]
+"""
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+FORMATS = [None, "bf16", "bf16sr", "q8", "q4"]
+
+
+def build(job: tuple[str, str, str | None]) -> str:
+    import optgen
+    name, target, fmt = job
+    sr = fmt == "bf16sr"
+    try:
+        optgen.get_artifact(name, target, base="adam" if name == "lars" else None,
+                            state_format="bf16" if sr else fmt, stochastic_rounding=sr)
+        return ""
+    except Exception as e:  # noqa: BLE001 (a refusal is reported, the run goes on)
+        return f"{name} {target} {fmt}: {type(e).__name__}: {str(e)[:160]}"
+
+
+def main() -> None:
+    from optgen.core import catalog
+    from optgen.compiler.loader import load_spec
+    from optgen.compiler.verify import verify
+    names = sorted(n for n, path in catalog.list_specs().items()
+                   if not any(tr.matrix for tr in verify(load_spec(path))))
+    jobs = [(n, t, f) for n in names for f in FORMATS for t in ("cuda", "llvm")]
+    with ProcessPoolExecutor(int(sys.argv[1]) if len(sys.argv) > 1 else 14) as pool:
+        refused = [r for r in pool.map(build, jobs) if r]
+    print(f"{len(jobs) - len(refused)} of {len(jobs)} artifacts built; refused:")
+    print("\n".join("  " + r for r in refused))
+
+
+if __name__ == "__main__":
+    main()
