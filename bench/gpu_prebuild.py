@@ -5,12 +5,15 @@ states (a refused format is printed, not an error). Run before ``pytest -n``: ot
 every xdist worker builds the same artifacts during collection, one at a time under the
 cache's locks.
 
-    python bench/gpu_prebuild.py [processes]
+    python bench/gpu_prebuild.py [processes] [all]
 """
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-FORMATS = [None, "bf16", "bf16sr", "q8", "q4"]
+# the plain artifacts are what collection loads; the formats' are built by the tests
+# themselves (spread over the workers) unless asked for: python bench/gpu_prebuild.py 14 all
+FORMATS = [None]
+ALL_FORMATS = [None, "bf16", "bf16sr", "q8", "q4"]
 
 
 def build(job: tuple[str, str, str | None]) -> str:
@@ -31,9 +34,14 @@ def main() -> None:
     from optgen.compiler.verify import verify
     names = sorted(n for n, path in catalog.list_specs().items()
                    if not any(tr.matrix for tr in verify(load_spec(path))))
-    jobs = [(n, t, f) for n in names for f in FORMATS for t in ("cuda", "llvm")]
+    formats = ALL_FORMATS if sys.argv[2:] == ["all"] else FORMATS
+    jobs = [(n, t, f) for n in names for f in formats for t in ("cuda", "llvm")]
+    refused = []
     with ProcessPoolExecutor(int(sys.argv[1]) if len(sys.argv) > 1 else 14) as pool:
-        refused = [r for r in pool.map(build, jobs) if r]
+        for i, r in enumerate(pool.map(build, jobs)):     # (printed as they finish: a
+            print(f"{i + 1}/{len(jobs)} {r or 'ok'}", flush=True)   # cut run still says how far)
+            if r:
+                refused.append(r)
     print(f"{len(jobs) - len(refused)} of {len(jobs)} artifacts built; refused:")
     print("\n".join("  " + r for r in refused))
 

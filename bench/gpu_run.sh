@@ -33,9 +33,10 @@ stamp "installed"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 stamp "prebuild"
-timeout 150 python3 bench/gpu_prebuild.py 14 > "$OUT/prebuild.log" 2>&1; tail -30 "$OUT/prebuild.log"
+timeout "${PREBUILD_TIMEOUT:-150}" python3 bench/gpu_prebuild.py 14 > "$OUT/prebuild.log" 2>&1
+tail -30 "$OUT/prebuild.log"
 stamp "tests"
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -n 14 -q -p no:cacheprovider -rfEs --durations=15 \
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -n 14 -v -p no:cacheprovider -rfEs --durations=15 \
     tests/test_gpu_cuda.py tests/test_gpu_formats.py tests/test_state_formats_cuda.py \
     tests/test_torch_interop.py "$@" -k "cuda or gpu" > "$OUT/tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/tests.log"
