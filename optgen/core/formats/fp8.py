@@ -6,7 +6,8 @@ E4M3 (OCP 8-bit floating point specification, 2023): sign, 4 exponent bits (bias
 3 mantissa bits; subnormals m * 2**-9; the largest finite value 448 (S.1111.110); no
 infinities; NaN is S.1111.111. A block's scale is its largest magnitude over 448
 (float32 division), so the block's largest element codes as +-448; a code is the
-nearest E4M3 value of x / scale, ties to the even mantissa, saturated to +-448 (NaN
+nearest E4M3 value of x * (1 / scale) (float32, the reciprocal rounded once a block),
+ties to the even mantissa, saturated to +-448 (NaN
 stays NaN); a block of zeros has scale 0 and reads back as zeros. The stored companion
 keeps the block-quantized family's name (``<state>__absmax``) but holds the scale.
 
@@ -82,10 +83,11 @@ class BlockScaledFp8(BlockQuantized):
         pad = np.zeros(scale.size * block, np.float32)
         pad[:n] = flat
         scale[:] = np.max(np.abs(pad.reshape(-1, block)), axis=1) / np.float32(MAX)
-        per = np.repeat(scale, block)[:n]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            norm = np.where(per > 0, flat / np.where(per > 0, per, 1), np.float32(0))
-        return encode(norm).reshape(np.shape(values)), scale
+        # x times the block's 1 / scale (0 where the scale is 0), as the kernels do: one
+        # division a block instead of one an element
+        with np.errstate(divide="ignore"):
+            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+        return encode(flat * np.repeat(inv, block)[:n]).reshape(np.shape(values)), scale
 
     def dequantize(self, fmt: Format, stored: tuple[np.ndarray, ...], shape: tuple[int, ...]
                    ) -> np.ndarray:
@@ -120,6 +122,10 @@ class BlockScaledFp8(BlockQuantized):
 
     def scale(self, fmt: Format, absmax: str) -> str:
         return f"{absmax} / T.float32({MAX!r})"
+
+    def inverse(self, fmt: Format, scale: str) -> str:
+        """What a block's values are multiplied by before ``encode_lines``."""
+        return f"T.Select({scale} > T.float32(0), T.float32(1) / {scale}, T.float32(0))"
 
     def encode_lines(self, fmt: Format, x: str, out: str) -> list[str]:
         """TVMScript storing the code of float32 ``x`` into ``out`` (as ``encode``)."""

@@ -113,6 +113,11 @@ class Format:
         ``absmax`` (the absmax itself; fp8: its scale), which ``load`` reads back."""
         return self.family.scale(self, absmax)
 
+    def inverse(self, scale: str) -> str | None:
+        """TVMScript of the factor a block's values are multiplied by before
+        ``encode_lines`` (1 / scale; None: formats without an encoder)."""
+        return self.family.inverse(self, scale)
+
     def encode_lines(self, x: str, out: str) -> list[str] | None:
         """TVMScript lines storing the code of ``x`` (the value over the block's
         companion) into ``out`` by arithmetic (None: the templates' map codes)."""
@@ -188,6 +193,9 @@ class StateFormat:
 
     def scale(self, fmt: Format, absmax: str) -> str:
         return absmax
+
+    def inverse(self, fmt: Format, scale: str) -> str | None:
+        return None
 
     def encode_lines(self, fmt: Format, x: str, out: str) -> list[str] | None:
         return None
