@@ -43,6 +43,7 @@ def encode(x: np.ndarray) -> np.ndarray:
     0x7FFFF plus the kept lowest bit, drop 20 bits) and rebiased; subnormal range: the
     integer nearest to |x| * 2**9."""
     x = np.asarray(x, np.float32)
+    shape, x = x.shape, x.reshape(-1)      # (arrays: wrapping uint32 math, no scalars)
     bits = x.view(np.uint32)
     sign = ((bits >> np.uint32(24)) & np.uint32(0x80)).astype(np.uint8)
     a = np.minimum(np.abs(x), np.float32(MAX))            # (NaN: handled last)
@@ -54,18 +55,20 @@ def encode(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         mag = np.where(a < np.float32(MIN_NORMAL), sub, normal)
         mag = np.where(np.isnan(x), np.uint32(NAN), mag)
-    return mag.astype(np.uint8) | sign
+    return (mag.astype(np.uint8) | sign).reshape(shape)
 
 
 def decode(codes: np.ndarray) -> np.ndarray:
     """float32 values of E4M3 codes (bit arithmetic, as the kernels decode them)."""
-    c = np.asarray(codes, np.uint8).astype(np.uint32)
+    shape = np.shape(codes)
+    c = np.asarray(codes, np.uint8).reshape(-1).astype(np.uint32)
     mag = c & np.uint32(0x7F)
     normal = ((mag << np.uint32(20)) + np.uint32(_REBIAS)).view(np.float32)
     sub = mag.astype(np.float32) * np.float32(SUB_STEP)
     v = np.where(mag < 8, sub, normal).astype(np.float32)
     v = np.where(mag == NAN, np.float32(np.nan), v).astype(np.float32)
-    return (v.view(np.uint32) | ((c & np.uint32(0x80)) << np.uint32(24))).view(np.float32)
+    out = v.view(np.uint32) | ((c & np.uint32(0x80)) << np.uint32(24))
+    return out.view(np.float32).reshape(shape)
 
 
 class BlockScaledFp8(BlockQuantized):
