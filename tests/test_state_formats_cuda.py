@@ -1,6 +1,8 @@
-"""q8 and q4 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread block
-per quant block, a block all-reduce (max) per quantized state for its new absmax, then
-the codes (q4: each thread packs its own pairs of elements, two codes a byte).
+"""q8, q4 and fp8 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread
+block per quant block, a block all-reduce (max) per quantized state for its new absmax,
+then the codes (q4: each thread packs its own pairs of elements, two codes a byte; fp8:
+the scale absmax / 448 and E4M3 codes by arithmetic, no tables). fp8 joins every table
+below (``-k fp8``).
 
 * cuda, compiled: every q8 spec (and adam's q8@64, q8@512) builds, nvcc compiles it for
   sm_80 and sm_90, the device ABI binds every kernel parameter with the block's thread
