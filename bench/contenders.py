@@ -14,8 +14,8 @@ LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 LAMB_EPS = 1e-6
 # bytes an Adam or LAMB step must move per fp32 parameter, by state format: read w, g,
 # m, v and write w, m, v (fp32: 28); bf16 m, v at 2 B each way; q8 codes at 1 B (absmax:
-# 4 B per 256), q4 at 1/2 B (absmax: 4 B per 128)
-STATE_BYTES = {None: 28, "bf16": 20, "q8": 16, "q4": 14}
+# 4 B per 256), q4 at 1/2 B (absmax: 4 B per 128), fp8 codes at 1 B (scale: 4 B per 256)
+STATE_BYTES = {None: 28, "bf16": 20, "q8": 16, "q4": 14, "fp8": 16}
 ADAM_B = STATE_BYTES[None]
 FUSED, FOREACH, SINGLE = "torch fused", "torch foreach", "torch single-tensor"
 OPTGEN, OPTGEN_FLAT = "optgen adam", "optgen adam (flatten)"
@@ -32,7 +32,7 @@ def make_optgen(ps: ParamSet, spec: str, name: str, flat: bool = False,
                 state_format: str | None = None) -> Contender:
     """optgen.create(spec, ...): names and decay_filter=hf_decay where the set has names;
     ``flat``: each decay group's parameters and gradients in one buffer (optgen.flatten),
-    so a group is one kernel call; ``state_format``: low-bit states ("bf16", "q8", "q4")."""
+    so a group is one kernel call; ``state_format``: low-bit states ("bf16", "q8", "q4", "fp8")."""
     import optgen
     hyper = dict(lr=LR, beta1=BETA1, beta2=BETA2, eps=LAMB_EPS if spec == "lamb" else EPS,
                  weight_decay=ps.wd)

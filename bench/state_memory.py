@@ -27,7 +27,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"Adam, {a.n:,} fp32 parameters in one tensor; bytes per parameter")
     print(f"{'format':<10} {'arrays':>8} {'peak RSS added':>15}")
-    for fmt in ("default", "bf16", "q8", "q4"):
+    for fmt in ("default", "bf16", "q8", "q4", "fp8"):
         _, r = spawn("state-memory", str(a.n), fmt)     # children.state_memory
         print(f"{r['format']:<10} {r['arrays'] / a.n:8.3f} {r['rss_added'] / a.n:15.3f}")
 

@@ -15,8 +15,9 @@ from goals import ExtraRss, Median, OfLimit, Ratio
 from lamb_rows import LAMB_OPTAX, LAMB_TORCH, make_optax_lamb, make_torch_lamb
 from params import WD, ParamSet, bert_params, flat_params
 
-STATE_FORMATS = ("bf16", "q8", "q4")
-STATE_TARGETS = {"bf16": 0.85, "q8": 0.75}   # issue 22: x torch fused fp32 Adam (q4: none)
+STATE_FORMATS = ("bf16", "q8", "q4", "fp8")
+# x torch fused fp32 Adam: issue 22's bf16 and q8 goals, issue 33's fp8 (q4: none)
+STATE_TARGETS = {"bf16": 0.85, "q8": 0.75, "fp8": 0.75}
 BNB, TORCHAO = "bitsandbytes Adam8bit", "torchao AdamW8bit"
 
 # contender name -> maker(torch, params); a maker returns None (or raises

@@ -175,7 +175,7 @@ def test_offload_from_cuda_parameters():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4", "bf16"])
+@pytest.mark.parametrize("fmt", ["q8", "q4", "bf16", "fp8"])
 def test_offloaded_state_formats(fmt):
     """q8, q4 and bf16 states kept on the host: 20 steps equal the same formats beside the
     parameters, bit for bit, and the formatted states never move."""
@@ -188,11 +188,11 @@ def test_offloaded_state_formats(fmt):
     _run(moved, b, 20)
     _equal(kept, moved, f"{fmt} offloaded")
     assert {id(v) for st in b._core.state for v in st.values()} == before
-    want = torch.uint8 if fmt in ("q8", "q4") else torch.bfloat16
+    want = torch.uint8 if fmt in ("q8", "q4", "fp8") else torch.bfloat16
     assert b._core.state[0]["m"].dtype == want
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("fmt", ["q8", "q4", "fp8"])
 def test_flat_groups_with_state_formats(fmt):
     """flat=True (one buffer per group) with q8 or q4 states: the same as per-tensor
     parameters, bit for bit (the kernels step each tensor's own blocks)."""

@@ -20,6 +20,8 @@ from optgen.core import formats, quant
     ("q4", "q4", "uint8", 128, "q4"),
     ("q4@128", "q4", "uint8", 128, "q4"),
     ("q4@512", "q4", "uint8", 512, "q4@512"),
+    ("fp8", "fp8", "uint8", 256, "fp8"),
+    ("fp8@64", "fp8", "uint8", 64, "fp8@64"),
 ])
 def test_a_request_text_parses_to_a_format_and_prints_back(text, name, dtype, block, canonical):
     fmt = formats.parse("opt", "state_format", text)
@@ -32,7 +34,8 @@ def test_a_request_text_parses_to_a_format_and_prints_back(text, name, dtype, bl
     ("q8@48", "q8 block size must be a power of two of at least 32"),
     ("q4@16", "q4 block size must be a power of two of at least 32"),
     ("q8@", "q8 block size"),
-    ("fp8", "must be one of 'default', 'bf16', 'bf16sr', 'q8', 'q4'"),
+    ("fp8@48", "fp8 block size must be a power of two of at least 32"),
+    ("fp4", "must be one of 'default', 'bf16', 'bf16sr', 'q8', 'q4'"),
     (8, "must be one of"),
 ])
 def test_a_bad_request_text_names_the_rule(text, err):
@@ -43,6 +46,7 @@ def test_a_bad_request_text_names_the_rule(text, err):
 @pytest.mark.parametrize("stored,fmt,kind,block", [
     ("q8:signed", "q8", "signed", 256), ("q8:unsigned:64", "q8", "unsigned", 64),
     ("q4:signed4", "q4", "signed4", 128), ("q4:linear4:32", "q4", "linear4", 32),
+    ("fp8:e4m3", "fp8", "e4m3", 256), ("fp8:e4m3:64", "fp8", "e4m3", 64),
 ])
 def test_a_stored_text_round_trips(stored, fmt, kind, block):
     f = formats.from_stored(stored)
@@ -52,6 +56,7 @@ def test_a_stored_text_round_trips(stored, fmt, kind, block):
 
 
 @pytest.mark.parametrize("text", ["bfloat16", "float32", "q8:linear4", "q4:signed", "q8",
+                                  "fp8:signed", "q8:e4m3",
                                   "q8:signed:x:y", None])
 def test_what_is_no_stored_code_format_is_none(text):
     assert formats.from_stored(text) is None

@@ -285,6 +285,7 @@ def test_torch_drop_in_states_are_bf16():
 @pytest.mark.parametrize("fmt,names", [("bf16", ("adam", "lion")),
                                        ("bf16sr", ("adam", "lion")),
                                        ("q8", ("adam", "adamw", "lion")),
+                                       ("fp8", ("adam", "adamw", "lion")),
                                        ("q4", ("adam", "adamw", "adabelief"))])
 def test_digits_accuracy_with_formatted_states(fmt, names):
     """examples/train_digits.py: states in ``fmt`` reach a test accuracy within 0.5
@@ -560,9 +561,9 @@ def test_nonnegative_states_get_the_unsigned_map():
                     "adabelief.m": "signed", "adabelief.s": "unsigned"}
 
 
-@pytest.mark.parametrize("fmt,block", [("q8", 256), ("q4", 128)])
+@pytest.mark.parametrize("fmt,block", [("q8", 256), ("q4", 128), ("fp8", 256)])
 def test_quantized_states_on_the_c_target_match_reference(fmt, block, rng):
-    """The C target's q8 and q4 kernels (element loops, gcc) against the interpreter:
+    """The C target's q8, q4 and fp8 kernels (element loops, gcc) against the interpreter:
     each code (q4: each nibble) within one, at most 1 % of the bytes different."""
     shapes = [(1,), (block - 1,), (block,), (block + 1,), (5001,)]
     ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -578,7 +579,7 @@ def test_quantized_states_on_the_c_target_match_reference(fmt, block, rng):
     for i in range(len(shapes)):
         for n in ("m", "v"):
             got, want = (o.state[i][n].astype(int) for o in opts)
-            diff = np.abs(got - want) if fmt == "q8" else \
+            diff = np.abs(got - want) if fmt != "q4" else \
                 np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16))
             assert diff.max() <= 1 and np.sum(diff > 0) <= 0.01 * diff.size, (shapes[i], n)
         np.testing.assert_allclose(opts[0].params[i], opts[1].params[i], rtol=1e-4, atol=1e-5)
@@ -637,7 +638,7 @@ def test_a_nonneg_assertion_with_a_negative_init_is_a_spec_error(tmp_path):
         optgen.build(str(path))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q8", "q4"])
+@pytest.mark.parametrize("fmt", ["bf16", "q8", "q4", "fp8"])
 def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
     """state_dict(format="torch") of a drop-in with bf16, q8 or q4 states: torch.optim.Adam
     loads it (q8/q4 written dequantized, float32, shaped as the parameter) and continues
@@ -662,7 +663,7 @@ def test_torch_format_checkpoint_of_formatted_states_loads_in_torch(fmt):
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "bf16sr", "q8", "q4"])
+@pytest.mark.parametrize("fmt", ["bf16", "bf16sr", "q8", "q4", "fp8"])
 def test_char_language_model_loss_within_two_percent(fmt):
     """examples/char_lm.py, 300 steps on README.md's characters: the loss with bf16, q8
     or q4 states ends within 2 % of the loss with float32 states (the model's tensors are above

@@ -1,6 +1,8 @@
-"""q8 and q4 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread block
-per quant block, a block all-reduce (max) per quantized state for its new absmax, then
-the codes (q4: each thread packs its own pairs of elements, two codes a byte).
+"""q8, q4 and fp8 states on the GPU targets (templates/kernel_gpu_q8.py.j2): one thread
+block per quant block, a block all-reduce (max) per quantized state for its new absmax,
+then the codes (q4: each thread packs its own pairs of elements, two codes a byte; fp8:
+the scale absmax / 448 and E4M3 codes by arithmetic, no tables). fp8 joins every table
+below (``-k fp8``).
 
 * cuda, compiled: every q8 spec (and adam's q8@64, q8@512) builds, nvcc compiles it for
   sm_80 and sm_90, the device ABI binds every kernel parameter with the block's thread
@@ -29,6 +31,7 @@ import numpy as np
 import pytest
 
 import optgen
+from optgen.core import formats
 from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
 from conftest import OCLGRIND_LOG
@@ -36,10 +39,12 @@ from helpers import assert_close
 
 Q8_SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief"]
 BUILDS = [(n, "q8") for n in Q8_SPECS] + [("adam", "q8@64"), ("adam", "q8@512")] + \
-    [(n, "q4") for n in Q8_SPECS] + [("adam", "q4@32"), ("adam", "q4@1024")]
+    [(n, "q4") for n in Q8_SPECS] + [("adam", "q4@32"), ("adam", "q4@1024")] + \
+    [(n, "fp8") for n in Q8_SPECS] + [("adam", "fp8@64"), ("adam", "fp8@512")]
 RUNS = [("adam", "q8"), ("lion", "q8"), ("sgd", "q8"), ("adam", "q8@64"), ("adam", "q8@512"),
         ("adam", "q4"), ("lion", "q4"), ("adagrad", "q4"), ("adam", "q4@32"),
-        ("adam", "q4@512")]
+        ("adam", "q4@512"), ("adam", "fp8"), ("lion", "fp8"), ("sgd", "fp8"),
+        ("adagrad", "fp8"), ("adam", "fp8@64"), ("adam", "fp8@512")]
 SHAPES = [0, 1, 255, 256, 257, 4097]
 HYPER = {"adam": {"lr": 1e-2}, "lion": {"lr": 1e-3, "weight_decay": 0.1},
          "sgd": {"lr": 1e-2, "momentum": 0.9}, "adagrad": {"lr": 1e-2}}
@@ -47,7 +52,7 @@ STEPS = 4
 
 
 def _block(fmt: str) -> int:
-    return int(fmt[3:]) if "@" in fmt else 256 if fmt == "q8" else 128
+    return int(fmt.split("@")[1]) if "@" in fmt else 128 if fmt == "q4" else 256
 
 
 def _threads(fmt: str) -> int:
@@ -142,12 +147,12 @@ def test_cuda_q8_kernels_compile_and_synchronize(name, fmt, cuda_build):
         # unchanged, rmsprop's mean_grad when not centered, is neither), and the code
         # tables of the maps of the states it stores only
         bound = {p["buffer"] for p in kern["params"] if "buffer" in p}
-        tables = {m: ("map", "mid", "tab") if not m.endswith("4") else ("map",)
-                  for m in k.quant.values()}
+        # (q8: map, midpoints, code table; q4: map; fp8: none, it decodes by arithmetic)
+        tables = {m: formats.of_map(m, k.quant_block).tables() for m in k.quant.values()}
         needed = {"w", "grad", *(f"{s}{x}" for s in stored for x in ("", "__absmax")),
-                  *(f"_q{t}_{k.quant[s]}" for s in stored for t in tables[k.quant[s]])}
-        unused = {f"_q{t}_{m}" for m in set(k.quant.values()) - {k.quant[s] for s in stored}
-                  for t in ("mid", "tab")}
+                  *(t for s in stored for t in tables[k.quant[s]])}
+        unused = {t for m in set(k.quant.values()) - {k.quant[s] for s in stored}
+                  for t in tables[m][1:]}
         assert needed <= bound <= set(entry["buffers"]) - unused, k.symbol
         assert sum("scalars" in p for p in kern["params"]) == 1
         assert [p for p in kern["params"] if "dim" in p] == [{"dim": "n", "type": "int64_t"}]
@@ -221,7 +226,7 @@ def _step_and_compare(name, fmt, lib, make, host, rng):
                 assert got.dtype == np.uint8, f"{what}: {s} is {got.dtype}, not q8 codes"
                 assert got.shape == want.shape, f"{what}: {s} {got.shape} vs {want.shape}"
                 got, want = got.astype(np.int16), want.astype(np.int16)
-                diff = np.abs(got - want) if fmt.startswith("q8") else \
+                diff = np.abs(got - want) if not fmt.startswith("q4") else \
                     np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16))
                 assert diff.max(initial=0) <= 1, f"{what}: {s} codes differ by {diff.max()}"
                 assert np.count_nonzero(diff) <= 0.01 * diff.size, \
@@ -267,7 +272,7 @@ RACE_SCRIPT = textwrap.dedent('''
     import numpy as np, pyopencl as cl, optgen
     from optgen.runtime.backends import opencl
     rng = np.random.default_rng(0)
-    for fmt in ("q8@64", "q8", "q8@512", "q4@32", "q4", "q4@1024"):
+    for fmt in ("q8@64", "q8", "q8@512", "q4@32", "q4", "q4@1024", "fp8@64", "fp8"):
         ws = [rng.standard_normal(s).astype(np.float32) for s in (1, 300, 1100)]
         opt = optgen.create("adam", ws, target="opencl", state_format=fmt,
                             state_format_min_size=0, lr=1e-2)

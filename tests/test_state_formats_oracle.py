@@ -1,4 +1,5 @@
-"""q8 and q4 states against an oracle written here, for the issue's seven rules.
+"""q8, q4 and fp8 states against an oracle written here, for the issue's seven rules.
+(fp8: E4M3 from the OCP spec, tests/test_state_formats_fp8.py, one scale per block.)
 
 The oracle is the paper's block-wise quantizer (Dettmers et al. 2022 for 8 bits; Li et
 al. 2023 for 4 bits: the signed dynamic map with 3 exponent bits and the zero-free
@@ -20,6 +21,7 @@ import pytest
 
 import optgen
 from catalog_oracles import ORACLES
+from test_state_formats_fp8 import POSITIVE, VALUES
 
 RULES = {"adam": {"lr": 1e-2}, "adamw": {"lr": 1e-2, "weight_decay": 0.01},
          "lion": {"lr": 1e-3}, "sgd": {"lr": 1e-2, "momentum": 0.9},
@@ -82,6 +84,34 @@ def dequantize(codes, absmax, qmap, block: int, n: int, packed: bool) -> np.ndar
     return qmap[codes] * np.repeat(np.asarray(absmax, np.float32), block)[:n]
 
 
+# fp8: E4M3 from the OCP spec (tests/test_state_formats_fp8.py), one scale = absmax / 448
+# per block of 256, a code the nearest value of x * (1 / scale), ties to the even code
+E4M3 = VALUES.astype(np.float32)
+
+
+def e4m3_quantize(x: np.ndarray, block: int = 256):
+    x = np.asarray(x, np.float32).reshape(-1)
+    nb = -(-x.size // block)
+    pad = np.zeros(nb * block, np.float32)
+    pad[:x.size] = x
+    absmax = np.abs(pad.reshape(nb, block)).max(axis=1) if nb else np.zeros(0, np.float32)
+    scale = (absmax / np.float32(448)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    norm = x * np.repeat(inv, block)[:x.size]
+    a = np.minimum(np.abs(norm).astype(np.float64), 448.0)
+    hi = np.clip(np.searchsorted(POSITIVE, a), 1, POSITIVE.size - 1)
+    lo = hi - 1
+    d_hi, d_lo = POSITIVE[hi] - a, a - POSITIVE[lo]
+    code = np.where(d_hi < d_lo, hi, np.where(d_lo < d_hi, lo, np.where(lo % 2 == 0, lo, hi)))
+    return (code | (np.signbit(norm) << 7)).astype(np.uint8), scale
+
+
+def e4m3_dequantize(codes, scale, block: int, n: int) -> np.ndarray:
+    return E4M3[np.asarray(codes).reshape(-1)] * np.repeat(np.asarray(scale, np.float32),
+                                                           block)[:n]
+
+
 def _compare(got, want, packed, label):
     got, want = np.asarray(got).astype(int).reshape(-1), want.astype(int)
     diff = np.maximum(np.abs(got // 16 - want // 16), np.abs(got % 16 - want % 16)) \
@@ -91,13 +121,13 @@ def _compare(got, want, packed, label):
 
 
 def _run(fmt, name, pdt, backend, shapes, rng):
-    block, packed = (256, False) if fmt == "q8" else (128, True)
+    block, packed = (128, True) if fmt == "q4" else (256, False)
     hyper = RULES[name]
     ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     opt = optgen.create(name, [w.astype(pdt) for w in ws], backend=backend, state_format=fmt,
                         state_format_min_size=0, multi_precision=pdt == BF16, **hyper)
     stored = opt.artifact.stored
-    sign = {s: stored[s].split(":")[1] in ("signed", "signed4") for s in stored}
+    sign = {s: stored[s].split(":")[1] in ("signed", "signed4", "e4m3") for s in stored}
     oracles = [ORACLES[name](np.zeros(s, np.float32), dtype=np.float32, **hyper)
                for s in shapes]
     agree = total = 0
@@ -105,8 +135,10 @@ def _run(fmt, name, pdt, backend, shapes, rng):
         gs = [rng.standard_normal(s).astype(np.float32).astype(pdt) for s in shapes]
         masters = [np.asarray(opt.state[i]["master"] if pdt == BF16 else opt.params[i],
                               np.float32).copy() for i in range(len(shapes))]
-        before = [{s: dequantize(opt.state[i][s], opt.state[i][s + "__absmax"],
-                                 MAPS[fmt, sign[s]], block, masters[i].size, packed)
+        before = [{s: (e4m3_dequantize(opt.state[i][s], opt.state[i][s + "__absmax"], block,
+                                       masters[i].size) if fmt == "fp8" else
+                       dequantize(opt.state[i][s], opt.state[i][s + "__absmax"],
+                                  MAPS[fmt, sign[s]], block, masters[i].size, packed))
                    .reshape(shapes[i]) for s in stored} for i in range(len(shapes))]
         opt.step([g.copy() for g in gs])
         for i, (o, g) in enumerate(zip(oracles, gs)):
@@ -114,7 +146,8 @@ def _run(fmt, name, pdt, backend, shapes, rng):
             o.w, o.s = masters[i], {**o.s, **before[i]}
             o.step(np.asarray(g, np.float32))
             for s in stored:
-                codes, absmax = quantize(o.s[s], MAPS[fmt, sign[s]], block, packed)
+                codes, absmax = e4m3_quantize(o.s[s], block) if fmt == "fp8" else \
+                    quantize(o.s[s], MAPS[fmt, sign[s]], block, packed)
                 a, b = _compare(opt.state[i][s], codes, packed, f"{label}: {s}")
                 agree, total = agree + a, total + b
                 np.testing.assert_allclose(opt.state[i][s + "__absmax"], absmax, rtol=2e-5,
@@ -127,7 +160,7 @@ def _run(fmt, name, pdt, backend, shapes, rng):
     return agree, total
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("fmt", ["q8", "q4", "fp8"])
 @pytest.mark.parametrize("name", list(RULES))
 def test_codes_match_the_papers_quantizer(fmt, name, rng):
     agree = total = 0
@@ -138,7 +171,7 @@ def test_codes_match_the_papers_quantizer(fmt, name, rng):
     assert agree / total > 0.999, f"{fmt} {name}: {1 - agree / total:.2e} of the codes differ"
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("fmt", ["q8", "q4"])   # (fp8's prime: test_state_formats_fp8.py)
 def test_codes_match_the_papers_quantizer_on_a_large_prime(fmt, rng):
     """1_000_003 elements (q4: an odd count, the last byte half padding), the compiled
     kernel, float32 parameters, 100 steps of Adam."""

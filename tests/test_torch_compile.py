@@ -178,7 +178,7 @@ def test_compiled_step_errors_are_typed_and_change_nothing():
 
 
 @pytest.mark.parametrize("fmt", [dict(state_format="q8"), dict(state_format="q4"),
-                                 dict(state_format="bf16"),
+                                 dict(state_format="fp8"), dict(state_format="bf16"),
                                  dict(state_format="bf16", stochastic_rounding=True)])
 def test_compiled_step_with_state_formats(fmt):
     """Low-bit states (docs/state-formats.md) under a compiled train step: the same op,
@@ -189,5 +189,5 @@ def test_compiled_step_with_state_formats(fmt):
     assert counter.frame_count == 1
     _same(comp, eager, f"{fmt} compiled vs eager", rtol=0, atol=0)
     p = next(comp.parameters())
-    want = torch.uint8 if fmt["state_format"] in ("q8", "q4") else torch.bfloat16
+    want = torch.uint8 if fmt["state_format"] in ("q8", "q4", "fp8") else torch.bfloat16
     assert c_opt.state[p]["m"].dtype == want

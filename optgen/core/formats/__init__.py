@@ -11,6 +11,8 @@ unchanged, and rounds the new value into the format on store, in the same pass.
     "q8", "q4"  block-quantized formats (blocked.py): 8-bit or 4-bit codes with one
                float32 absmax per block (elementwise rules only); "q8@128" sets the
                block size (a power of two, at least 32; one block size per request)
+    "fp8"      block-scaled E4M3 codes (fp8.py): a byte per element, one float32 scale
+               (absmax / 448) per block of 256 ("fp8@<block>"), decoded by arithmetic
 
 Each family is a ``StateFormat`` registered in registry.py; a request's text parses to
 a typed ``Format`` there, and every module asks that value instead of reading the text
@@ -34,14 +36,15 @@ from typing import Any, Iterable, Mapping
 
 from . import cast      # (registers the cast family first: the order of error messages)
 from . import blocked   # (registers q8, q4)
+from . import fp8       # (registers fp8)
 from . import registry
 from .blocked import NO_BLOCK
 from .registry import (ABSMAX, BLOCKED_VIEW, FLAT_VIEWS, Format, FormattedKernel,
                        StateFormat, from_stored, kernel_formats, of, of_map, parse, table)
 
 __all__ = ["ABSMAX", "BLOCKED_VIEW", "NO_BLOCK", "FLAT_VIEWS", "Format", "FormattedKernel",
-           "StateFormat", "blocked", "cast", "from_stored", "kernel_formats", "of", "of_map",
-           "parse", "table"]
+           "StateFormat", "blocked", "cast", "fp8", "from_stored", "kernel_formats", "of",
+           "of_map", "parse", "table"]
 
 PARAM = "w"                      # a request's entry for bfloat16 parameters stepped
                                  # without a master copy (stochastic_rounding=True)

@@ -108,6 +108,21 @@ class Format:
     def midpoints(self) -> list[str] | None:
         return self.family.midpoints(self)
 
+    def scale(self, absmax: str) -> str:
+        """TVMScript of the companion a block stores from its largest magnitude
+        ``absmax`` (the absmax itself; fp8: its scale), which ``load`` reads back."""
+        return self.family.scale(self, absmax)
+
+    def inverse(self, scale: str) -> str | None:
+        """TVMScript of the factor a block's values are multiplied by before
+        ``encode_lines`` (1 / scale; None: formats without an encoder)."""
+        return self.family.inverse(self, scale)
+
+    def encode_lines(self, x: str, out: str) -> list[str] | None:
+        """TVMScript lines storing the code of ``x`` (the value over the block's
+        companion) into ``out`` by arithmetic (None: the templates' map codes)."""
+        return self.family.encode_lines(self, x, out)
+
     @property
     def fast(self) -> bool:
         return self.family.fast(self)
@@ -174,6 +189,15 @@ class StateFormat:
         return None
 
     def midpoints(self, fmt: Format) -> list[str] | None:
+        return None
+
+    def scale(self, fmt: Format, absmax: str) -> str:
+        return absmax
+
+    def inverse(self, fmt: Format, scale: str) -> str | None:
+        return None
+
+    def encode_lines(self, fmt: Format, x: str, out: str) -> list[str] | None:
         return None
 
     def fast(self, fmt: Format) -> bool:

@@ -1,0 +1,150 @@
+"""fp8 block-scaled states ("fp8", "fp8@<block>"): one OCP FP8 E4M3 code per element
+(a byte) and one float32 scale per block of ``block`` elements (256 unless
+"fp8@<block>" says otherwise), as torchao's fp8 optimizer states keep them.
+
+E4M3 (OCP 8-bit floating point specification, 2023): sign, 4 exponent bits (bias 7),
+3 mantissa bits; subnormals m * 2**-9; the largest finite value 448 (S.1111.110); no
+infinities; NaN is S.1111.111. A block's scale is its largest magnitude over 448
+(float32 division), so the block's largest element codes as +-448; a code is the
+nearest E4M3 value of x * (1 / scale) (float32, the reciprocal rounded once a block),
+ties to the even mantissa, saturated to +-448 (NaN
+stays NaN); a block of zeros has scale 0 and reads back as zeros. The stored companion
+keeps the block-quantized family's name (``<state>__absmax``) but holds the scale.
+
+Decoding and encoding are arithmetic on the bits, the same in numpy (``encode``,
+``decode``: the reference interpreter, checkpoints, torch export) and in the kernels
+(``load``, ``encode_lines``: TVMScript the templates write), so compiled codes equal the
+reference's: no tables, no lookups. Both signs share one map ("e4m3"): an unsigned
+variant would buy one mantissa bit for non-negative states but not the range, and the
+kernels would need a second encoder (docs/state-formats.md).
+
+May import: numpy, the registry and blocked.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .blocked import BlockQuantized, Member
+from .registry import Format, register
+
+MAX = 448.0                 # the largest finite E4M3 value
+BIAS = 7
+SUB_STEP = 2.0 ** -9        # the subnormals' step (and the smallest one)
+MIN_NORMAL = 2.0 ** -6
+NAN = 0x7F                  # S.1111.111
+_REBIAS = (127 - BIAS) << 23    # float32 exponent bias minus E4M3's, at the exponent field
+_MAGIC = float(2 ** 23)     # x + 2**23 rounds x in [0, 8) to an integer, ties to even
+_MAGIC_BITS = 0x4B000000    # the bits of 2**23
+
+
+def encode(x: np.ndarray) -> np.ndarray:
+    """uint8 E4M3 codes of float32 ``x``: nearest, ties to even, saturated to +-448,
+    NaN -> S.1111.111. Normal range: the float32 bits rounded to 3 mantissa bits (add
+    0x7FFFF plus the kept lowest bit, drop 20 bits) and rebiased; subnormal range: the
+    integer nearest to |x| * 2**9."""
+    x = np.asarray(x, np.float32)
+    shape, x = x.shape, x.reshape(-1)      # (arrays: wrapping uint32 math, no scalars)
+    bits = x.view(np.uint32)
+    sign = ((bits >> np.uint32(24)) & np.uint32(0x80)).astype(np.uint8)
+    a = np.minimum(np.abs(x), np.float32(MAX))            # (NaN: handled last)
+    ab = a.view(np.uint32)
+    rounded = ab + np.uint32(0x7FFFF) + ((ab >> np.uint32(20)) & np.uint32(1))
+    normal = (rounded - np.uint32(_REBIAS)) >> np.uint32(20)
+    sub = (a * np.float32(2 ** 9) + np.float32(_MAGIC)).view(np.uint32) - \
+        np.uint32(_MAGIC_BITS)
+    with np.errstate(invalid="ignore"):
+        mag = np.where(a < np.float32(MIN_NORMAL), sub, normal)
+        mag = np.where(np.isnan(x), np.uint32(NAN), mag)
+    return (mag.astype(np.uint8) | sign).reshape(shape)
+
+
+def decode(codes: np.ndarray) -> np.ndarray:
+    """float32 values of E4M3 codes (bit arithmetic, as the kernels decode them)."""
+    shape = np.shape(codes)
+    c = np.asarray(codes, np.uint8).reshape(-1).astype(np.uint32)
+    mag = c & np.uint32(0x7F)
+    normal = ((mag << np.uint32(20)) + np.uint32(_REBIAS)).view(np.float32)
+    sub = mag.astype(np.float32) * np.float32(SUB_STEP)
+    v = np.where(mag < 8, sub, normal).astype(np.float32)
+    v = np.where(mag == NAN, np.float32(np.nan), v).astype(np.float32)
+    out = v.view(np.uint32) | ((c & np.uint32(0x80)) << np.uint32(24))
+    return out.view(np.float32).reshape(shape)
+
+
+class BlockScaledFp8(BlockQuantized):
+    members = {"fp8": Member(8, 256, "e4m3", "e4m3")}
+    names = tuple(members)
+    maps = {"e4m3": "fp8"}
+
+    # -- numpy ------------------------------------------------------------------------
+    def quantize(self, fmt: Format, values: np.ndarray) -> tuple[np.ndarray, ...]:
+        flat = np.asarray(values, np.float32).reshape(-1)
+        n, block = flat.size, fmt.block
+        scale = np.zeros(-(-n // block), np.float32)
+        if n == 0:
+            return np.zeros(np.shape(values), np.uint8), scale
+        pad = np.zeros(scale.size * block, np.float32)
+        pad[:n] = flat
+        scale[:] = np.max(np.abs(pad.reshape(-1, block)), axis=1) / np.float32(MAX)
+        # x times the block's 1 / scale (0 where the scale is 0), as the kernels do: one
+        # division a block instead of one an element
+        with np.errstate(divide="ignore"):
+            inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+        return encode(flat * np.repeat(inv, block)[:n]).reshape(np.shape(values)), scale
+
+    def dequantize(self, fmt: Format, stored: tuple[np.ndarray, ...], shape: tuple[int, ...]
+                   ) -> np.ndarray:
+        codes, scale = stored
+        flat = np.asarray(codes).reshape(-1)
+        per = np.repeat(np.asarray(scale, np.float32), fmt.block)[:flat.size]
+        return (decode(flat) * per).astype(np.float32).reshape(tuple(shape))
+
+    def tables(self, fmt: Format) -> list[str]:
+        return []
+
+    def table(self, name: str) -> np.ndarray | None:
+        return None
+
+    def fast(self, fmt: Format) -> bool:
+        return False
+
+    # -- the kernels --------------------------------------------------------------------
+    def load(self, fmt: Format, state: str, index: str) -> str:
+        """Element ``index``: the decoded code times the block's scale (``qa_<state>``)."""
+        c = f'T.Cast("uint32", B_{state}[{index}])'
+        mag = f"T.bitwise_and({c}, T.uint32(127))"
+        normal = f'T.reinterpret("float32", T.shift_left({mag}, T.uint32(20)) + ' \
+                 f"T.uint32({_REBIAS}))"
+        sub = f'T.Cast("float32", {mag}) * T.float32({SUB_STEP!r})'
+        value = f"T.Select({mag} < T.uint32(8), {sub}, {normal})"
+        value = f'T.Select({mag} == T.uint32({NAN}), T.reinterpret("float32", ' \
+                f"T.uint32(2143289344)), {value})"
+        signed = f'T.reinterpret("float32", T.bitwise_or(T.reinterpret("uint32", {value}), ' \
+                 f"T.shift_left(T.bitwise_and({c}, T.uint32(128)), T.uint32(24))))"
+        return f"({signed} * qa_{state})"
+
+    def scale(self, fmt: Format, absmax: str) -> str:
+        return f"{absmax} / T.float32({MAX!r})"
+
+    def inverse(self, fmt: Format, scale: str) -> str:
+        """What a block's values are multiplied by before ``encode_lines``."""
+        return f"T.Select({scale} > T.float32(0), T.float32(1) / {scale}, T.float32(0))"
+
+    def encode_lines(self, fmt: Format, x: str, out: str) -> list[str]:
+        """TVMScript storing the code of float32 ``x`` into ``out`` (as ``encode``)."""
+        return [f'e8b: T.let = T.reinterpret("uint32", {x})',
+                f"e8a: T.let = T.min(T.fabs({x}), T.float32({MAX!r}))",
+                'e8ab: T.let = T.reinterpret("uint32", e8a)',
+                "e8n: T.let = T.shift_right(e8ab + T.uint32(524287) + T.bitwise_and("
+                f"T.shift_right(e8ab, T.uint32(20)), T.uint32(1)) - T.uint32({_REBIAS}), "
+                "T.uint32(20))",
+                'e8s: T.let = T.reinterpret("uint32", e8a * T.float32(512.0) + '
+                f"T.float32({_MAGIC!r})) - T.uint32({_MAGIC_BITS})",
+                "e8m: T.let = T.Select(T.bitwise_and(e8b, T.uint32(2147483647)) > "
+                f"T.uint32(2139095040), T.uint32({NAN}), "
+                f"T.Select(e8a < T.float32({MIN_NORMAL!r}), e8s, e8n))",
+                f'{out} = T.Cast("uint8", T.bitwise_or(e8m, T.bitwise_and(T.shift_right('
+                "e8b, T.uint32(24)), T.uint32(128))))"]
+
+
+FP8 = register(BlockScaledFp8())
