@@ -152,6 +152,40 @@ def inverse(x) -> Expr:
     return Expr("inverse", (x,), kind="tensor", axes="brc", loc=loc, mat=shape)
 
 
+def _square(x, what: str, hint: str) -> tuple[Expr, str]:
+    loc = caller_loc()
+    x = const(x, loc)
+    shape = matrix_shape(x)
+    if not shape or shape[0] != shape[1]:
+        raise SpecError(f"{what}() needs a square matrix, got {x.describe()} "
+                        f"({' x '.join(shape) if shape else 'not a matrix'})", loc, hint=hint)
+    return x, shape
+
+
+def inverse_root(x, root) -> Expr:
+    """``x^(-1/root)`` of a symmetric positive semi-definite matrix (Shampoo's
+    L^(-1/4)), by a float64 eigendecomposition on the host (numpy ``eigh``) in a refresh
+    rule: eigenvalues <= 0 (round-off below the damping) map to 0, a pseudo-inverse root.
+    ``root`` is a hyperparameter or a number."""
+    x, shape = _square(x, "inverse_root", "e.g. inverse_root(L + epsilon * eye('r'), 4)")
+    return Expr("inverse_root", (x, const(root, caller_loc())), kind="tensor", axes="brc",
+                loc=caller_loc(), mat=shape)
+
+
+def power_qr(x, q) -> Expr:
+    """One QR-based power iteration on the symmetric matrix ``x`` from the basis ``q``
+    (SOAP's Q = QR(L Q)), on the host in a refresh rule (numpy, float64). A basis never
+    fit (``q`` zero, its initial value, or the identity) is fit by ``eigh`` (eigenvectors
+    by descending eigenvalue); a zero ``x`` gives the identity."""
+    x, shape = _square(x, "power_qr", "e.g. power_qr(L, Q_L)")
+    q = const(q, caller_loc())
+    if matrix_shape(q) != shape:
+        raise SpecError(f"power_qr(): the basis is {q.describe()}, not a "
+                        f"{' x '.join(shape)} matrix like the statistic", caller_loc(),
+                        hint="power_qr(L, Q_L) with Q_L a state of L's shape")
+    return Expr("power_qr", (x, q), kind="tensor", axes="brc", loc=caller_loc(), mat=shape)
+
+
 def clip(x, lo, hi):
     """min(max(x, lo), hi) written with comparisons so that NaN stays NaN."""
     return where(x > hi, hi, where(x < lo, lo, x))

@@ -133,7 +133,9 @@ class Launcher:
                                                     ln["view"]))
                     if b in persistent else (b, k.buffer_axes[b], ln["view"])
                     for b in ln["buffers"]]
-            plan.append((self.artifact.function(ln["symbol"]), args))
+            fn = library_matmul(ln) if ln.get("library") == "matmul" else \
+                self.artifact.function(ln["symbol"])
+            plan.append((fn, args))
         return plan
 
     # -- calls ---------------------------------------------------------------------------
@@ -265,6 +267,18 @@ def run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
             for body in plan[j + 1:j + 1 + length]:
                 call(*body)
         j += 1 + length
+
+
+def library_matmul(ln: Mapping[str, Any]) -> Callable:
+    """A matmul launch the target left to the runtime's BLAS (``library``: cuda's
+    cuBLAS through CuPy or torch): called like a kernel, ``fn(*buffers, scalars)``."""
+    m, pos = ln["matmul"], {b: j for j, b in enumerate(ln["buffers"])}
+    ia, ib, io, ta, tb = pos[m["a"]], pos[m["b"]], pos[m["out"]], m["trans_a"], m["trans_b"]
+
+    def product(*args: Any) -> None:
+        a, b = args[ia], args[ib]
+        tensors.matmul_into(a.T if ta else a, b.T if tb else b, args[io])
+    return product
 
 
 def _same(x: Any) -> Any:

@@ -343,6 +343,14 @@ class Optimizer(RecordTable):
         THOR's A and G): a trainer computes them only then."""
         return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
 
+    def restore_refreshes(self, indices: Sequence[int]) -> None:
+        """Each parameter's last refresh from its step count, on its schedule (a torch
+        checkpoint keeps step counts only)."""
+        for i in indices:
+            s = self._slots[i]
+            s.refreshed = refresh.last(self._param_kernel(i), s.steps,
+                                       self._groups[s.group].hyper)
+
     def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
         if not self._refreshing:        # (most specs: nothing to do per step)
             return {}

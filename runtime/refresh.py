@@ -31,6 +31,16 @@ def due(k: Any, refreshed: int | None, step: int, hyper: Mapping[str, Any]) -> b
     return k.refresh is not None and (refreshed is None or step % every(k, hyper) == 0)
 
 
+def last(k: Any, steps: int, hyper: Mapping[str, Any]) -> int | None:
+    """The step count at a parameter's last refresh on kernel ``k``'s schedule after
+    ``steps`` steps (None before its first step, or without a refresh rule): what a
+    checkpoint that keeps step counts only (torch's) restores."""
+    if k.refresh is None or steps <= 0:
+        return None
+    n = every(k, hyper)
+    return (steps - 1) // n * n
+
+
 def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
             slots: Sequence[Any], *, kinds: Mapping[str, str],
             kernel_of: Callable[[int], Any], is_due: Callable[[int, Any], bool]

@@ -103,6 +103,20 @@ def kernel_arg(x: Any, lib: str) -> Any:
     return x.detach() if lib == "torch" else x
 
 
+def matmul_into(a: Any, b: Any, out: Any) -> None:
+    """``out = a @ b`` (2-D, any of them a transposed view) in the arrays' own library:
+    numpy's BLAS, torch's (CPU BLAS or cuBLAS), CuPy's (cuBLAS). A matrix rule's products
+    on a target with ``library_matmul`` (cuda) run here."""
+    if isinstance(out, np.ndarray):
+        np.matmul(a, b, out=out)
+    elif type(out).__module__.startswith("torch"):
+        import torch
+        torch.matmul(a, b, out=out)
+    else:
+        import cupy
+        cupy.matmul(a, b, out=out)
+
+
 def aligned_full(shape: tuple, value: float, dtype, align: int = ALIGN) -> np.ndarray:
     """A C-contiguous numpy array whose data starts on an ``align``-byte boundary."""
     dtype = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)

@@ -51,6 +51,8 @@ def device_kernels(tg: Target, found: dict[str, Signature] | None,
     target = tg.name
     out = {}
     for p in passes:
+        if p.library:    # computed by the runtime's BLAS (cuBLAS): no device kernel
+            continue
         k, grids, dims = p.lowered, p.grids, p.dims
         kernels = []
         for j, grid in enumerate(grids):

@@ -108,10 +108,11 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
 def front_end(spec_path: str, tg: targets.Target, base: str | None = None,
               state_format=None):
     """Stages 1-5 as the stages' outputs: the spec, its kernel IRs, the lowered passes
-    and each pass's TVMScript text (and GPU grids) by symbol (the plan: ``make_plan``)."""
+    and each pass's TVMScript text (and GPU grids) by symbol (the plan: ``make_plan``;
+    products left to the runtime's BLAS have no text)."""
     plan = make_plan(spec_path, tg, base, state_format)
     return (plan.spec, plan.kirs, [p.lowered for p in plan.passes],
-            {p.symbol: (p.script, p.grids) for p in plan.passes})
+            {p.symbol: (p.script, p.grids) for p in plan.passes if not p.library})
 
 
 def _is_current(dest: str, key: str) -> bool:

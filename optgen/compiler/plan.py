@@ -38,6 +38,12 @@ class PassPlan:
     def symbol(self) -> str:
         return self.lowered.symbol
 
+    @property
+    def library(self) -> bool:
+        """A matrix product the runtime's BLAS computes (Target.library_matmul): no
+        function of the library, no device kernel."""
+        return self.lowered.kind == "matmul" and not self.script
+
 
 @dataclass
 class KernelPlan:
@@ -57,6 +63,8 @@ class KernelPlan:
             role, j = p.lowered.role, p.lowered.launch
             if role == "lazy":
                 entry["lazy"]["symbol"] = p.compiled_as
+            elif p.library:
+                entry["launches"][j].update(symbol=None, library="matmul")
             else:
                 entry["launches"][j]["seg_symbol" if role == "seg" else "symbol"] = \
                     p.compiled_as
@@ -79,7 +87,8 @@ class BuildPlan:
 
     def scripts(self) -> dict[str, str]:
         """symbol -> TVMScript of every function the library exports, in plan order."""
-        return {p.symbol: p.script for p in self.passes if p.compiled_as == p.symbol}
+        return {p.symbol: p.script for p in self.passes
+                if p.compiled_as == p.symbol and not p.library}
 
 
 def _debug(stage: str, text: str) -> None:
@@ -109,6 +118,9 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
         passes = []
         for k in lower(kir, dt, symbol, tg.acc_dtype,
                        RED_SCALAR_SIZE if tg.family == "cpu" else None):
+            if k.kind == "matmul" and tg.library_matmul:   # the runtime's BLAS computes it
+                passes.append(PassPlan(k, "", [], {}, k.symbol))
+                continue
             text, grids = schedule(k, tg)                            # 5 schedule
             dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
             passes.append(PassPlan(k, text, grids, dims, k.symbol))
@@ -126,6 +138,8 @@ def _share_functions(passes: list[PassPlan]) -> None:
     rule under flags it ignores): each is compiled once and the launches name the first."""
     first: dict[str, str] = {}
     for p in passes:
+        if p.library:
+            continue
         canonical = p.script.replace(f"def {p.symbol}(", "def _(").replace(
             f'"{p.symbol}"', '"_"')
         p.compiled_as = first.setdefault(canonical, p.symbol)

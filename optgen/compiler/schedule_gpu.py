@@ -15,6 +15,10 @@ Each lowered pass becomes thread-bound loop nests over a one-dimensional grid of
   threads striding over the reduced elements, a block all-reduce;
 * a reduction along an outer axis (column means): one thread per output, a serial loop
   over the reduced axis; neighbouring threads read neighbouring columns (coalesced).
+* a matrix rule's elementwise pass over an M x N matrix (its space: "RC", "RR", ...):
+  one element per thread, i = e // N, j = e % N; its whole-matrix reduction as a
+  whole-tensor one. Its products are no pass here: a target with ``library_matmul``
+  leaves them to the runtime's BLAS (cuBLAS through CuPy or torch);
 * a q8 update (states as block-wise 8-bit codes, optgen/core/quant.py): one block per
   quant block, ``min(quant_block, THREADS)`` threads each owning consecutive elements,
   a block all-reduce (max) per q8 state for its new absmax, then the codes
@@ -74,6 +78,8 @@ def shape_vars(k: LoweredKernel) -> dict[str, list]:
                 ("n",) if b.axes and b.name not in k.quant else ()
         elif not b.axes:
             names = (f"m_{b.name}",)
+        elif k.view == "matrix":   # (R, C), (R, R), ... by the buffer's shape code
+            names = tuple(b.axes)
         elif k.view == "flat":
             names = ("n",)
         else:
@@ -114,6 +120,8 @@ def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
         return render("kernel_gpu_update.py.j2", total="nrows * L", grid=grid,
                       index=["ri: T.let = e // L", "j: T.let = e % L",
                              "pi: T.let = B__indices[ri] * L + j"], **ctx), [grid]
+    if k.view == "matrix":
+        return _matrix(k, ctx)
     if k.kind == "update":
         axes = "" if k.view == "flat" else k.space
         total = "n" if k.view == "flat" else _product(axes)
@@ -142,3 +150,17 @@ def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     return render("kernel_gpu_reduce_cols.py.j2", grid=grid, outer_total=_product(out_axes),
                   outer=_decompose("o", out_axes), inner=_decompose("e", reduced),
                   inner_total=divisor, out=out_index, divisor=divisor, **ctx), [grid]
+
+
+def _matrix(k: LoweredKernel, ctx: dict) -> tuple[str, list[Grid]]:
+    """A matrix rule's elementwise pass or whole-matrix reduction over its space M x N."""
+    m, n = k.space
+    index = [f"i: T.let = e // {n}", f"j: T.let = e % {n}"]
+    total = f"{m} * {n}"
+    if k.kind == "update":
+        grid = Grid([m, n], THREADS)
+        return render("kernel_gpu_update.py.j2", total=total, grid=grid, index=index,
+                      **ctx), [grid]
+    first = Grid([m, n], THREADS, PARTIAL_BLOCKS)
+    return render("kernel_gpu_reduce_whole.py.j2", total=total, grid=first, index=index,
+                  partials=PARTIAL_BLOCKS, **ctx), [first, Grid([], 1)]

@@ -45,9 +45,9 @@ def kernel_irs(spec, traces, tg: targets.Target,
     if not tg.matrix:
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
-            with_matrix = ", ".join(n for n, t in targets.TARGETS.items() if t.matrix)
+            with_matrix = " and ".join(n for n, t in targets.TARGETS.items() if t.matrix)
             raise BuildError(f"{spec.name} uses matrix products (flags {matrix.flags}), which "
-                             f"optgen compiles for the {with_matrix} target only so far, "
+                             f"optgen compiles for the {with_matrix} targets only so far, "
                              f"not {tg.name}")
     fmt = formats.expand(spec.name, state_format, spec.states.values())
     quantized = sorted({formats.of(fmt[n]).name for n in formats.quantized(fmt)},

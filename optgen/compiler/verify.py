@@ -123,7 +123,8 @@ def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
         raise spec_line_error(e, spec.file or "") from None
 
 
-HOST_ONLY = {"stat": "a statistic", "inverse": "inverse()", "identity": "eye()"}
+HOST_ONLY = {"stat": "a statistic", "inverse": "inverse()", "identity": "eye()",
+             "inverse_root": "inverse_root()", "power_qr": "power_qr()"}
 
 
 def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:

@@ -9,7 +9,8 @@ mixed-precision kernel) are read cast to the kernel dtype.
 
 Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel dtype and
 ``repeat`` as a Python loop over the body's nodes; the refresh rule's ``inverse`` is
-``np.linalg.inv`` (it is evaluated in float64). Statistics are arrays like the states.
+``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr`` (it is
+evaluated in float64). Statistics are arrays like the states.
 """
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = np.eye(d[1] if rec["name"] == "R" else d[2], dtype=dt)[None]
         elif op == "inverse":
             v = np.linalg.inv(np.asarray(a[0], np.float64))
+        elif op == "inverse_root":
+            v = inverse_root(a[0], float(a[1]))
+        elif op == "power_qr":
+            v = power_qr(a[0], a[1])
         elif op == "loop":
             count = rec["value"]
             count = int(round(float(scalars[count]))) if isinstance(count, str) else count
@@ -130,4 +135,32 @@ def _loop_bodies(nodes: list[dict]) -> dict[int, list[int]]:
                 inside.add(j)
                 body.append(j)
         out[k] = body
+    return out
+
+
+def inverse_root(x: np.ndarray, root: float) -> np.ndarray:
+    """``x^(-1/root)`` of each symmetric matrix of the stack ``x`` ([B, N, N]) by eigh in
+    float64; eigenvalues <= 0 (round-off below the damping) give 0 (a pseudo-inverse)."""
+    x = np.asarray(x, np.float64)
+    lam, q = np.linalg.eigh((x + np.swapaxes(x, -1, -2)) / 2)
+    pos = lam > 0
+    scale = np.where(pos, np.power(np.where(pos, lam, 1.0), -1.0 / root), 0.0)
+    return (q * scale[..., None, :]) @ np.swapaxes(q, -1, -2)
+
+
+def power_qr(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """One QR power iteration Q = qr(x @ q) per matrix of the stack (float64); a basis
+    never fit (q zero or the identity) is x's eigenvectors by descending eigenvalue, and a
+    zero x gives the identity."""
+    x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
+    out = np.empty(np.broadcast_shapes(x.shape, q.shape))
+    eye = np.eye(x.shape[-1])
+    for b in range(out.shape[0]):
+        xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
+        if not xb.any():
+            out[b] = eye
+        elif not qb.any() or np.array_equal(qb, eye):
+            out[b] = np.linalg.eigh((xb + xb.T) / 2)[1][:, ::-1]
+        else:
+            out[b] = np.linalg.qr(xb @ qb)[0]
     return out

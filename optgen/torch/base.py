@@ -350,6 +350,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                 else:
                     v.copy_(torch_shards.local(rec[n]))
         core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
+        core.restore_refreshes([i for i, _ in plan])
         core.t = max((s.steps for s in core.records), default=0)
         core.forget_kernels()
         self._synced = [{} for _ in self.param_groups]   # re-send every group's values

@@ -27,7 +27,8 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
            "muon": "Muon", "nadam": "NAdam", "nag": "NAG",
            "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
-           "sgd": "SGD", "signum": "Signum", "thor": "THOR"}
+           "sgd": "SGD", "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP",
+           "thor": "THOR"}
 
 _made: dict[tuple, type] = {}
 

@@ -32,6 +32,8 @@ class Target:
     lazy: bool = True           # row-sparse kernels (they index with int64 row numbers)
     quant: bool = False         # q8/q4 state kernels (a GPU target: as tested on it)
     matrix: bool = False        # matrix rules (products of 2-D parameters)
+    library_matmul: bool = False  # their products run in the runtime's BLAS (CuPy/torch:
+    #                               cuBLAS; numpy), not as generated kernels
     vector: bool = False        # CPU schedule with explicit SIMD vectors (else scalar loops)
     source_key: str = ""        # the sources' key in the manifest (default: the name)
     source_format: str = ""     # what TVM's inspect_source is asked for

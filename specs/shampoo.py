@@ -1,0 +1,85 @@
+"""Shampoo with Adam grafting (Distributed Shampoo's per-layer rule, without blocking).
+
+For a 2-D parameter W (R x C), at step t:
+
+    g   = clip(rescale_grad * grad, -clip_gradient, clip_gradient)
+    every precondition_frequency steps (a parameter's steps 1, 1 + f, ...), on the host:
+        L_root = (L + epsilon I)^(-1/root)      R_root = (R + epsilon I)^(-1/root)   (eigh, float64)
+    L   = shampoo_beta2 * L + (1 - shampoo_beta2) * g g^T      (shampoo_beta2 = 1: L + g g^T)
+    R   = shampoo_beta2 * R + (1 - shampoo_beta2) * g^T g
+    m   = beta1 * m + (1 - beta1) * g;       m_hat = m / (1 - beta1^t)
+    v   = beta2 * v + (1 - beta2) * g * g;   a = m_hat / (sqrt(v / (1 - beta2^t)) + eps)
+    P   = L_root @ m_hat @ R_root
+    d   = P * ||a||_F / ||P||_F           if t >= start_preconditioning_step   else   a
+    W   = W * (1 - lr * weight_decay) - lr * d
+
+Parameters of any other rank take the graft rule alone (d = a): bias-corrected Adam with
+decoupled weight decay. The Shampoo direction borrows its per-layer norm from Adam
+("grafting", Agarwal et al. 2020), as Distributed Shampoo does by default.
+
+A refresh runs before the step's update, so the roots used at steps 1 + k f .. (k + 1) f
+come from the statistics of steps 1 .. k f (Distributed Shampoo's use the current step's
+too): the first refresh sees L = 0, so ``start_preconditioning_step`` (None: f + 1)
+must come after it. ``root`` = 4 is the paper's L^(-1/4) G R^(-1/4) for a matrix.
+Eigenvalues below 0 (round-off) give 0: the root is a pseudo-inverse root.
+
+References: V. Gupta, T. Koren, Y. Singer, "Shampoo: Preconditioned Stochastic Tensor
+Optimization", ICML 2018 (arXiv:1802.09568); H.-J. M. Shi et al., "A Distributed
+Data-Parallel PyTorch Implementation of the Distributed Shampoo Optimizer for Training
+Neural Networks At-Scale" (arXiv:2309.06497), facebookresearch/optimizers.
+"""
+from optgen.blocks import gradient_preprocessing, moments
+from optgen.dsl import Spec, eye, inverse_root, matmul, maximum, norm, sqrt, where
+
+spec = Spec("shampoo", __doc__, reference="arXiv:1802.09568")
+lr = spec.hyper("lr", 1e-3, "lr >= 0", "learning rate (of the grafted Adam norm)")
+beta1 = spec.hyper("beta1", 0.9, "0 <= beta1 < 1", "decay of the filtered gradient m")
+beta2 = spec.hyper("beta2", 0.999, "0 <= beta2 < 1", "decay of Adam's (the graft's) v")
+eps = spec.hyper("eps", 1e-8, "eps > 0", "added to Adam's sqrt(v_hat) in the graft")
+shampoo_beta2 = spec.hyper("shampoo_beta2", 1.0, "0 < shampoo_beta2 <= 1",
+                           "decay of L and R (1: sums, as the paper)")
+epsilon = spec.hyper("epsilon", 1e-12, "epsilon > 0", "damping added to L and R before roots")
+root = spec.hyper("root", 4.0, "root > 0", "the roots are L^(-1/root), R^(-1/root)")
+weight_decay = spec.hyper("weight_decay", 0.0, "weight_decay >= 0", "decoupled weight decay")
+frequency = spec.hyper("precondition_frequency", 20, "precondition_frequency >= 1",
+                       "steps between recomputations of the roots", type="int")
+start = spec.hyper("start_preconditioning_step", None, "start_preconditioning_step >= 1",
+                   "first step of the Shampoo direction; None: precondition_frequency + 1",
+                   type="int", optional=True, none_value=0)
+spec.shape_flag("matrix", "ndim == 2", "2-D parameters are preconditioned")
+preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
+m = spec.state("m", 0.0, "filtered gradient (Adam's first moment)")
+v = spec.state("v", 0.0, "Adam's second moment (the graft)")
+L = spec.state("L", 0.0, "left statistic: sum of g g^T", shape="rr", when="matrix")
+R = spec.state("R", 0.0, "right statistic: sum of g^T g", shape="cc", when="matrix")
+L_root = spec.state("L_root", 0.0, "(L + epsilon I)^(-1/root)", shape="rr", when="matrix")
+R_root = spec.state("R_root", 0.0, "(R + epsilon I)^(-1/root)", shape="cc", when="matrix")
+t = spec.t
+
+
+@spec.refresh(every=frequency)
+def refresh(w, flags):
+    if not flags.matrix:
+        return {}
+    return {L_root: inverse_root(L + epsilon * eye("r"), root),
+            R_root: inverse_root(R + epsilon * eye("c"), root)}
+
+
+@spec.update
+def shampoo(w, grad, flags):
+    g = preprocess(w, grad)
+    m_new, v_new = moments(m, v, g, beta1, beta2)
+    m_hat = m_new / (1 - beta1 ** t)
+    graft = m_hat / (sqrt(v_new / (1 - beta2 ** t)) + eps)
+    out = {m: m_new, v: v_new}
+    d = graft
+    if flags.matrix:
+        out[L] = shampoo_beta2 * L + where(shampoo_beta2 < 1, 1 - shampoo_beta2, 1.0) * \
+            matmul(g, g.T)
+        out[R] = shampoo_beta2 * R + where(shampoo_beta2 < 1, 1 - shampoo_beta2, 1.0) * \
+            matmul(g.T, g)
+        p = matmul(matmul(L_root, m_hat), R_root)
+        first = where(start > 0, start, frequency + 1)
+        d = where(t >= first, p * (norm(graft) / maximum(norm(p), 1e-30)), graft)
+    out[w] = w * (1 - lr * weight_decay) - lr * d
+    return out
