@@ -72,13 +72,29 @@ def test_same_bits_with_another_thread_count(openmp):
 
 def test_torch_loaded_means_openmp_by_default(openmp):
     optgen.set_cpu_pool("auto")
-    assert optgen.cpu_pool()["pool"] == "openmp"
-    before = omp_pool.omp_launches()
+    assert optgen.cpu_pool()["pool"] == "openmp"   # (TVM's while oversubscribed: no count)
     p = torch.zeros(N)
     opt = optgen.create("adam", [p])
     opt.step([torch.ones(N)])
-    assert omp_pool.omp_launches() > before
     assert torch.allclose(p, torch.full((N,), -1e-3), atol=1e-6)
+
+
+def test_auto_counts_runnable_threads(openmp):
+    """"auto" falls back to TVM's pool while /proc/loadavg shows more runnable threads
+    than its limit (0: no check, as "openmp" sets; -1: always over it)."""
+    shim = omp_pool._trampoline()
+    try:
+        for limit, on_omp in ((1_000_000, True), (0, True), (-1, False)):
+            p = np.zeros(N, np.float32)
+            opt = optgen.create("adam", [p])
+            opt.step([np.ones_like(p)])             # (the first step loads, attaching)
+            shim.optgen_set_mode(1, 2, omp_pool.TASKS_PER_THREAD, limit)
+            before = omp_pool.omp_launches()
+            opt.step([np.ones_like(p)])
+            assert (omp_pool.omp_launches() > before) == on_omp, limit
+            assert shim.optgen_busy() == (not on_omp)
+    finally:
+        optgen.set_cpu_pool("openmp")
 
 
 def test_bad_pool_names():

@@ -21,7 +21,10 @@ Which pool runs the kernels never changes their results: elementwise updates do 
 depend on the split, and reductions sum a fixed number of chunks (schedule_llvm).
 
 ``OPTGEN_CPU_POOL`` chooses: ``auto`` (the default: OpenMP when a libgomp is loaded,
-else TVM's), ``openmp`` or ``tvm``; ``set_pool`` does the same at run time.
+else TVM's; and TVM's while the machine is oversubscribed, more than BUSY_FACTOR
+runnable threads per core, sampled every 250 ms: OpenMP threads wait for each other
+by spinning, TVM's by yielding, which then wins), ``openmp`` (always, where a libgomp
+is loaded) or ``tvm``; ``set_pool`` does the same at run time.
 """
 from __future__ import annotations
 
@@ -39,39 +42,84 @@ from optgen.core.cache import cache_dir, machine
 POOLS = ("auto", "openmp", "tvm")
 LAUNCH = "__TVMBackendParallelLaunch"
 BARRIER = "__TVMBackendParallelBarrier"   # the trampoline has no barrier: such kernels stay
+# tasks per OpenMP thread, taken from a shared counter: a thread that runs takes the work
+# of one waiting for a core another process holds (1: one static task per thread)
+TASKS_PER_THREAD = 4
+# "auto" steps on TVM's pool while more than this many threads per core are runnable in
+# the system (measured: at 8 per core OpenMP's spinning waits made steps 1.5-2x slower)
+BUSY_FACTOR = 2
 
 SOURCE = r"""
 /* TVMBackendParallelLaunch on a GOMP-ABI OpenMP runtime (optgen runtime/backends/omp_pool.py) */
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
 typedef struct { void* sync_handle; int num_task; } Env;   /* TVMParallelGroupEnv */
 typedef int (*Lambda)(int task_id, Env* penv, void* cdata);
 typedef int (*Launch)(Lambda f, void* cdata, int num_task);
 typedef void (*GompParallel)(void (*fn)(void*), void* data, unsigned nthreads, unsigned flags);
-typedef int (*OmpInt)(void);
 static GompParallel gomp_parallel;
-static OmpInt thread_num, num_threads;
 static Launch tvm_launch;
-static volatile int use_omp, n_threads = 1;
+static volatile int use_omp, n_threads = 1, tasks_per_thread = 4;
 static volatile long omp_launches;                          /* read by tests */
-struct job { Lambda f; void* cdata; volatile int err; };
+static volatile int busy, busy_limit;
+static long long next_check_ns;
+/* threads runnable in the whole system: /proc/loadavg's fourth field, "runnable/total" */
+static int runnable(void) {
+  char buf[128];
+  int fd = open("/proc/loadavg", O_RDONLY), field = 0, r = 0;
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char* p = buf;
+  while (*p && field < 3) if (*p++ == ' ') field++;
+  while (*p >= '0' && *p <= '9') r = r * 10 + (*p++ - '0');
+  return r;
+}
+/* OpenMP threads wait for each other by spinning, not yielding: where more threads are
+   runnable than the machine has room for, TVM's pool (which yields) steps faster.
+   Sampled at most every 250 ms (a coarse clock read per launch otherwise). */
+static int oversubscribed(void) {
+  if (busy_limit <= 0) return busy = busy_limit < 0;   /* 0: no check; < 0: always (tests) */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  long long now = ts.tv_sec * 1000000000LL + ts.tv_nsec;
+  if (now >= next_check_ns) {
+    next_check_ns = now + 250000000LL;
+    busy = runnable() > busy_limit;
+  }
+  return busy;
+}
+/* tasks are taken from a counter, several per thread: where another process holds a
+   core, the threads that run take the tasks of the one that waits for it */
+struct job { Lambda f; void* cdata; int ntask; int next; volatile int err; };
 static void body(void* p) {
   struct job* j = (struct job*)p;
-  Env env = {0, num_threads()};
-  int r = j->f(thread_num(), &env, j->cdata);
-  if (r) j->err = r;
+  Env env = {0, j->ntask};
+  int t;
+  while ((t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->ntask) {
+    int r = j->f(t, &env, j->cdata);
+    if (r) j->err = r;
+  }
 }
 int optgen_launch(Lambda f, void* cdata, int num_task) {
-  if (!use_omp || !gomp_parallel) return tvm_launch(f, cdata, num_task);
-  struct job j = {f, cdata, 0};
+  if (!use_omp || !gomp_parallel || oversubscribed()) return tvm_launch(f, cdata, num_task);
+  int nt = num_task > 0 ? num_task : n_threads;
+  struct job j = {f, cdata, num_task > 0 ? num_task : nt * tasks_per_thread, 0, 0};
   ++omp_launches;
-  gomp_parallel(body, &j, (unsigned)(num_task > 0 ? num_task : n_threads), 0);
+  gomp_parallel(body, &j, (unsigned)nt, 0);
   return j.err;
 }
 void optgen_set_tvm(void* launch) { if (!tvm_launch) tvm_launch = (Launch)launch; }
-void optgen_set_omp(void* gp, void* tn, void* nt) {
-  thread_num = (OmpInt)tn; num_threads = (OmpInt)nt; gomp_parallel = (GompParallel)gp;
-}
+void optgen_set_omp(void* gp) { gomp_parallel = (GompParallel)gp; }
 long optgen_omp_launches(void) { return omp_launches; }
-void optgen_set_mode(int omp, int n) { n_threads = n > 0 ? n : 1; use_omp = omp; }
+void optgen_set_mode(int omp, int n, int tasks, int limit) {
+  n_threads = n > 0 ? n : 1; tasks_per_thread = tasks > 0 ? tasks : 1;
+  busy_limit = limit; next_check_ns = 0; use_omp = omp;
+}
+int optgen_busy(void) { return busy; }
 """
 
 _state = {"pool": os.environ.get("OPTGEN_CPU_POOL", "auto") or "auto", "why": ""}
@@ -124,7 +172,7 @@ def _gomp() -> ctypes.CDLL | None:
         if os.path.basename(path).startswith("libgomp"):
             try:
                 lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
-                lib.GOMP_parallel, lib.omp_get_thread_num, lib.omp_get_num_threads
+                lib.GOMP_parallel
                 return lib
             except (OSError, AttributeError):
                 continue
@@ -147,12 +195,12 @@ def _apply(shim: ctypes.CDLL) -> str:
     pool = _state["pool"]
     gomp = _gomp() if pool != "tvm" else None
     if gomp is not None:
-        shim.optgen_set_omp(ctypes.c_void_p(_addr(gomp.GOMP_parallel)),
-                            ctypes.c_void_p(_addr(gomp.omp_get_thread_num)),
-                            ctypes.c_void_p(_addr(gomp.omp_get_num_threads)))
+        shim.optgen_set_omp(ctypes.c_void_p(_addr(gomp.GOMP_parallel)))
     elif pool == "openmp":
         _state["why"] = "no GOMP-ABI OpenMP runtime (libgomp) is loaded in this process"
-    shim.optgen_set_mode(int(gomp is not None), _threads())
+    n = _threads()
+    limit = BUSY_FACTOR * max(n, len(os.sched_getaffinity(0))) if pool == "auto" else 0
+    shim.optgen_set_mode(int(gomp is not None), n, TASKS_PER_THREAD, limit)
     return "openmp" if gomp is not None else "tvm"
 
 
@@ -196,10 +244,13 @@ def set_pool(pool: str) -> str:
 
 
 def pool() -> dict[str, str]:
-    """The setting, the pool attached kernels use now, and why not OpenMP if not."""
+    """The setting, the pool attached kernels use ("openmp" or "tvm"), why not OpenMP if
+    not, and whether "auto" last found the machine oversubscribed (then TVM's runs)."""
     shim = _trampoline() if _state["pool"] != "tvm" else None
     using = _apply(shim) if shim is not None else "tvm"
-    return {"setting": _state["pool"], "pool": using, "why": _state["why"]}
+    busy = bool(shim.optgen_busy()) if shim is not None else False
+    return {"setting": _state["pool"], "pool": using, "why": _state["why"],
+            "oversubscribed": str(busy).lower()}
 
 
 def omp_launches() -> int:
