@@ -15,9 +15,10 @@ backward, as in a trainer (issue 36). Workloads:
 - ``gpt2``: GPT-2 small's 148 tensors (124M), AdamW, after the MLP's forward/backward.
 
 Rows: ``torch fused`` (torch.optim.AdamW(fused=True)), ``optgen default``
-(optgen.torch.AdamW: its parallel loops on torch's OpenMP runtime), ``optgen tvm pool``
-(the same on TVM's own thread pool, optgen.set_cpu_pool("tvm"): the behaviour before
-issue 36). Unless ``--no-quiet-child``, the same runs again in a new process with quiet
+(optgen.torch.AdamW, cpu pool "auto": torch's OpenMP runtime, or TVM's pool while the
+machine is oversubscribed), ``optgen openmp pool`` (always OpenMP) and ``optgen tvm
+pool`` (TVM's own thread pool: the behaviour before issue 36), set per row with
+optgen.set_cpu_pool. Unless ``--no-quiet-child``, the same runs again in a new process with quiet
 pools (OMP_WAIT_POLICY=passive, TVM_THREAD_POOL_SPIN_COUNT=0), rows tagged [quiet]. The
 parent process runs with none of THREAD_ENV set (what a user gets by default).
 
@@ -38,8 +39,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from optgen.benchmark import QUIET_ENV, THREAD_ENV, rotations, thread_env  # noqa: E402
 
-FUSED, DEFAULT, TVM = "torch fused", "optgen default", "optgen tvm pool"
-ROWS = (FUSED, DEFAULT, TVM)
+FUSED, DEFAULT = "torch fused", "optgen default"
+OMP, TVM = "optgen openmp pool", "optgen tvm pool"
+ROWS = (FUSED, DEFAULT, OMP, TVM)
+POOLS = {DEFAULT: "auto", OMP: "openmp", TVM: "tvm"}
 WORKLOADS = ("mlp", "10m", "gpt2")
 GOAL = 1.0   # optgen default / torch fused, in the trainer-like loop
 
@@ -70,7 +73,7 @@ class Row:
             self.opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
         else:
             self.opt = otorch.AdamW(params, lr=1e-3)
-        self.pool = "tvm" if name == TVM else "auto"
+        self.pool = POOLS.get(name, "auto")
         self.times: list[float] = []
 
     def step(self) -> float:
@@ -132,7 +135,9 @@ def med_ms(row: dict) -> float:
 
 
 def ratio(wl: dict, a: str, b: str = FUSED) -> float | None:
-    rows = {r["contender"]: r for r in wl["rows"]}
+    """median(a) / median(b); the rows of a quiet run carry a " [quiet]" tag."""
+    rows = {r["contender"].replace(" [quiet]", ""): r for r in wl["rows"]}
+    a, b = a.replace(" [quiet]", ""), b.replace(" [quiet]", "")
     return med_ms(rows[a]) / med_ms(rows[b]) if a in rows and b in rows else None
 
 
