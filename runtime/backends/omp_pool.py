@@ -29,6 +29,7 @@ is loaded) or ``tvm``; ``set_pool`` does the same at run time.
 from __future__ import annotations
 
 import ctypes
+import _ctypes
 import functools
 import hashlib
 import os
@@ -217,6 +218,13 @@ def attach(library: str) -> bool:
         return False
     lib = ctypes.CDLL(library)            # the handle tvm_ffi opened (same path)
     try:
+        return _point(shim, lib)
+    finally:
+        _ctypes.dlclose(lib._handle)      # only our reference: tvm_ffi's keeps it loaded
+
+
+def _point(shim: ctypes.CDLL, lib: ctypes.CDLL) -> bool:
+    try:
         ptr = ctypes.c_void_p.in_dll(lib, LAUNCH)
     except ValueError:                    # no parallel loop in this library
         return False
@@ -227,7 +235,8 @@ def attach(library: str) -> bool:
         pass
     if not ptr.value:
         return False
-    shim.optgen_set_tvm(ctypes.c_void_p(ptr.value))
+    if ptr.value != _addr(shim.optgen_launch):
+        shim.optgen_set_tvm(ctypes.c_void_p(ptr.value))
     _apply(shim)
     ptr.value = _addr(shim.optgen_launch)
     return True
