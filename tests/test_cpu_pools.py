@@ -109,6 +109,7 @@ opt = optgen.create("adam", [p])
 opt.step([np.ones_like(p)])
 from optgen.runtime.backends import omp_pool
 assert "torch" not in sys.modules
+assert "libgomp" in optgen.cpu_pool()["why"]
 print(optgen.cpu_pool()["pool"], omp_pool.omp_launches(), float(p[0]))
 """
 

@@ -15,7 +15,8 @@ How: a TVM-compiled library calls its parallel loops through one function pointe
 ``GOMP_parallel`` of the libgomp found in this process, or forwards to TVM's launch
 when the pool is "tvm". The trampoline is compiled once per machine with the system C
 compiler into the cache folder; without a compiler, or without libgomp in the process
-(numpy-only trainers), kernels keep TVM's pool exactly as before.
+when the library loads (numpy-only trainers), the library is left as it was: TVM's pool,
+no trampoline, nothing compiled.
 
 Which pool runs the kernels never changes their results: elementwise updates do not
 depend on the split, and reductions sum a fixed number of chunks (schedule_llvm).
@@ -46,6 +47,7 @@ BARRIER = "__TVMBackendParallelBarrier"   # the trampoline has no barrier: such 
 # tasks per OpenMP thread, taken from a shared counter: a thread that runs takes the work
 # of one waiting for a core another process holds (1: one static task per thread)
 TASKS_PER_THREAD = 4
+NO_GOMP = "no GOMP-ABI OpenMP runtime (libgomp, as torch loads) in this process"
 # "auto" steps on TVM's pool while more than this many threads per core are runnable in
 # the system (measured: at 8 per core OpenMP's spinning waits made steps 1.5-2x slower)
 BUSY_FACTOR = 2
@@ -198,7 +200,7 @@ def _apply(shim: ctypes.CDLL) -> str:
     if gomp is not None:
         shim.optgen_set_omp(ctypes.c_void_p(_addr(gomp.GOMP_parallel)))
     elif pool == "openmp":
-        _state["why"] = "no GOMP-ABI OpenMP runtime (libgomp) is loaded in this process"
+        _state["why"] = NO_GOMP
     n = _threads()
     limit = BUSY_FACTOR * max(n, len(os.sched_getaffinity(0))) if pool == "auto" else 0
     shim.optgen_set_mode(int(gomp is not None), n, TASKS_PER_THREAD, limit)
@@ -211,8 +213,8 @@ def attach(library: str) -> bool:
     if _state["pool"] not in POOLS:
         raise ValueError(f"OPTGEN_CPU_POOL must be one of {', '.join(POOLS)}, "
                          f"got {_state['pool']!r}")
-    if _state["pool"] == "tvm":
-        return False
+    if _state["pool"] == "tvm" or _gomp() is None:
+        return False                      # (numpy-only processes: TVM's pool, untouched)
     shim = _trampoline()
     if shim is None:
         return False
@@ -255,7 +257,9 @@ def set_pool(pool: str) -> str:
 def pool() -> dict[str, str]:
     """The setting, the pool attached kernels use ("openmp" or "tvm"), why not OpenMP if
     not, and whether "auto" last found the machine oversubscribed (then TVM's runs)."""
-    shim = _trampoline() if _state["pool"] != "tvm" else None
+    if _state["pool"] != "tvm" and _gomp() is None:
+        _state["why"] = NO_GOMP
+    shim = _trampoline() if _state["pool"] != "tvm" and _gomp() is not None else None
     using = _apply(shim) if shim is not None else "tvm"
     busy = bool(shim.optgen_busy()) if shim is not None else False
     return {"setting": _state["pool"], "pool": using, "why": _state["why"],
