@@ -129,3 +129,28 @@ def test_bad_environment_setting():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, OPTGEN_CPU_POOL="fast"), timeout=300)
     assert out.returncode != 0 and "OPTGEN_CPU_POOL must be one of auto, openmp, tvm" in out.stderr
+
+
+FORKED = """
+import os, sys, numpy as np, torch, optgen
+from optgen.runtime.backends import omp_pool
+assert optgen.set_cpu_pool("openmp") == "openmp", optgen.cpu_pool()
+p = np.zeros(200_003, np.float32)
+opt = optgen.create("adam", [p])
+opt.step([np.ones_like(p)])
+assert omp_pool.omp_launches() > 0
+pid = os.fork()
+if pid == 0:                          # the child steps on TVM's pool, and does not hang
+    n = omp_pool.omp_launches()
+    opt.step([np.ones_like(p)])
+    os._exit(0 if omp_pool.omp_launches() == n and abs(p[0] + 2e-3) < 1e-5 else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_forked_child_steps_on_tvm_pool(openmp):
+    out = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0"

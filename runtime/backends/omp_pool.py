@@ -65,7 +65,7 @@ static GompParallel gomp_parallel;
 static Launch tvm_launch;
 static volatile int use_omp, n_threads = 1, tasks_per_thread = 4;
 static volatile long omp_launches;                          /* read by tests */
-static volatile int busy, busy_limit;
+static volatile int busy, busy_limit, owner_pid;
 static long long next_check_ns;
 /* threads runnable in the whole system: /proc/loadavg's fourth field, "runnable/total" */
 static int runnable(void) {
@@ -108,7 +108,9 @@ static void body(void* p) {
   }
 }
 int optgen_launch(Lambda f, void* cdata, int num_task) {
-  if (!use_omp || !gomp_parallel || oversubscribed()) return tvm_launch(f, cdata, num_task);
+  /* a forked child (a DataLoader worker) has no OpenMP team of its parent's: TVM's pool */
+  if (!use_omp || !gomp_parallel || oversubscribed() || getpid() != owner_pid)
+    return tvm_launch(f, cdata, num_task);
   int nt = num_task > 0 ? num_task : n_threads;
   struct job j = {f, cdata, num_task > 0 ? num_task : nt * tasks_per_thread, 0, 0};
   ++omp_launches;
@@ -120,7 +122,7 @@ void optgen_set_omp(void* gp) { gomp_parallel = (GompParallel)gp; }
 long optgen_omp_launches(void) { return omp_launches; }
 void optgen_set_mode(int omp, int n, int tasks, int limit) {
   n_threads = n > 0 ? n : 1; tasks_per_thread = tasks > 0 ? tasks : 1;
-  busy_limit = limit; next_check_ns = 0; use_omp = omp;
+  busy_limit = limit; next_check_ns = 0; owner_pid = getpid(); use_omp = omp;
 }
 int optgen_busy(void) { return busy; }
 """
