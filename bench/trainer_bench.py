@@ -16,7 +16,7 @@ backward, as in a trainer (issue 36). Workloads:
 
 Rows: ``torch fused`` (torch.optim.AdamW(fused=True)), ``optgen default``
 (optgen.torch.AdamW, cpu pool "auto": torch's OpenMP runtime, or TVM's pool while the
-machine is oversubscribed), ``optgen openmp pool`` (always OpenMP) and ``optgen tvm
+machine is busy), ``optgen openmp pool`` (always OpenMP) and ``optgen tvm
 pool`` (TVM's own thread pool: the behaviour before issue 36), set per row with
 optgen.set_cpu_pool. Unless ``--no-quiet-child``, the same runs again in a new process with quiet
 pools (OMP_WAIT_POLICY=passive, TVM_THREAD_POOL_SPIN_COUNT=0), rows tagged [quiet]. The
