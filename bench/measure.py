@@ -4,17 +4,22 @@ here prints a table or judges a goal (report.py does).
 
 - ``run_timed``: the contenders in this process, interleaved by optgen.benchmark;
 - ``run_build``: cold and cached optgen builds and torch.compile, in new processes;
-- ``run_memory``: peak extra RSS of a step, a new process per contender.
+- ``run_memory``: peak extra RSS of a step, a new process per contender;
+- ``run_trainer``: bench/trainer_bench.py in a new process with no thread-pool variable
+  set (what a user gets), which reruns itself with quiet pools.
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 
-from optgen.benchmark import Contender, interleave
+from optgen.benchmark import THREAD_ENV, Contender, interleave
 from bandwidth import make_anchors
 from children import spawn
 from contenders import ADAM_B
@@ -30,7 +35,7 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 def run(wl: Workload, torch, sz: Sizes) -> dict:
     """The workload's results, by its runner."""
     runners = {"timed": lambda: run_timed(wl, torch, sz), "build": lambda: run_build(wl, sz),
-               "memory": lambda: run_memory(wl, sz)}
+               "memory": lambda: run_memory(wl, sz), "trainer": lambda: run_trainer(wl, sz)}
     return runners[wl.runner]()
 
 
@@ -161,3 +166,32 @@ def run_memory(wl: Workload, sz: Sizes) -> dict:
             "loadavg_1min": [load0, _load()], "rows": rows,
             "note": "new process per contender, MALLOC_MMAP_THRESHOLD_=65536; VmHWM after "
                     "a step minus VmRSS before it"}
+
+
+def run_trainer(wl: Workload, sz: Sizes) -> dict:
+    """One trainer_bench.py workload, default pools then quiet ones (rows "[quiet]")."""
+    load0 = _load()
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+    quick = sz.adam_small < 10_000_000
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "trainer.json")
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                     "trainer_bench.py"),
+                        "--workloads", wl.trainer, "--reps", str(max(sz.reps, 3)),
+                        "--json", out] + (["--quick"] if quick else []),
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        with open(out, encoding="utf-8") as f:
+            runs = json.load(f)["runs"]
+    rows, first = [], runs[0]["workloads"][0]
+    for run in runs:
+        for r in run["workloads"][0]["rows"]:
+            rows.append({"contender": r["contender"], "kind": "step", "bytes": 0,
+                         "times_s": r["times_s"], "max_abs_diff": r["max_abs_diff"],
+                         "note": f"pools {run['pools']}, cpu pool {run['cpu_pool']}"})
+    return {"name": wl.name, "title": f"{wl.title} ({first['params'] / 1e6:.1f}M, "
+                                      f"{first['tensors']} tensors)",
+            "params": first["params"], "tensors": first["tensors"], "bytes_per_param": 0,
+            "reference": wl.reference, "bandwidth": False, "reps": first["reps"],
+            "warmup": 3, "inner": 1, "note": "only opt.step() timed; [quiet]: "
+            "OMP_WAIT_POLICY=passive TVM_THREAD_POOL_SPIN_COUNT=0 in a new process",
+            "loadavg_1min": [load0, _load()], "rows": rows}

@@ -16,6 +16,7 @@ from lamb_rows import LAMB_OPTAX, LAMB_TORCH, make_optax_lamb, make_torch_lamb
 from params import WD, ParamSet, bert_params, flat_params
 
 STATE_FORMATS = ("bf16", "q8", "q4", "fp8")
+TRAINER_FUSED, TRAINER_DEFAULT = "torch fused", "optgen default"   # trainer_bench's rows
 # x torch fused fp32 Adam: issue 22's bf16 and q8 goals, issue 33's fp8 (q4: none)
 STATE_TARGETS = {"bf16": 0.85, "q8": 0.75, "fp8": 0.75}
 BNB, TORCHAO = "bitsandbytes Adam8bit", "torchao AdamW8bit"
@@ -76,7 +77,8 @@ class Workload:
     {size} (parameters per tensor). ``params``: Sizes -> the parameters; ``n``: without
     them, the Sizes field of the element count (the stream anchors', memory's); ``inner``:
     the Sizes field of the calls per sample; ``runner``: "timed" in this process,
-    "build" or "memory" in new ones."""
+    "build", "memory" or "trainer" (bench/trainer_bench.py, default and quiet pools)
+    in new ones."""
     name: str
     title: str
     params: Callable[[Sizes], ParamSet] | None = None
@@ -89,6 +91,7 @@ class Workload:
     note: str = ""
     goals: tuple[tuple[Goal, Measure], ...] = ()
     runner: str = "timed"
+    trainer: str = ""                 # runner "trainer": trainer_bench.py's workload
 
 
 def flat(n_field: str, wd: float = 0.0) -> Callable[[Sizes], ParamSet]:
@@ -146,6 +149,11 @@ WORKLOADS: tuple[Workload, ...] = (
              (OPTGEN, OPTGEN_FLAT, FUSED, FOREACH), FUSED, anchors=(), inner="latency_inner",
              bandwidth=False,
              goals=versus("100x1k latency", (OPTGEN, OPTGEN_FLAT), ((FUSED, 0.5),))),
+    *(Workload(f"trainer-{t}", f"trainer-like: torch fwd/bwd then the step, {t}",
+               runner="trainer", trainer=t, reference=TRAINER_FUSED,
+               goals=((Goal(f"trainer {t}: optgen default / torch fused", "<=", 1.0),
+                       Ratio(TRAINER_DEFAULT, TRAINER_FUSED)),))
+      for t in ("mlp", "10m", "gpt2")),
     Workload("build", "build: new processes (optgen adam, llvm; torch.compile)",
              runner="build",
              goals=((Goal("cold optgen build, new process wall", "<", 3.0, ".2f", " s"),

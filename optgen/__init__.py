@@ -15,7 +15,8 @@ from .core._version import __version__
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402
                             Optimizer, RowSparse, aligned_full, create, flatten, get_artifact,
-                            get_num_threads, load, register, schedules, set_num_threads)
+                            get_num_threads, load, register, schedules, set_num_threads,
+                            cpu_pool, set_cpu_pool)
 
 
 def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None,
@@ -32,4 +33,5 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",
            "RowSparse", "SpecError", "aligned_full", "build", "create", "flatten", "get_artifact",
            "get_num_threads", "load", "register", "schedules", "set_num_threads",
+           "cpu_pool", "set_cpu_pool",
            "__version__"]

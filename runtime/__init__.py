@@ -16,11 +16,11 @@ from optgen.core.catalog import register
 from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse
-from .threads import get_num_threads, set_num_threads
+from .threads import cpu_pool, get_num_threads, set_cpu_pool, set_num_threads
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSparse",
            "aligned_full", "create", "default_decay_filter", "flatten", "get_artifact", "get_num_threads",
-           "load", "register", "schedules", "set_num_threads"]
+           "load", "register", "schedules", "set_num_threads", "cpu_pool", "set_cpu_pool"]
 
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,

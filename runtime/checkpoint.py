@@ -4,7 +4,9 @@ The file is one ``.npz`` (numpy's zip of ``.npy`` arrays) holding every state ar
 plus ``meta.json``: the rest of the state_dict as JSON. Nothing is pickled, so loading
 a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Writes are
 atomic: a temporary file in the same folder, fsynced, then ``os.replace`` (a crash
-mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file).
+mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file,
+which names its writer; the next save to that path removes it once that writer is gone:
+runtime/tempfiles.py).
 
 ``state_dict`` and ``check`` read an optimizer through its public interface: its
 records (``opt.records``: each parameter's array, library, states, step count,
@@ -12,7 +14,7 @@ multipliers, last refresh), ``opt.groups``, ``opt.hyper`` and ``opt.t``;
 ``Optimizer.load_state_dict`` sets what ``check`` returns (``restore_states`` writes the
 states in place).
 
-May import: numpy, formats, hyper, tensors.
+May import: numpy, formats, hyper, tempfiles, tensors.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import warnings
 import zipfile
 from typing import Any, Mapping
@@ -30,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from optgen.core import hyper as hyper_rules
-from . import tensors
+from . import tempfiles, tensors
 from optgen.core import formats
 from optgen.core.formats import ABSMAX
 
@@ -259,7 +260,8 @@ def save(path: str | os.PathLike, sd: Mapping[str, Any]) -> None:
         meta["state"].append(rec)
     blob = json.dumps(meta).encode()
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".tmp-")
+    tempfiles.remove_abandoned(path)   # what saves killed mid-write left (tempfiles.py)
+    fd, tmp = tempfiles.create(path)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays, **{META: np.frombuffer(blob, np.uint8)})

@@ -13,6 +13,8 @@ import os
 
 from optgen.core.tvm_runtime import load_tvm_runtime
 
+from .backends import omp_pool
+
 
 def _started() -> bool:
     return load_tvm_runtime.cache_info().currsize > 0
@@ -32,6 +34,7 @@ def set_num_threads(n: int) -> None:
                          f"threads and cannot grow to {n}; set TVM_NUM_THREADS={n} or call "
                          "set_num_threads before the first step")
     tvm_ffi.get_global_func("runtime.config_threadpool")(0, int(n))
+    omp_pool.threads_changed(int(n))
 
 
 def get_num_threads() -> int:
@@ -39,3 +42,16 @@ def get_num_threads() -> int:
     load_tvm_runtime()
     import tvm_ffi
     return int(tvm_ffi.get_global_func("runtime.NumThreads")())
+
+
+def set_cpu_pool(pool: str) -> str:
+    """Which thread pool runs the CPU kernels' parallel loops: "auto" (the default, also
+    ``OPTGEN_CPU_POOL``: the OpenMP runtime torch loaded where there is one, else TVM's),
+    "openmp" or "tvm". Returns the pool now in use ("openmp" or "tvm"). Results are the
+    same bits whichever runs them (runtime/backends/omp_pool.py)."""
+    return omp_pool.set_pool(pool)
+
+
+def cpu_pool() -> dict[str, str]:
+    """{"setting", "pool" (the one in use), "why" (why not OpenMP, where it is not)}."""
+    return omp_pool.pool()
