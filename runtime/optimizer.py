@@ -50,6 +50,7 @@ class Optimizer(RecordTable):
 
     def __init__(self, artifact: Artifact, params: Any, *,
                  backend: str = "compiled", lazy_update: bool | None = None,
+                 multi_tensor: bool = True,
                  param_names: Sequence[str] | None = None,
                  name_filters: Mapping[str, Any] | None = None,
                  lr_mult: Mapping | None = None, wd_mult: Mapping | None = None,
@@ -68,6 +69,7 @@ class Optimizer(RecordTable):
             lazy_update = artifact.lazy_update_default
         self.lazy_update = checks.check_bool(name, "lazy_update", lazy_update)
         self.multi_precision = checks.check_bool(name, "multi_precision", multi_precision)
+        self.multi_tensor = checks.check_bool(name, "multi_tensor", multi_tensor)
         self.clip_global_norm = None if clip_global_norm is None else \
             checks.check_positive(name, "clip_global_norm", clip_global_norm)
         self.nonfinite = checks.check_nonfinite(name, nonfinite)
@@ -120,7 +122,7 @@ class Optimizer(RecordTable):
                                                        arrays, state_format_min_size)):
             s.formatted = fmt
         self._launch = launch.Launcher(name, artifact, backend, self._slots)
-        self._runs: dict[int, strategies.FlatRun] | None = None   # None: found next step
+        self._runs: dict[int, strategies.Strategy] | None = None   # None: found next step
         for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
             if mults:
                 setter(mults)
@@ -320,16 +322,18 @@ class Optimizer(RecordTable):
         if step.pending:
             shards_.run(self._shards, step.pending)
 
-    def _current_runs(self) -> dict[int, strategies.FlatRun]:
-        """The flat runs under the current kernels (found again after a flag, state or
-        multiplier change); none for the reference backend, which is the oracle."""
+    def _current_runs(self) -> dict[int, strategies.Strategy]:
+        """The flat runs and multi-tensor launches under the current kernels (found
+        again after a flag, state or multiplier change); none for the reference
+        backend, which is the oracle."""
         if self._runs is None:
             self._runs = {}
-            if self.backend == "compiled" and self._chains:
+            if self.backend == "compiled" and (self._chains or self.multi_tensor):
                 for i in range(len(self._slots)):
                     self._param_kernel(i)
-                self._runs = strategies.find_runs(self._launch, self._slots, self._chains,
-                                                  bool(self.artifact.inputs))
+                self._runs = strategies.find_launches(
+                    self._launch, self._slots, self._chains, bool(self.artifact.inputs),
+                    self.multi_tensor)
         return self._runs
 
     # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------

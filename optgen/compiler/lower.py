@@ -67,7 +67,8 @@ class LoweredKernel(formats.FormattedKernel):
     quant: dict[str, str] = field(default_factory=dict)   # blocked view: state -> its map
     quant_block: int = formats.NO_BLOCK                   # blocked view: elements per absmax
     role: str = "launch"        # which manifest slot runs it: "launch" (launches[launch]
-    launch: int | None = None   # ["symbol"]), "seg" (its "seg_symbol") or "lazy"
+    launch: int | None = None   # ["symbol"]), "seg" (its "seg_symbol"), "mt" (its
+                                # "mt_symbol") or "lazy"
 
     @property
     def blocked(self) -> bool:
@@ -158,7 +159,7 @@ def nan_bits(bits: str) -> str:
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
-          red_stride: int | None = None) -> list[LoweredKernel]:
+          red_stride: int | None = None, multi: bool = False) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
 
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
@@ -166,10 +167,13 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     or float32 on targets without doubles (Metal, WebGPU). ``red_stride`` (CPU targets:
     the reduction buffer size) also lowers each pass of a segmentable IR in the
     segmented view, suffixed ``_seg``: many tensors back to back, bounded by an offsets
-    array ``_seg``, with segment ``s``'s reduction results at ``s * red_stride``."""
+    array ``_seg``, with segment ``s``'s reduction results at ``s * red_stride``.
+    ``multi`` also lowers a single elementwise pass (``KernelIR.multi_tensor``) in the
+    multi-tensor view, suffixed ``_mt``: the same body over a list of tensors whose
+    buffers the schedule declares over pointers read from a table."""
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
-    multi = len(kir.launches) > 1
-    names = [f"{symbol}_p{k}" if multi else symbol for k in range(len(kir.launches))]
+    several = len(kir.launches) > 1
+    names = [f"{symbol}_p{k}" if several else symbol for k in range(len(kir.launches))]
     out = [_tagged(_lower_launch(kir, ln, dtype, name, acc_dtype), "launch", j)
            for j, (ln, name) in enumerate(zip(kir.launches, names)) if ln.kind != "repeat"]
     if kir.lazy is not None:
@@ -178,6 +182,10 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     if red_stride is not None and kir.segmentable:
         out += [_tagged(_lower_launch(kir, ln, dtype, f"{name}_seg", acc_dtype, red_stride),
                         "seg", j) for j, (ln, name) in enumerate(zip(kir.launches, names))]
+    if multi and kir.multi_tensor:
+        k = _lower_launch(kir, kir.launches[0], dtype, f"{symbol}_mt", acc_dtype)
+        k.view = "multi"       # (the same body: element i of one table entry's tensor)
+        out.append(_tagged(k, "mt", 0))
     return out
 
 

@@ -39,6 +39,9 @@ class PassPlan:
         return self.lowered.symbol
 
 
+_SLOT = {"seg": "seg_symbol", "mt": "mt_symbol"}   # a launch's variants, by pass role
+
+
 @dataclass
 class KernelPlan:
     """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype."""
@@ -58,8 +61,7 @@ class KernelPlan:
             if role == "lazy":
                 entry["lazy"]["symbol"] = p.compiled_as
             else:
-                entry["launches"][j]["seg_symbol" if role == "seg" else "symbol"] = \
-                    p.compiled_as
+                entry["launches"][j][_SLOT.get(role, "symbol")] = p.compiled_as
         return entry
 
 
@@ -107,8 +109,9 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
         symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         passes = []
-        for k in lower(kir, dt, symbol, tg.acc_dtype,
-                       RED_SCALAR_SIZE if tg.family == "cpu" else None):
+        cpu = tg.family == "cpu"
+        for k in lower(kir, dt, symbol, tg.acc_dtype, RED_SCALAR_SIZE if cpu else None,
+                       multi=cpu):
             text, grids = schedule(k, tg)                            # 5 schedule
             dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
             passes.append(PassPlan(k, text, grids, dims, k.symbol))
