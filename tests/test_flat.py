@@ -139,7 +139,8 @@ def test_names_that_skip_weight_decay_split_the_run(calls):
     shapes = [(8, 3), (3,), (5, 3), (3,)]
     names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     flat = optgen.create("adamw", dict(zip(names, optgen.flatten(data(np.float64, 1, shapes)))),
-                         weight_decay=0.1)
+                         weight_decay=0.1, multi_tensor=False)   # (runs only: issue 31's
+    #                                         multi-tensor launches would take 2 calls)
     ref = optgen.create("adamw", dict(zip(names, data(np.float64, 1, shapes))),
                         weight_decay=0.1, backend="reference")
     grads = optgen.flatten(grads_for(0, np.float64, shapes))

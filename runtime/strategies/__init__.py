@@ -47,7 +47,8 @@ def find_launches(launcher: Launcher, slots: Sequence[ParamSlot],
     (``find_runs``), then (``multi``) multi-tensor launches of the parameters no run
     steps (``find_multi``)."""
     runs: dict[int, Strategy] = dict(find_runs(launcher, slots, chains, has_inputs))
-    if multi:
+    if multi:   # (a run of one tensor and empty ones is no better than a list entry)
+        runs = {i: r for i, r in runs.items() if sum(slots[j].numel > 0 for j in r.indices) > 1}
         taken = {i for r in runs.values() for i in r.indices}
         runs.update(find_multi(launcher, slots, taken, has_inputs))
     return runs

@@ -11,14 +11,14 @@ templates/kernel_llvm_multi.py.j2) that reads a table of pointers instead of arr
                                     items (tensor, first element, end), CHUNK at most
 
 ``find`` groups the parameters that no flat run steps by (group, kernel, multipliers,
-library, device): one ``MultiTensor`` per group of two or more. The table is built
+library, device; the shape too where host scalars read it): one ``MultiTensor`` per group of two or more. The table is built
 once, when the kernels are prepared (the slots keep every array it points into); only
 the gradients' column is rewritten, when the gradient arrays change (checked per
 object, by address for torch). A member without a gradient (or with a row-sparse one),
 a step count or scalar state that differs, or gradients overlapping the table's other
 arrays make ``run`` decline: the members then step alone, exactly as before.
 
-May import: numpy, base, launch, slots, sparse, tensors.
+May import: numpy, base, launch, slots, sparse, tensors; core: scalar_expr.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import weakref
 from typing import Any, Sequence
 
 import numpy as np
+
+from optgen.core import scalar_expr
 
 from .. import tensors
 from ..launch import Launcher
@@ -122,6 +124,13 @@ class MultiTensor:
         return True
 
 
+def _reads_shape(k: Any) -> bool:
+    """Whether some host scalar of ``k`` reads the parameter's shape (then only tensors
+    of one shape share a launch: they share its scalars)."""
+    return any(scalar_expr.names(k.host_scalars[n]) & {"rows", "cols"}
+               for n in k.param_scalars)
+
+
 def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
          has_inputs: bool) -> dict[int, MultiTensor]:
     """First member -> its multi-tensor launch: the parameters not in ``taken`` (flat
@@ -135,7 +144,8 @@ def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
         if s.index in taken or s.split is not None or k is None or k.stochastic or \
                 "mt_symbol" not in k.launches[0] or not MultiTensor.fits(launcher, s):
             continue
-        key = (s.group, k.symbol, s.lr_mult, s.wd_mult, s.lib, tensors.device(s.array, s.lib))
+        key = (s.group, k.symbol, s.lr_mult, s.wd_mult, s.lib, tensors.device(s.array, s.lib),
+               s.dims if _reads_shape(k) else None)
         groups.setdefault(key, []).append(s)
     return {members[0].index: MultiTensor(launcher, members)
             for members in groups.values() if len(members) > 1}

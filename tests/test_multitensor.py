@@ -1,0 +1,168 @@
+"""Multi-tensor launches (issue 31): one call steps a list of loose tensors through a
+table of their pointers (runtime/strategies/multi.py, templates/kernel_llvm_multi.py.j2).
+
+Each case: the default optimizer (multi-tensor) equals the per-tensor launches
+(``multi_tensor=False``) bit for bit, and the reference interpreter within rounding,
+over a sample of catalog specs x flags x state formats x lists of 1, 2, 37 and 200
+tensors with sizes 0, 1, 255, 65537 and 1000003 mixed (sampled to keep it fast)."""
+import numpy as np
+import pytest
+
+import optgen
+from optgen.runtime import Artifact
+from optgen.runtime.strategies.multi import chunk_map
+
+BIG = 1_000_003
+LISTS = {1: [BIG], 2: [1, 65_537],
+         37: [BIG if i == 5 else (1, 255, 0, 65_537, 17)[i % 5] for i in range(37)],
+         200: [(1, 255, 0, 17, 3)[i % 5] if i != 150 else 65_537 for i in range(200)]}
+# (spec, hyperparameters, optimizer options, the list it runs)
+CASES = [("adam", {"weight_decay": 0.01}, {}, 37),
+         ("adam", {"use_nesterov": True}, {}, 200),
+         ("sgd", {"momentum": 0.9, "nesterov": True}, {}, 2),
+         ("lion", {}, {}, 200),
+         ("rmsprop", {"centered": True}, {}, 37),
+         ("adagrad", {}, {}, 2),
+         ("torch_adamw", {"amsgrad": True, "maximize": True}, {}, 37),
+         ("torch_asgd", {"weight_decay": 0.1}, {}, 200),   # scalar states per tensor
+         ("adam", {}, {"state_format": "bf16", "state_format_min_size": 1}, 37),
+         ("torch_sgd", {"momentum": 0.9}, {}, 1)]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Kernel calls by symbol (counted at the function handles)."""
+    seen: list[str] = []
+    original = Artifact.function
+
+    def counting(self, symbol):
+        fn = original(self, symbol)
+
+        def call(*args):
+            seen.append(symbol)
+            return fn(*args)
+        return call
+    monkeypatch.setattr(Artifact, "function", counting)
+    return seen
+
+
+def arrays(sizes, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(dtype) for n in sizes]
+
+
+def three_optimizers(name, hyper, options, sizes, dtype=np.float32):
+    make = lambda **kw: optgen.create(name, arrays(sizes, 0, dtype), **hyper, **options, **kw)
+    return make(), make(multi_tensor=False), make(backend="reference")
+
+
+@pytest.mark.parametrize("name,hyper,options,n", CASES,
+                         ids=[f"{c[0]}-{c[3]}-{i}" for i, c in enumerate(CASES)])
+def test_multi_tensor_equals_per_tensor_and_reference(name, hyper, options, n, calls):
+    sizes = LISTS[n]
+    multi, per, ref = three_optimizers(name, hyper, options, sizes)
+    for step in range(3):
+        grads = arrays(sizes, 10 + step)
+        before = len(calls)
+        multi.step(grads)
+        mine = calls[before:]
+        per.step(grads)
+        ref.step(grads)
+        if n > 1:   # one launch per kernel (formats skip tiny states; a list of one:
+            #         per tensor)
+            assert 1 <= len(mine) <= (2 if options else 1), mine
+            assert all(c.endswith("_mt") for c in mine), mine
+    for a, b, r in zip(multi.params, per.params, ref.params):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, r, rtol=2e-5, atol=2e-6)
+    for sa, sb in zip(multi.state, per.state):
+        for k in sa:
+            np.testing.assert_array_equal(np.asarray(sa[k]), np.asarray(sb[k]))
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_mixed_precision_lists(low, calls):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="numpy bfloat16 needs ml_dtypes")
+    dtype = ml_dtypes.bfloat16 if low == "bfloat16" else np.float16
+    sizes = LISTS[37]
+    multi, per, _ = three_optimizers("adam", {"lr": 1e-2}, {"multi_precision": True},
+                                     sizes, dtype)
+    for step in range(2):
+        grads = arrays(sizes, 20 + step, dtype)
+        before = len(calls)
+        multi.step(grads)
+        assert [c[-3:] for c in calls[before:]] == ["_mt"]
+        per.step(grads)
+    for a, b in zip(multi.params, per.params):
+        assert a.tobytes() == b.tobytes()
+    for sa, sb in zip(multi.state, per.state):
+        np.testing.assert_array_equal(sa["master"], sb["master"])
+
+
+def test_torch_tensors_new_gradients_every_step(calls):
+    torch = pytest.importorskip("torch", reason="torch tensors need torch")
+    sizes = LISTS[37]
+    params = [torch.from_numpy(a) for a in arrays(sizes, 0)]
+    multi = optgen.create("adam", params, lr=1e-2)
+    per = optgen.create("adam", arrays(sizes, 0), lr=1e-2, multi_tensor=False)
+    for step in range(3):               # new gradient tensors each step (set_to_none)
+        grads = arrays(sizes, 30 + step)
+        before = len(calls)
+        multi.step([torch.from_numpy(g.copy()) for g in grads])
+        assert len(calls) - before == 1
+        per.step(grads)
+    for a, b in zip(multi.params, per.params):
+        np.testing.assert_array_equal(a.numpy(), b)
+
+
+def test_groups_multipliers_and_missing_gradients_split_or_decline(calls):
+    sizes = [255, 17, 1, 65_537, 3, 9]
+    groups = lambda: [{"params": arrays(sizes, 0)[:3]},
+                      {"params": arrays(sizes, 0)[3:], "weight_decay": 0.0}]
+    multi = optgen.create("adamw", groups(), weight_decay=0.1)
+    per = optgen.create("adamw", groups(), weight_decay=0.1, multi_tensor=False)
+    grads = arrays(sizes, 1)
+    before = len(calls)
+    multi.step(grads)
+    assert len(calls) - before == 2                 # one launch per group
+    per.step(grads)
+    partial = list(grads)
+    partial[1] = None                               # parameter 1 skips: its list declines
+    before = len(calls)
+    multi.step(partial)
+    assert len(calls) - before == 2 + 1             # two alone, the other group's list
+    per.step(partial)
+    before = len(calls)
+    multi.step(grads)                               # step counts differ now: alone
+    assert len(calls) - before == 3 + 1
+    per.step(grads)
+    multi.set_lr_mult({4: 0.5})                     # a multiplier splits the group
+    per.set_lr_mult({4: 0.5})
+    before = len(calls)
+    multi.step(grads)
+    assert len(calls) - before == 3 + 2             # (0, 2 still differ from 1) + 3,5 + 4
+    per.step(grads)
+    for a, b in zip(multi.params, per.params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_gradient_overlapping_another_tensor_declines(calls):
+    """Gradient i over parameter i+1's memory: one parallel launch would race, so the
+    members step alone in order, as the per-tensor optimizer does."""
+    def layout():
+        base = np.random.default_rng(3).standard_normal(256).astype(np.float32)
+        return [base[k:k + 64] for k in (0, 64, 128)], [base[k:k + 64] for k in (64, 128, 192)]
+    params, grads = layout()
+    params = [p.copy() for p in params]             # loose parameters (no flat chain)
+    grads = [params[1], params[2], grads[2]]
+    multi = optgen.create("sgd", params, lr=0.1)
+    before = len(calls)
+    multi.step(grads)
+    assert len(calls) - before == 3
+
+
+def test_chunk_map():
+    c = chunk_map([0, 5, 70_000], chunk=32_768)
+    assert c.tolist() == [[70_005, 0, 0], [1, 0, 5], [2, 0, 32_768], [2, 32_768, 65_536],
+                          [2, 65_536, 70_000]]
+    assert chunk_map([]).tolist() == [[0, 0, 0]]
