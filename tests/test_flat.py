@@ -305,8 +305,9 @@ def test_torch_drop_in_flat_adopts_the_model(calls):
                                    torch.nn.Linear(16, 3))
     flat_model, plain_model = model(), model()
     before_ids = [id(p) for p in flat_model.parameters()]
-    opts = [optgen.torch.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, flat=f)
-            for m, f in ((flat_model, True), (plain_model, False))]
+    opts = [optgen.torch.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, flat=f,
+                               multi_tensor=f)   # (the plain one per tensor: issue 31's
+            for m, f in ((flat_model, True), (plain_model, False))]   # lists take 1)
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5) for o in opts]
     params = list(flat_model.parameters())
     assert [id(p) for p in params] == before_ids

@@ -111,7 +111,7 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
         passes = []
         cpu = tg.family == "cpu"
         for k in lower(kir, dt, symbol, tg.acc_dtype, RED_SCALAR_SIZE if cpu else None,
-                       multi=cpu):
+                       multi=tg.multi_tensor):
             text, grids = schedule(k, tg)                            # 5 schedule
             dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
             passes.append(PassPlan(k, text, grids, dims, k.symbol))

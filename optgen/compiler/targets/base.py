@@ -33,6 +33,7 @@ class Target:
     quant: bool = False         # q8/q4 state kernels (a GPU target: as tested on it)
     matrix: bool = False        # matrix rules (products of 2-D parameters)
     vector: bool = False        # CPU schedule with explicit SIMD vectors (else scalar loops)
+    multi_tensor: bool = False  # "_mt" variants: a list of tensors through a pointer table
     source_key: str = ""        # the sources' key in the manifest (default: the name)
     source_format: str = ""     # what TVM's inspect_source is asked for
     takes_arch: bool = False    # `--arch` picks the architectures it compiles for

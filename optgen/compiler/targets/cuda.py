@@ -54,4 +54,4 @@ class CUDA(Target):
 
 TARGET = CUDA("cuda", "gpu", "cu", ("float32", "float64"), ("float16", "bfloat16"), True,
               "float64", "NVIDIA GPUs: CUDA C++, PTX and cubin per --arch (nvcc)",
-              quant=True, takes_arch=True)
+              quant=True, takes_arch=True, multi_tensor=True)
