@@ -5,6 +5,10 @@ Each case: the default optimizer (multi-tensor) equals the per-tensor launches
 (``multi_tensor=False``) bit for bit, and the reference interpreter within rounding,
 over a sample of catalog specs x flags x state formats x lists of 1, 2, 37 and 200
 tensors with sizes 0, 1, 255, 65537 and 1000003 mixed (sampled to keep it fast)."""
+import os
+import re
+import shutil
+
 import numpy as np
 import pytest
 
@@ -166,3 +170,104 @@ def test_chunk_map():
     assert c.tolist() == [[70_005, 0, 0], [1, 0, 5], [2, 0, 32_768], [2, 32_768, 65_536],
                           [2, 65_536, 70_000]]
     assert chunk_map([]).tolist() == [[0, 0, 0]]
+
+
+# -- cuda: the multi-tensor variants compiled by nvcc (no GPU needed), run where one is --
+@pytest.fixture(scope="module")
+def cuda_build(tmp_path_factory):
+    """(name, state format) -> the CUDA artifact, built once per module by nvcc."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
+    from optgen.compiler.pipeline import build
+    from optgen.core import catalog
+    out, built = tmp_path_factory.mktemp("mtcuda"), {}
+
+    def get(name: str, fmt: str | None = None):
+        if (name, fmt) not in built:
+            r = build(catalog.resolve(name), "cuda", out=str(out), arch="sm_90",
+                      state_format=fmt)
+            built[name, fmt] = optgen.Artifact.load(r.path)
+        return built[name, fmt]
+    return get
+
+
+@pytest.mark.parametrize("name,fmt", [("adam", None), ("adam", "bf16")])
+def test_cuda_multi_tensor_kernels_compile_with_their_abi(name, fmt, cuda_build):
+    """Every kernel with a multi-tensor variant: its device kernel takes the pointer
+    table and the chunk map, the scalars and the chunk count, one block per row (the
+    header's block idles), and reads each buffer through a pointer from the table."""
+    art = cuda_build(name, fmt)
+    src = open(os.path.join(art.path, "kernels.cu")).read()
+    mts = [k.launches[0]["mt_symbol"] for k in art.kernels if "mt_symbol" in k.launches[0]]
+    assert len(mts) == len(art.kernels)           # (adam: one elementwise pass each)
+    for sym in mts:
+        entry = art.manifest["device_kernels"][sym]
+        assert entry["buffers"] == ["_tab", "_chunks"]
+        assert entry["dims"] == {"nt": ["_tab", 0], "nc1": ["_chunks", 0]}
+        (kern,) = entry["kernels"]
+        assert kern["grid"] == {"extent": ["nc1"], "per_block": 1, "max_blocks": None,
+                                "threads": 256}
+        assert [p.get("buffer") or p.get("dim") or "scalars" for p in kern["params"]] == \
+            ["_chunks", "_tab", "scalars", "nc1"]
+        head = re.search(rf"void __launch_bounds__\(256\) {kern['name']}\([^)]*\) \{{", src)
+        body = src[head.end():src.index("\n}\n", head.end())]
+        assert "((void*)B__tab_ptr[" in body and "blockIdx.x" in body
+
+
+def _cupy_gpu():
+    cp = pytest.importorskip("cupy", reason="the CUDA runs need CuPy (pip install 'optgen[cuda]')")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception:  # CuPy without a driver
+        count = 0
+    if count == 0:
+        pytest.skip("needs an NVIDIA GPU (CuPy sees none)")
+    if shutil.which("nvcc") is None:
+        pytest.skip("building for cuda needs nvcc")
+    return cp
+
+
+@pytest.mark.parametrize("name,hyper,n", [("adam", {"weight_decay": 0.01}, 37),
+                                          ("torch_adamw", {"amsgrad": True}, 200),
+                                          ("sgd", {"momentum": 0.9}, 2)])
+def test_cuda_multi_tensor_equals_per_tensor_on_cupy(name, hyper, n, calls):
+    cp = _cupy_gpu()
+    sizes = LISTS[n]
+    art = optgen.get_artifact(name, "cuda")
+    make = lambda **kw: optgen.create(art, [cp.asarray(a) for a in arrays(sizes, 0)],
+                                      **hyper, **kw)
+    multi, per = make(), make(multi_tensor=False)
+    for step in range(5):
+        grads = arrays(sizes, 40 + step)
+        before = len(calls)
+        multi.step([cp.asarray(g) for g in grads])     # (new arrays: the table's column)
+        assert [c[-3:] for c in calls[before:]] == ["_mt"]
+        per.step([cp.asarray(g) for g in grads])
+    cp.cuda.Device().synchronize()
+    for a, b in zip(multi.params, per.params):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+
+
+def test_cuda_multi_tensor_bf16_torch_tensors(calls):
+    """Mixed precision on torch CUDA bfloat16 tensors: the table holds the float32
+    masters, the bfloat16 parameters and gradients."""
+    _cupy_gpu()
+    torch = pytest.importorskip("torch", reason="the torch case needs torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch build has no CUDA")
+    sizes = LISTS[37]
+    art = optgen.get_artifact("adam", "cuda")
+    make = lambda **kw: optgen.create(
+        art, [torch.tensor(a, device="cuda").to(torch.bfloat16) for a in arrays(sizes, 0)],
+        multi_precision=True, lr=1e-2, **kw)
+    multi, per = make(), make(multi_tensor=False)
+    for step in range(3):
+        grads = [torch.tensor(g, device="cuda").to(torch.bfloat16)
+                 for g in arrays(sizes, 50 + step)]
+        before = len(calls)
+        multi.step(grads)
+        assert [c[-3:] for c in calls[before:]] == ["_mt"]
+        per.step(grads)
+    torch.cuda.synchronize()
+    for a, b in zip(multi.params, per.params):
+        assert torch.equal(a, b)

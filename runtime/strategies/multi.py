@@ -12,8 +12,9 @@ templates/kernel_llvm_multi.py.j2) that reads a table of pointers instead of arr
 
 ``find`` groups the parameters that no flat run steps by (group, kernel, multipliers,
 library, device; the shape too where host scalars read it): one ``MultiTensor`` per group of two or more. The table is built
-once, when the kernels are prepared (the slots keep every array it points into); only
-the gradients' column is rewritten, when the gradient arrays change (checked per
+once, when the kernels are prepared (the slots keep every array it points into; on a
+GPU it lives in device memory, and so does the chunk map); only the gradients' column
+is rewritten (one copy to the device), when the gradient arrays change (checked per
 object, by address for torch). A member without a gradient (or with a row-sparse one),
 a step count or scalar state that differs, or gradients overlapping the table's other
 arrays make ``run`` decline: the members then step alone, exactly as before.
@@ -35,7 +36,8 @@ from ..slots import ParamSlot
 from ..sparse import RowSparse
 from .base import StepInputs
 
-CHUNK = 1 << 15          # elements of one work item (whole vectors but the tensor's last)
+CHUNK = 1 << 15          # elements of a CPU work item (whole vectors but the tensor's last)
+GPU_CHUNK = 1 << 12      # elements of a GPU work item (one block of 256 threads)
 
 
 def chunk_map(sizes: Sequence[int], chunk: int = CHUNK) -> np.ndarray:
@@ -69,7 +71,12 @@ class MultiTensor:
                     ranges.append((lo, hi))
             self.table[r, -1] = s.numel
         self.persistent = np.array(sorted(ranges), dtype=np.int64).reshape(-1, 2)
-        self.chunks = chunk_map([s.numel for s in slots])
+        like, cpu = slots[0].array, tensors.device(slots[0].array, self.lib) == "cpu"
+        self.host = self.table       # (on a GPU: the table's device copy, rewritten in place)
+        self.chunks = chunk_map([s.numel for s in slots], CHUNK if cpu else GPU_CHUNK)
+        if not cpu:
+            self.table = tensors.copy_to(like, self.lib, self.host)
+            self.chunks = tensors.copy_to(like, self.lib, self.chunks)
         self.seen: tuple | None = None      # the gradients the table's column holds
 
     @staticmethod
@@ -97,7 +104,9 @@ class MultiTensor:
         spans = spans[np.argsort(spans[:, 0], kind="stable")]
         if len(spans) > 1 and np.any(spans[1:, 0] < np.maximum.accumulate(spans[:-1, 1])):
             return False
-        self.table[:, self.gcol] = ranges[:, 0]
+        self.host[:, self.gcol] = ranges[:, 0]
+        if self.table is not self.host:    # (one copy, ordered on the launch's stream)
+            tensors.copy_into(self.table, self.lib, self.host)
         try:
             self.seen = (tuple(weakref.ref(g) for g in gs), where)
         except TypeError:         # an array type without weak references: no caching
