@@ -117,17 +117,19 @@ class MultiTensor:
         first, rest = self.slots[0], self.slots[1:]
         k, names = first.kernel, first.kernel.scalar_state_updates
         gs = [step.grads[i] for i in self.indices]
-        if any(g is None or isinstance(g, RowSparse) for g in gs) or \
-                any(s.steps != first.steps for s in rest) or \
+        steps = first.steps
+        if any(g is None or type(g) is RowSparse for g in gs) or \
+                any(s.steps != steps for s in rest) or \
                 (names and not all(s.state[n] == first.state[n] for s in rest for n in names)):
             return False
         if not self._gradients(gs):
             return False
         for s in rest:
-            s.steps += 1
+            s.steps = steps + 1
         packed = step.advance(first, k)
-        for s in rest:                   # the members had the same values
-            s.state.update((n, first.state[n]) for n in names)
+        if names:                        # the members had the same values
+            for s in rest:
+                s.state.update((n, first.state[n]) for n in names)
         self.launcher.run_fused(self.indices, [(self.fn, [self.table, self.chunks])], None,
                                 packed)
         return True
@@ -145,8 +147,8 @@ def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
     """First member -> its multi-tensor launch: the parameters not in ``taken`` (flat
     runs), whole on this rank, whose prepared kernel has a multi-tensor variant, grouped
     by group, kernel, multipliers, library and device (two or more each)."""
-    if has_inputs:                       # (extra inputs: per-tensor arrays, not tabled)
-        return {}
+    if has_inputs or launcher.hooks:     # extra inputs: per-tensor arrays, not tabled;
+        return {}                        # hooks (offload): its buckets copy per tensor
     groups: dict[tuple, list[ParamSlot]] = {}
     for s in slots:
         k = s.kernel
