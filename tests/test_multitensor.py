@@ -271,3 +271,101 @@ def test_cuda_multi_tensor_bf16_torch_tensors(calls):
     torch.cuda.synchronize()
     for a, b in zip(multi.params, per.params):
         assert torch.equal(a, b)
+
+
+# -- capturable steps (runtime/capture.py): the host half, and replays of recorded calls --
+def test_capturable_replays_of_recorded_calls_equal_eager_steps(monkeypatch):
+    """A graph replays the captured kernel calls with the same arguments: the scalars'
+    rows are fixed arrays whose contents ``stage()`` rewrites. On the CPU the rows are
+    numpy arrays, so recording the calls of one step and calling them again after each
+    ``stage()`` is what a replay does; it equals eager steps bit for bit (a list, a flat
+    run and a lone tensor, two groups)."""
+    sizes = [255, 17, 1000, 3]
+    def groups():
+        ws = arrays(sizes, 0)
+        flat = optgen.flatten(arrays([64, 64], 1))
+        return [{"params": ws[:2] + flat}, {"params": ws[2:], "weight_decay": 0.0}]
+    cap = optgen.create("adamw", groups(), weight_decay=0.1, lr=1e-2, capturable=True)
+    eager = optgen.create("adamw", groups(), weight_decay=0.1, lr=1e-2)
+    grads = arrays(sizes[:2], 5) + optgen.flatten(arrays([64, 64], 6)) + arrays(sizes[2:], 7)
+    for _ in range(2):                                # eager steps make the rows
+        cap.step(grads)
+        eager.step(grads)
+    recorded = []
+    original = Artifact.function
+
+    def recording(self, symbol):
+        fn = original(self, symbol)
+        return lambda *args: recorded.append((fn, args)) or fn(*args)
+    monkeypatch.setattr(Artifact, "function", recording)
+    cap.forget_kernels()                              # (handles through the recorder)
+    eager.forget_kernels()
+    cap.step(grads)                                   # "capture": the calls of a step
+    graph = list(recorded)                            # (lists of each group, a flat run)
+    eager.step(grads)
+    assert len(graph) == 3 and all(type(a[-1]) is np.ndarray for _, a in graph)
+    for step in range(4):
+        for g, new in zip(grads, arrays([g.size for g in grads], 20 + step)):
+            g[...] = new                              # new values, same arrays
+        before = len(recorded)
+        assert cap.stage(grads) is True
+        assert len(recorded) == before                # the host half launches nothing
+        for fn, args in graph:                        # the replay
+            fn(*args)
+        eager.step(grads)
+    assert cap.t == eager.t == 7
+    for a, b in zip(cap.params, eager.params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_capturable_refusals():
+    ws = arrays([10, 20], 0)
+    with pytest.raises(ValueError, match="capturable=True cannot be combined"):
+        optgen.create("adam", ws, capturable=True, clip_global_norm=1.0)
+    with pytest.raises(ValueError, match="stage\\(\\) is for optimizers made with"):
+        optgen.create("adam", ws).stage(arrays([10, 20], 1))
+    opt = optgen.create("adam", ws, capturable=True)
+    grads = arrays([10, 20], 1)
+    opt.step(grads)
+    from optgen.runtime.capture import CaptureError
+    with pytest.raises(CaptureError, match="gradient 1 is not where the captured step"):
+        opt.stage([grads[0], grads[1].copy()])
+    opt.set_lr_mult({1: 0.5})                     # new launches: rows the graph lacks
+    with pytest.raises(CaptureError, match="needs new scalar buffers"):
+        opt.stage(grads)
+
+
+def test_cuda_graph_captures_and_replays_a_step():
+    """torch.cuda.graphs: a captured opt.step() replayed after stage() equals eager
+    steps bit for bit (multi-tensor list and a lone tensor; torch CUDA tensors)."""
+    _cupy_gpu()
+    torch = pytest.importorskip("torch", reason="the graph case needs torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch build has no CUDA")
+    sizes = [255, 65_537, 1, 1000]
+    art = optgen.get_artifact("adam", "cuda")
+    dev = lambda xs: [torch.tensor(x, device="cuda") for x in xs]
+    cap = optgen.create(art, dev(arrays(sizes, 0)), lr=1e-2, capturable=True)
+    eager = optgen.create(art, dev(arrays(sizes, 0)), lr=1e-2)
+    grads = dev(arrays(sizes, 1))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                    # eager warm-up steps make the rows
+        for _ in range(2):
+            cap.step(grads)
+            eager.step(grads)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cap.step(grads)                           # host half now, device half recorded
+    g.replay()
+    eager.step(grads)
+    for step in range(5):
+        for x, new in zip(grads, arrays(sizes, 30 + step)):
+            x.copy_(torch.from_numpy(new))
+        cap.stage(grads)
+        g.replay()
+        eager.step(grads)
+    torch.cuda.synchronize()
+    for a, b in zip(cap.params, eager.params):
+        assert torch.equal(a, b)

@@ -126,7 +126,7 @@ class MultiTensor:
             return False
         for s in rest:
             s.steps = steps + 1
-        packed = step.advance(first, k)
+        packed = step.place(self.indices, k, step.advance(first, k), first)
         if names:                        # the members had the same values
             for s in rest:
                 s.state.update((n, first.state[n]) for n in names)
@@ -145,15 +145,18 @@ def _reads_shape(k: Any) -> bool:
 def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
          has_inputs: bool) -> dict[int, MultiTensor]:
     """First member -> its multi-tensor launch: the parameters not in ``taken`` (flat
-    runs), whole on this rank, whose prepared kernel has a multi-tensor variant, grouped
-    by group, kernel, multipliers, library and device (two or more each)."""
+    runs) whose prepared kernel has a multi-tensor variant, grouped by group, kernel,
+    multipliers, library and device (two or more each). FSDP2 local shards join too: an
+    elementwise pass sums nothing across ranks, so a shard's step is its local slice's
+    (unless a host scalar reads the shape, which is the whole parameter's)."""
     if has_inputs or launcher.hooks:     # extra inputs: per-tensor arrays, not tabled;
         return {}                        # hooks (offload): its buckets copy per tensor
     groups: dict[tuple, list[ParamSlot]] = {}
     for s in slots:
         k = s.kernel
-        if s.index in taken or s.split is not None or k is None or k.stochastic or \
-                "mt_symbol" not in k.launches[0] or not MultiTensor.fits(launcher, s):
+        if s.index in taken or k is None or k.stochastic or \
+                "mt_symbol" not in k.launches[0] or not MultiTensor.fits(launcher, s) or \
+                (s.split is not None and _reads_shape(k)):
             continue
         key = (s.group, k.symbol, s.lr_mult, s.wd_mult, s.lib, tensors.device(s.array, s.lib),
                s.dims if _reads_shape(k) else None)
