@@ -165,6 +165,24 @@ def test_a_gradient_overlapping_another_tensor_declines(calls):
     assert len(calls) - before == 3
 
 
+def test_c_target_lists_equal_per_tensor(calls):
+    """The c target (scalar loops, gcc) builds the same multi-tensor variant."""
+    if shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.skip("the c target needs gcc")
+    art = optgen.get_artifact("adam", "c")
+    sizes = LISTS[37]
+    multi = optgen.create(art, arrays(sizes, 0), lr=1e-2)
+    per = optgen.create(art, arrays(sizes, 0), lr=1e-2, multi_tensor=False)
+    for step in range(2):
+        grads = arrays(sizes, 60 + step)
+        before = len(calls)
+        multi.step(grads)
+        assert [c[-3:] for c in calls[before:]] == ["_mt"]
+        per.step(grads)
+    for a, b in zip(multi.params, per.params):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_chunk_map():
     c = chunk_map([0, 5, 70_000], chunk=32_768)
     assert c.tolist() == [[70_005, 0, 0], [1, 0, 5], [2, 0, 32_768], [2, 32_768, 65_536],
