@@ -19,6 +19,7 @@ STATE_BYTES = {None: 28, "bf16": 20, "q8": 16, "q4": 14, "fp8": 16}
 ADAM_B = STATE_BYTES[None]
 FUSED, FOREACH, SINGLE = "torch fused", "torch foreach", "torch single-tensor"
 OPTGEN, OPTGEN_FLAT = "optgen adam", "optgen adam (flatten)"
+OPTGEN_PER = "optgen adam (per tensor)"      # multi_tensor=False: one call per tensor
 LAMB_OPTGEN, LAMB_FLAT = "optgen lamb", "optgen lamb (flatten)"
 NUMPY_EXPR, NUMPY_INPLACE = "numpy (out-of-place exprs)", "numpy (in-place, out=)"
 
@@ -29,15 +30,19 @@ def state_row(fmt: str) -> str:
 
 
 def make_optgen(ps: ParamSet, spec: str, name: str, flat: bool = False,
-                state_format: str | None = None) -> Contender:
+                state_format: str | None = None, multi_tensor: bool = True) -> Contender:
     """optgen.create(spec, ...): names and decay_filter=hf_decay where the set has names;
     ``flat``: each decay group's parameters and gradients in one buffer (optgen.flatten),
-    so a group is one kernel call; ``state_format``: low-bit states ("bf16", "q8", "q4", "fp8")."""
+    so a group is one kernel call; ``state_format``: low-bit states ("bf16", "q8", "q4",
+    "fp8"); ``multi_tensor=False``: loose tensors one call each (the default: one
+    multi-tensor call per group)."""
     import optgen
     hyper = dict(lr=LR, beta1=BETA1, beta2=BETA2, eps=LAMB_EPS if spec == "lamb" else EPS,
                  weight_decay=ps.wd)
     if state_format is not None:
         hyper["state_format"] = state_format
+    if not multi_tensor:
+        hyper["multi_tensor"] = False
     order = list(range(len(ps.ws)))
     if flat:
         decay = [i for i in order if ps.decay[i]]
@@ -56,7 +61,8 @@ def make_optgen(ps: ParamSet, spec: str, name: str, flat: bool = False,
                             decay_filter=hf_decay, **hyper)
     back = np.argsort(order)       # the set's order, for the weight check
     note = (f"optgen.create({spec!r}{', names, decay_filter=hf_decay' if ps.names else ''}"
-            f"{f', state_format={state_format!r}' if state_format else ''})"
+            f"{f', state_format={state_format!r}' if state_format else ''}"
+            f"{', multi_tensor=False' if not multi_tensor else ''})"
             f"{'; optgen.flatten per decay group' if flat else ''}; opt.step(grads)")
     return Contender(name, lambda: opt.step(gs), STATE_BYTES[state_format] * ps.n, spec,
                      lambda: concat([ws[i] for i in back]), note=note)

@@ -69,6 +69,8 @@ class DeviceFunction:
         if len(arrays) != len(self._names):
             raise TypeError(f"expected {len(self._names)} arrays ({', '.join(self._names)}) "
                             f"and the scalars, got {len(args)} arguments")
-        self._backend.run(self._spec, dict(zip(self._names, arrays)), np.asarray(scalars),
+        if isinstance(scalars, (list, tuple, float, int, np.generic)):
+            scalars = np.asarray(scalars)       # (a device array: a capturable row)
+        self._backend.run(self._spec, dict(zip(self._names, arrays)), scalars,
                           self._launches)
 

@@ -48,6 +48,7 @@ class Launcher:
         self.kernels: dict[tuple, KernelInfo] = {}
         self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
         self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
+        self.dry = False        # capturable stage(): host half only, no kernel calls
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
@@ -143,6 +144,8 @@ class Launcher:
                   scalars: np.ndarray) -> None:
         """A flat run's ``calls``, one per pass, for all its ``members`` at once; the
         gradient span ``gspan`` fills the ``GRAD`` slot (runtime/flat.py)."""
+        if self.dry:
+            return
         for i in members if self.hooks else ():
             self.hooks[0](i)
         for fn, args in calls:
@@ -153,6 +156,8 @@ class Launcher:
     def run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
             extra: Mapping[str, Any]) -> None:
         """Parameter ``i``'s update with dense gradient ``g``, in place."""
+        if self.dry:
+            return
         if self.hooks:
             self.hooks[0](i)
         self._run(i, k, g, scalars, extra)
@@ -231,6 +236,8 @@ class Launcher:
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""
+        if self.dry:
+            return
         p = self.slots[i].array
         rows = g.rows.reshape(len(g.indices), -1)
         full = self.arrays(i, k, rows, {})

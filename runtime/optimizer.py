@@ -16,21 +16,19 @@ any kernel runs, so an error (or a skipped step) leaves parameters and states
 bit-identical. Messages name the optimizer, the parameter (index and name), the value
 and the rule.
 
-Also: groups.py and hyper.py (groups, hyperparameters, lr schedules, multipliers),
-state.py (state allocation), checkpoint.py (state_dict checks and files). This module
-is the top of the runtime: no runtime module but ``__init__.py`` imports it.
+Also: groups.py, hyper.py, state.py, checkpoint.py, capture.py (capturable steps). The
+top of the runtime: no runtime module but ``__init__.py`` imports it.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import checkpoint, flat, launch, preprocess, refresh, scalars, state, strategies
-from optgen.core import formats, scalar_expr
+from . import capture, checkpoint, flat, launch, preprocess, refresh, scalars, state, strategies
+from optgen.core import formats, scalar_expr, views
 from . import shards as shards_
 from . import groups as grouping
 from . import inputs as checks
 from . import tensors
-from optgen.core import views
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
@@ -50,6 +48,7 @@ class Optimizer(RecordTable):
 
     def __init__(self, artifact: Artifact, params: Any, *,
                  backend: str = "compiled", lazy_update: bool | None = None,
+                 multi_tensor: bool = True, capturable: bool = False,
                  param_names: Sequence[str] | None = None,
                  name_filters: Mapping[str, Any] | None = None,
                  lr_mult: Mapping | None = None, wd_mult: Mapping | None = None,
@@ -68,6 +67,9 @@ class Optimizer(RecordTable):
             lazy_update = artifact.lazy_update_default
         self.lazy_update = checks.check_bool(name, "lazy_update", lazy_update)
         self.multi_precision = checks.check_bool(name, "multi_precision", multi_precision)
+        self.multi_tensor = checks.check_bool(name, "multi_tensor", multi_tensor)
+        self._rows = capture.rows(name, checks.check_bool(name, "capturable", capturable),
+                                  shards, clip_global_norm or nonfinite)
         self.clip_global_norm = None if clip_global_norm is None else \
             checks.check_positive(name, "clip_global_norm", clip_global_norm)
         self.nonfinite = checks.check_nonfinite(name, nonfinite)
@@ -120,7 +122,7 @@ class Optimizer(RecordTable):
                                                        arrays, state_format_min_size)):
             s.formatted = fmt
         self._launch = launch.Launcher(name, artifact, backend, self._slots)
-        self._runs: dict[int, strategies.FlatRun] | None = None   # None: found next step
+        self._runs: dict[int, strategies.Strategy] | None = None   # None: found next step
         for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
             if mults:
                 setter(mults)
@@ -146,15 +148,13 @@ class Optimizer(RecordTable):
         return tuple(self._groups)
 
     def forget_kernels(self) -> None:
-        """Prepare every kernel (and its states, plan and strategy) and find the flat
-        runs again before the next step: flags or states changed."""
+        """Prepare every kernel, state, plan and strategy again: flags or states changed."""
         for s in self._slots:
             s.forget_kernel()
         self._runs = None
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
-        """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
-        (offloaded states: optgen/torch/offload.py)."""
+        """``ready(i)`` before parameter ``i``'s kernels, ``done(i)`` after (offload)."""
         self._launch.watch(ready, done)
 
     # -- per parameter: flags, states, kernel --------------------------------------------
@@ -178,9 +178,8 @@ class Optimizer(RecordTable):
         state.allocate(self.artifact.states, s, chain, self._state_init)
 
     def _param_kernel(self, i: int) -> KernelInfo:
-        """Parameter ``i``'s kernel under the current flags, with its states ready for it
-        and its launch strategy chosen (cached: only a flag change, through set_hyper or
-        load_state_dict, redoes this)."""
+        """Parameter ``i``'s kernel under the current flags, its states and strategy ready
+        (cached: only a flag change, by set_hyper or load_state_dict, redoes this)."""
         s = self._slots[i]
         if s.kernel is not None:
             return s.kernel
@@ -203,8 +202,7 @@ class Optimizer(RecordTable):
 
     @property
     def hyper(self) -> dict[str, Any]:
-        """The optimizer-wide hyperparameters (groups may override them); change them
-        with ``set_hyper``."""
+        """The optimizer-wide hyperparameters (groups may override them; set_hyper)."""
         return dict(self._defaults)
 
     @property
@@ -283,9 +281,20 @@ class Optimizer(RecordTable):
         self.t += 1
         envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lrs[gi], scale,
                                       self.t) for gi in used}
+        if self._rows is not None:
+            self._rows.check_grads(grads, [s.lib for s in slots])
         self._launch_all(strategies.StepInputs(grads, extra, due, envs, lrs, self.t, self.seed,
-                                               art.statistics))             # launch
+                                               art.statistics, rows=self._rows))  # launch
         return True
+
+    def stage(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
+        """capturable=True: the host half of a step; a graph replay launches it."""
+        capture.stage_ready(self.name, self._rows, self._slots, self._centralized)
+        self._rows.staging = self._launch.dry = True
+        try:
+            return self.step(grads, **inputs)
+        finally:
+            self._rows.staging = self._launch.dry = False
 
     def _check_grads(self, grads: Any, what: str, remember: bool = False) -> list[Any]:
         return checks.check_grads(self.name, self._slots, grads, what, remember=remember,
@@ -320,16 +329,18 @@ class Optimizer(RecordTable):
         if step.pending:
             shards_.run(self._shards, step.pending)
 
-    def _current_runs(self) -> dict[int, strategies.FlatRun]:
-        """The flat runs under the current kernels (found again after a flag, state or
-        multiplier change); none for the reference backend, which is the oracle."""
+    def _current_runs(self) -> dict[int, strategies.Strategy]:
+        """The flat runs and multi-tensor launches under the current kernels (found
+        again after a flag, state or multiplier change); none for the reference
+        backend, which is the oracle."""
         if self._runs is None:
             self._runs = {}
-            if self.backend == "compiled" and self._chains:
+            if self.backend == "compiled" and (self._chains or self.multi_tensor):
                 for i in range(len(self._slots)):
                     self._param_kernel(i)
-                self._runs = strategies.find_runs(self._launch, self._slots, self._chains,
-                                                  bool(self.artifact.inputs))
+                self._runs = strategies.find_launches(
+                    self._launch, self._slots, self._chains, bool(self.artifact.inputs),
+                    self.multi_tensor)
         return self._runs
 
     # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------

@@ -59,6 +59,7 @@ SENT: dict[str, list[int]] = {}   # FSDP2: values per all-reduce of the optimize
 REDUCING = ("lamb", "lars", "adafactor", "centered-nsgd", "adamw-clip", "lamb-skewed",
             "lamb-skewed-unsummed")
 STEPS = 20
+LAUNCHES: dict[str, list[str]] = {}
 
 
 def optimizer_class(name: str) -> type:
@@ -118,6 +119,8 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     run_steps(net, opt, x, y, STEPS)
     if mode == "fsdp":   # the states are shards of the parameters' shape and placement
         SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
+        # (issue 31: the launches stepping this rank's shards, by strategy)
+        LAUNCHES[name] = sorted(type(r).__name__ for r in opt._core._current_runs().values())
         p = next(model.parameters())
         assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
                    if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
@@ -188,6 +191,7 @@ def run_all(mode: str) -> dict[str, np.ndarray]:
         results.update((f"{name}/{i}", p) for i, p in enumerate(params))
         if name in SENT:
             results[f"{name}/sent"] = np.array(SENT[name], dtype=np.int64)
+            results[f"{name}/launches"] = np.array(" ".join(LAUNCHES[name]))
     return results
 
 

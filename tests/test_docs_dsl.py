@@ -261,9 +261,9 @@ def test_spec_example_runs_in_the_reference_interpreter(spec_dir, name, base):
 
 def _kernel_irs(art: Artifact) -> list:
     """What the reference interpreter reads of each kernel (a build also names each
-    launch's functions, per tensor and segmented: left out)."""
+    launch's functions, per tensor, segmented and multi-tensor: left out)."""
     return [(k.symbol, k.ir, k.host_scalars, k.scalar_state_updates, k.buffers,
-             [{n: v for n, v in ln.items() if n not in ("symbol", "seg_symbol")}
+             [{n: v for n, v in ln.items() if n not in ("symbol", "seg_symbol", "mt_symbol")}
               for ln in k.launches])
             for k in art.kernels]
 

@@ -80,10 +80,12 @@ def read(path: str, name: str, mode: str = "r"):
 
 
 def launches(manifest: dict) -> list[dict]:
-    """Every launch of every kernel variant, the row-sparse (lazy) one included."""
+    """Every launch of every kernel variant, the row-sparse (lazy) one and the
+    multi-tensor ones (issue 31: an update launch each, under its ``mt_symbol``) included."""
     out = []
     for k in manifest["kernels"]:
         out += k["launches"]
+        out += [{**ln, "symbol": ln["mt_symbol"]} for ln in k["launches"] if "mt_symbol" in ln]
         if k["lazy"] is not None:
             out.append(k["lazy"])
     return out

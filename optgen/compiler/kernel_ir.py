@@ -104,6 +104,17 @@ class KernelIR:
             ln.kind in ("reduce", "update") and ln.view == "flat" and ln.space == "brc"
             and (ln.kind == "update" or not ln.node.axes) for ln in self.launches)
 
+    @property
+    def multi_tensor(self) -> bool:
+        """Whether the rule is one elementwise pass over the flat view (no reductions, no
+        workspaces, no block-quantized or stochastically rounded states), so one call can
+        step a list of tensors where they live through a table of their pointers (the
+        ``_mt`` variant: runtime/strategies/multi.py)."""
+        return (len(self.launches) == 1 and self.launches[0].kind == "update"
+                and self.launches[0].view == "flat" and self.launches[0].space == "brc"
+                and all(self.buffer_axes[b] == "brc" for b in self.launches[0].buffers)
+                and not self.quant and not self.stochastic)
+
     def to_json(self) -> dict:
         ir, index = serialize(self.tensor_updates, self.reductions)
         return {"flags": self.flags, "buffers": self.buffers, "scalars": self.scalars,

@@ -66,8 +66,9 @@ class LoweredKernel(formats.FormattedKernel):
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
     quant: dict[str, str] = field(default_factory=dict)   # blocked view: state -> its map
     quant_block: int = formats.NO_BLOCK                   # blocked view: elements per absmax
+    tabled: list[LoweredBuffer] = field(default_factory=list)  # "multi": table columns
     role: str = "launch"        # which manifest slot runs it: "launch" (launches[launch]
-    launch: int | None = None   # ["symbol"]), "seg" (its "seg_symbol") or "lazy"
+    launch: int | None = None   # ["symbol"]), "seg"/"mt" (its "seg/mt_symbol"), "lazy"
 
     @property
     def blocked(self) -> bool:
@@ -86,6 +87,7 @@ def buffer_var(name: str) -> str:
 
 
 SCALARS = "S"
+MULTI_ARGS = ("_tab", "_chunks")   # a multi-tensor pass's arrays: pointer table, chunk map
 ACC_DTYPE = "float64"   # reductions accumulate in float64 whatever the kernel dtype
 
 
@@ -158,7 +160,7 @@ def nan_bits(bits: str) -> str:
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
-          red_stride: int | None = None) -> list[LoweredKernel]:
+          red_stride: int | None = None, multi: bool = False) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
 
     A single pass keeps the plain symbol; several are suffixed ``_p0``, ``_p1``, ...
@@ -166,10 +168,12 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     or float32 on targets without doubles (Metal, WebGPU). ``red_stride`` (CPU targets:
     the reduction buffer size) also lowers each pass of a segmentable IR in the
     segmented view, suffixed ``_seg``: many tensors back to back, bounded by an offsets
-    array ``_seg``, with segment ``s``'s reduction results at ``s * red_stride``."""
+    array ``_seg``, with segment ``s``'s reduction results at ``s * red_stride``.
+    ``multi`` also lowers a single elementwise pass (``KernelIR.multi_tensor``) as ``_mt``:
+    the same body over a list of tensors, its buffers declared over a pointer table."""
     assert kir.param_dtype is None or dtype == MASTER_DTYPE, (kir.param_dtype, dtype)
-    multi = len(kir.launches) > 1
-    names = [f"{symbol}_p{k}" if multi else symbol for k in range(len(kir.launches))]
+    several = len(kir.launches) > 1
+    names = [f"{symbol}_p{k}" if several else symbol for k in range(len(kir.launches))]
     out = [_tagged(_lower_launch(kir, ln, dtype, name, acc_dtype), "launch", j)
            for j, (ln, name) in enumerate(zip(kir.launches, names)) if ln.kind != "repeat"]
     if kir.lazy is not None:
@@ -178,6 +182,12 @@ def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
     if red_stride is not None and kir.segmentable:
         out += [_tagged(_lower_launch(kir, ln, dtype, f"{name}_seg", acc_dtype, red_stride),
                         "seg", j) for j, (ln, name) in enumerate(zip(kir.launches, names))]
+    if multi and kir.multi_tensor:
+        k = _lower_launch(kir, kir.launches[0], dtype, f"{symbol}_mt", acc_dtype)
+        k.view = "multi"       # (the same body: element i of one table entry's tensor)
+        k.tabled, k.buffers = k.buffers, [LoweredBuffer(n, buffer_var(n), "k", "int64")
+                                          for n in MULTI_ARGS]
+        out.append(_tagged(k, "mt", 0))
     return out
 
 

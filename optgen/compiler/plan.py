@@ -45,6 +45,9 @@ class PassPlan:
         return self.lowered.kind == "matmul" and not self.script
 
 
+_SLOT = {"seg": "seg_symbol", "mt": "mt_symbol"}   # a launch's variants, by pass role
+
+
 @dataclass
 class KernelPlan:
     """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype."""
@@ -66,8 +69,7 @@ class KernelPlan:
             elif p.library:
                 entry["launches"][j].update(symbol=None, library="matmul")
             else:
-                entry["launches"][j]["seg_symbol" if role == "seg" else "symbol"] = \
-                    p.compiled_as
+                entry["launches"][j][_SLOT.get(role, "symbol")] = p.compiled_as
         return entry
 
 
@@ -116,8 +118,9 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
         symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         passes = []
-        for k in lower(kir, dt, symbol, tg.acc_dtype,
-                       RED_SCALAR_SIZE if tg.family == "cpu" else None):
+        cpu = tg.family == "cpu"
+        for k in lower(kir, dt, symbol, tg.acc_dtype, RED_SCALAR_SIZE if cpu else None,
+                       multi=tg.multi_tensor):
             if k.kind == "matmul" and tg.library_matmul:   # the runtime's BLAS computes it
                 passes.append(PassPlan(k, "", [], {}, k.symbol))
                 continue

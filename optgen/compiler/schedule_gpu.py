@@ -19,6 +19,8 @@ Each lowered pass becomes thread-bound loop nests over a one-dimensional grid of
   one element per thread, i = e // N, j = e % N; its whole-matrix reduction as a
   whole-tensor one. Its products are no pass here: a target with ``library_matmul``
   leaves them to the runtime's BLAS (cuBLAS through CuPy or torch);
+* a multi-tensor update (a list of tensors through a pointer table): one block per
+  work item of the chunk map, its threads striding over the item's elements;
 * a q8 update (states as block-wise 8-bit codes, optgen/core/quant.py): one block per
   quant block, ``min(quant_block, THREADS)`` threads each owning consecutive elements,
   a block all-reduce (max) per q8 state for its new absmax, then the codes
@@ -71,7 +73,9 @@ def shape_vars(k: LoweredKernel) -> dict[str, list]:
     out: dict[str, list] = {}
     companions = {c for s, f in k.formats.items() for c in f.companions(s, 0)}
     for b in k.buffers:
-        if k.view == "lazy":
+        if k.view == "multi":   # the pointer table's and the chunk map's rows
+            names = {"_tab": ("nt",), "_chunks": ("nc1",)}[b.name]
+        elif k.view == "lazy":
             names = {"_indices": ("nrows",), "grad": ("nrows", "L")}.get(b.name, ("n",))
         elif k.blocked:   # flat (n,) arrays, (nb,) absmax; the tables: fixed sizes
             names = ("nb",) if b.name in companions else \
@@ -115,6 +119,9 @@ def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
                       bs=k.quant_block, per=k.quant_block // threads, mids=mids,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE,
                       buckets=quant.BUCKETS), [grid]
+    if k.view == "multi":   # a block per work item of the chunk map (one idles)
+        grid = Grid(["nc1"], 1)
+        return render("kernel_gpu_multi.py.j2", grid=grid, **ctx), [grid]
     if k.view == "lazy":
         grid = Grid(["nrows", "L"], THREADS)
         return render("kernel_gpu_update.py.j2", total="nrows * L", grid=grid,

@@ -44,7 +44,9 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
                       per_task=Q8_BLOCKS_PER_TASK, mids=nibble_midpoints(k),
                       fast={f.map: _fast(f.map) for f in k.formats.values() if f.fast},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
-    if k.view == "seg":
+    if k.view == "multi":
+        name = "kernel_llvm_multi.py.j2"
+    elif k.view == "seg":
         name = "kernel_llvm_reduce.py.j2" if k.kind == "reduce" else "kernel_llvm_seg.py.j2"
     elif k.view == "lazy":
         name = "kernel_llvm_lazy.py.j2"

@@ -16,8 +16,8 @@ from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
-RUNTIME_OPTIONS = ("target", "multi_precision", "clip_global_norm", "nonfinite", "loss_scale",
-                   "state_format", "state_format_min_size", "stochastic_rounding", "seed")
+RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
+                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding", "seed")
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:

@@ -48,11 +48,13 @@ class _CuPy:
     def kernel(self, name: str) -> Any:
         return self.module.get_function(name)
 
-    def run(self, spec: dict, arrays: dict[str, Any], scalars: np.ndarray,
+    def run(self, spec: dict, arrays: dict[str, Any], scalars: Any,
             launches: list[tuple[Any, dict]]) -> None:
         """One kernel pass. A torch CUDA tensor goes to the kernel as its data pointer (the
         kernel's parameter is a pointer: the same bits, without a CuPy view per call), on
-        torch's current stream of its device; CuPy arrays as they are, on CuPy's stream."""
+        torch's current stream of its device; CuPy arrays as they are, on CuPy's stream.
+        ``scalars``: numpy (copied to the device, cached), or already on the device (a
+        capturable optimizer's row: runtime/capture.py)."""
         cp = self.cp
         device, stream = None, None
         args_of = {}
@@ -67,7 +69,8 @@ class _CuPy:
         dims = shape_values(spec, arrays)
         with cp.cuda.Device(device) if device is not None else _NO_CONTEXT:
             with stream or cp.cuda.get_current_stream():
-                sdev = self._scalars(scalars)
+                sdev = self._scalars(scalars) if isinstance(scalars, np.ndarray) else \
+                    np.uint64(scalars.data_ptr()) if hasattr(scalars, "data_ptr") else scalars
                 for kern, entry in launches:
                     nb = blocks(entry["grid"], dims)
                     if nb == 0:

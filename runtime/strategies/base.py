@@ -36,6 +36,15 @@ class StepInputs:
     statistics: Mapping[str, str]             # the spec's statistics and their shapes
     shared: dict[tuple, tuple] = field(default_factory=dict)
     pending: list[Iterator[list]] = field(default_factory=list)
+    rows: Any = None                          # capturable: runtime.capture.ScalarRows
+
+    def place(self, indices: Sequence[int], k: Any, packed: np.ndarray,
+              slot: ParamSlot) -> Any:
+        """The scalars a launch of ``indices`` passes: ``packed`` itself, or (capturable)
+        its fixed device row holding them (runtime/capture.py)."""
+        if self.rows is None:
+            return packed
+        return self.rows.place((tuple(indices), k.symbol), packed, slot.array, slot.lib)
 
     def advance(self, slot: ParamSlot, k: Any) -> np.ndarray:
         """Count ``slot``'s step and return kernel ``k``'s packed scalars for it: computed

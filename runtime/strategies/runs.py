@@ -55,7 +55,7 @@ class FlatRun:
             return False
         for s in rest:
             s.steps += 1
-        packed = step.advance(first, k)
+        packed = step.place(self.indices, k, step.advance(first, k), first)
         for s in rest:                   # the run's parameters had the same values
             s.state.update((n, first.state[n]) for n in names)
         self.launcher.run_fused(self.indices, self.calls, gspan, packed)

@@ -21,7 +21,7 @@ class PerTensor:
 
     def run(self, step: StepInputs) -> bool:
         s = self.slot
-        packed = step.advance(s, s.kernel)
+        packed = step.place(self.indices, s.kernel, step.advance(s, s.kernel), s)
         if s.numel:                   # (an empty parameter counts its step, runs nothing)
             self.launcher.run(s.index, s.kernel, step.grads[s.index], packed,
                               step.extra[s.index])
@@ -37,7 +37,7 @@ class Lazy(PerTensor):
         s, g = self.slot, step.grads[self.slot.index]
         if not isinstance(g, RowSparse):
             return super().run(step)
-        packed = step.advance(s, s.kernel)
+        packed = step.place(self.indices, s.kernel, step.advance(s, s.kernel), s)
         if len(g.indices) and s.array.size:
             self.launcher.run_lazy(s.index, s.kernel, g, packed)
         return True

@@ -35,6 +35,7 @@ class Target:
     library_matmul: bool = False  # their products run in the runtime's BLAS (CuPy/torch:
     #                               cuBLAS; numpy), not as generated kernels
     vector: bool = False        # CPU schedule with explicit SIMD vectors (else scalar loops)
+    multi_tensor: bool = False  # "_mt" variants: a list of tensors through a pointer table
     source_key: str = ""        # the sources' key in the manifest (default: the name)
     source_format: str = ""     # what TVM's inspect_source is asked for
     takes_arch: bool = False    # `--arch` picks the architectures it compiles for

@@ -54,4 +54,5 @@ class CUDA(Target):
 
 TARGET = CUDA("cuda", "gpu", "cu", ("float32", "float64"), ("float16", "bfloat16"), True,
               "float64", "NVIDIA GPUs: CUDA C++, PTX and cubin per --arch (nvcc)",
-              quant=True, takes_arch=True, matrix=True, library_matmul=True)
+              quant=True, takes_arch=True, matrix=True, library_matmul=True,
+              multi_tensor=True)
