@@ -46,6 +46,10 @@ OPTIMIZERS = {
     "centered-nsgd": ("tests/specs/centered_nsgd.py", dict(lr=1e-2)),
     # the global norm over every gradient, with a non-finite check
     "adamw-clip": ("AdamW", dict(lr=1e-2, clip_global_norm=0.05, nonfinite="skip")),
+    # a matrix rule: Muon's Newton-Schulz on the two weights (a tall (32, 16) and a wide
+    # (3, 32): at world size 4 one rank holds none of its rows), AdamW on the biases; on
+    # FSDP2 shards each weight is whole on one owner rank for the iterations
+    "muon": ("Muon", dict(lr=0.02, momentum=0.95, weight_decay=0.01)),
     # LAMB where the first layer's top rows are 100x the rest: per-shard norms would
     # differ from the whole tensor's by far (rank 0 holds those rows at world size 2)
     "lamb-skewed": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
@@ -57,7 +61,8 @@ SENT: dict[str, list[int]] = {}   # FSDP2: values per all-reduce of the optimize
 # rules that reduce over whole tensors: on FSDP2 shards the sums go through float64
 # all-reduces, so they match the single-process run to float32 rounding, not bitwise
 REDUCING = ("lamb", "lars", "adafactor", "centered-nsgd", "adamw-clip", "lamb-skewed",
-            "lamb-skewed-unsummed")
+            "lamb-skewed-unsummed", "muon")
+MOVED: dict[str, list[int]] = {}   # FSDP2: bytes this rank sent per all-to-all, by name
 STEPS = 20
 
 
@@ -118,6 +123,7 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     run_steps(net, opt, x, y, STEPS)
     if mode == "fsdp":   # the states are shards of the parameters' shape and placement
         SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
+        MOVED[name] = list(opt._core._shards.moved) if opt._core._shards else []
         p = next(model.parameters())
         assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
                    if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
@@ -188,6 +194,7 @@ def run_all(mode: str) -> dict[str, np.ndarray]:
         results.update((f"{name}/{i}", p) for i, p in enumerate(params))
         if name in SENT:
             results[f"{name}/sent"] = np.array(SENT[name], dtype=np.int64)
+            results[f"{name}/moved"] = np.array(MOVED[name], dtype=np.int64)
     return results
 
 

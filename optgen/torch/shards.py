@@ -29,8 +29,8 @@ import numpy as np
 
 import torch
 
-from optgen.runtime import checkpoint, shards
-from optgen.core import formats, scalar_expr, views
+from optgen.runtime import checkpoint, exchange, shards
+from optgen.core import formats, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -54,13 +54,23 @@ def sharded(p: Any) -> bool:
                                  for d, pl in enumerate(p.placements))
 
 
+def mesh_key(mesh: Any) -> tuple:
+    """A device mesh by value: device type, the ranks' layout and the dimension names.
+    ``fully_shard`` without a mesh (torch's documented per-layer use) builds a new,
+    equal mesh at every call: equal meshes are one mesh."""
+    return (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()),
+            mesh.mesh_dim_names)
+
+
 def _refused(artifact: Any) -> str | None:
-    """Why a rule cannot step a shard even with its reductions summed (None: it can)."""
+    """Why a rule cannot step a shard even with its reductions summed and its matrix
+    passes run whole on an owner rank (None: it can)."""
     for k in artifact.kernels:
         if k.matrix:
-            return "multiplies whole matrices"
-        if any({"rows", "cols"} & scalar_expr.names(e) for e in k.host_scalars.values()):
-            return "reads the parameter's shape"
+            try:
+                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+            except exchange.Unsupported as e:
+                return f"multiplies whole matrices and {e}"
     if any(formats.from_stored(v) is not None for v in artifact.stored.values()):
         return "keeps q8/q4 states, whose blocks would start at each shard"
     return None
@@ -89,9 +99,9 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     dts = [(i, p) for i, p in enumerate(params) if is_dtensor(p)]
     if not dts:
         return
-    meshes: dict[int, tuple[int, Any]] = {}
+    meshes: dict[tuple, tuple[int, Any]] = {}
     for i, p in dts:
-        meshes.setdefault(id(p.device_mesh), (i, p.device_mesh))
+        meshes.setdefault(mesh_key(p.device_mesh), (i, p.device_mesh))
     if len(meshes) > 1:
         (i, a), (j, b) = list(meshes.values())[:2]
         raise ValueError(f"{owner}: parameters {i} and {j} are DTensors on different device "
@@ -99,7 +109,8 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     if offload or flat:
         raise ValueError(f"{owner}: DTensor parameters with "
                          f"{'offload' if offload else 'flat=True'} are not built")
-    whole = _reduces(artifact) or clip_global_norm is not None or \
+    whole = _reduces(artifact) or any(k.matrix for k in artifact.kernels) or \
+        clip_global_norm is not None or \
         any(s.shape in ("row", "col") for s in artifact.states)
     dims = {}
     for i, p in dts:
@@ -107,8 +118,9 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
             continue
         why = _refused(artifact)
         if why is None and whole and _split_dim(p) is None:
-            why = ("reduces over the whole tensor, which is summed across shards only for "
-                   "a split of the first dimension (Shard(0), FSDP2's default)")
+            why = ("reduces over the whole tensor or multiplies whole matrices, which "
+                   "runs across shards only for a split of the first dimension (Shard(0), "
+                   "FSDP2's default)")
         if why is not None:
             raise ValueError(
                 f"{owner}: parameter {i} is sharded ({', '.join(map(str, p.placements))} over "
@@ -124,11 +136,31 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
 
 class MeshSum:
     """runtime/shards.Collective over one mesh dimension: one float64 all-reduce (sum)
-    of every array given, packed into one buffer on the mesh's device."""
+    of every array given, packed into one buffer on the mesh's device; one all-to-all
+    (``all_to_all_single`` with split sizes) per dtype for the rows exchanged."""
 
     def __init__(self, mesh: Any, dim: int):
         self.group = mesh.get_group(dim)
         self.device = torch.device(mesh.device_type)
+        self.rank, self.size = mesh.get_local_rank(dim), mesh.size(dim)
+
+    def all_to_all(self, sends: list[list[Any]], recvs: list[list[Any]]) -> None:
+        dtypes = {a.dtype for part in (*sends, *recvs) for a in part}
+        for dt in sorted(dtypes, key=str):
+            out = [[a for a in part if a.dtype == dt] for part in sends]
+            into = [[a for a in part if a.dtype == dt] for part in recvs]
+            flat = torch.cat([a.reshape(-1) for part in out for a in part] or
+                             [torch.empty(0, dtype=dt, device=self.device)])
+            got = torch.empty(sum(a.numel() for part in into for a in part), dtype=dt,
+                              device=self.device)
+            torch.distributed.all_to_all_single(
+                got, flat, [sum(a.numel() for a in part) for part in into],
+                [sum(a.numel() for a in part) for part in out], group=self.group)
+            at = 0
+            for part in into:
+                for a in part:
+                    a.copy_(got[at:at + a.numel()].view(a.shape))
+                    at += a.numel()
 
     def all_reduce(self, arrays: list[Any]) -> None:
         flat = torch.cat([torch.as_tensor(a).reshape(-1).to(self.device, torch.float64)
