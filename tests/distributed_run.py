@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-bad | dcp-save | dcp-load | optgen-save | optgen-load
+    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | dcp-save | dcp-load | optgen-save | optgen-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -50,6 +50,8 @@ OPTIMIZERS = {
     # (3, 32): at world size 4 one rank holds none of its rows), AdamW on the biases; on
     # FSDP2 shards each weight is whole on one owner rank for the iterations
     "muon": ("Muon", dict(lr=0.02, momentum=0.95, weight_decay=0.01)),
+    # a torch form (torch.optim.AdamW's signature and rule)
+    "torch-adamw": ("torch:AdamW", dict(lr=1e-2, weight_decay=0.1)),
     # LAMB where the first layer's top rows are 100x the rest: per-shard norms would
     # differ from the whole tensor's by far (rank 0 holds those rows at world size 2)
     "lamb-skewed": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
@@ -66,8 +68,17 @@ MOVED: dict[str, list[int]] = {}   # FSDP2: bytes this rank sent per all-to-all,
 STEPS = 20
 
 
+# torch's FSDP2 documentation as a user copies it (``fsdp-docs``): ``fully_shard`` on
+# each layer, then on the model, no mesh given (each call makes its own, equal mesh);
+# every rank trains on its own part of the batch. One optimizer per drop-in family: a
+# seed form, a torch form, a rule with reductions, a user spec, a matrix rule, q8 states
+DOCS = ("adam", "torch-adamw", "lamb", "centered-nsgd", "muon", "adam-q8")
+
+
 def optimizer_class(name: str) -> type:
     cls = OPTIMIZERS[name][0]
+    if cls.startswith("torch:"):
+        return getattr(ot, cls[len("torch:"):])
     if cls.endswith(".py"):
         return ot.make(os.path.join(os.path.dirname(HERE), cls))
     return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot.seeds, cls)
@@ -87,6 +98,13 @@ def setup(name: str, mode: str = "single") -> tuple:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 16, generator=g), torch.randn(64, 3, generator=g)
     net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
+    if mode == "fsdp-docs":
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -99,7 +117,7 @@ def setup(name: str, mode: str = "single") -> tuple:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kw)
     else:
         opt = cls(model.parameters(), **kw)
-    if name.endswith("-unsummed") and mode == "fsdp" and opt._core._shards:
+    if name.endswith("-unsummed") and mode.startswith("fsdp") and opt._core._shards:
         opt._core._shards.collective = _NoSum()
     return model, net, opt, x, y
 
@@ -121,7 +139,7 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     """``STEPS`` steps of optimizer ``name`` (see ``setup``); the parameters afterwards."""
     model, net, opt, x, y = setup(name, mode)
     run_steps(net, opt, x, y, STEPS)
-    if mode == "fsdp":   # the states are shards of the parameters' shape and placement
+    if mode.startswith("fsdp"):   # the states are shards of the parameters' shape and placement
         SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
         MOVED[name] = list(opt._core._shards.moved) if opt._core._shards else []
         p = next(model.parameters())
@@ -185,7 +203,7 @@ class _NoSum:
 def run_all(mode: str) -> dict[str, np.ndarray]:
     """Every optimizer's parameters, or (a refused optimizer) its error message."""
     results = {}
-    for name in OPTIMIZERS:
+    for name in DOCS if mode == "fsdp-docs" else OPTIMIZERS:
         try:
             params = train(name, mode)
         except ValueError as e:
@@ -233,14 +251,26 @@ def bad_steps() -> dict[str, np.ndarray]:
             out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
         out[f"{case}/unchanged"] = np.array(all(torch.equal(a, p._local_tensor) for a, p in
                                                 zip(before, model.parameters())))
-    # parameters on two meshes (two FSDP2 models) in one optimizer: refused at once
-    other = torch.nn.Linear(4, 4)
-    fully_shard(other, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
+    # parameters on two really different meshes (the ranks in another order) in one
+    # optimizer: refused at once; an equal mesh made again (fully_shard without a mesh
+    # does that per call) is the same mesh
+    from torch.distributed.device_mesh import DeviceMesh
+    world = torch.distributed.get_world_size()
+    for case, other_mesh in (("meshes", DeviceMesh("cpu", list(reversed(range(world))))),
+                             ("equal-meshes", init_device_mesh("cpu", (world,)))):
+        other = torch.nn.Linear(4, 4)
+        fully_shard(other, mesh=other_mesh)
+        try:
+            ot.LAMB([*model.parameters(), *other.parameters()], lr=1e-2)
+            out[f"{case}/raised"] = np.array("")
+        except ValueError as e:
+            out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
+    # a matrix rule with whole-matrix states (THOR's R x R and C x C inverses): refused
     try:
-        ot.LAMB([*model.parameters(), *other.parameters()], lr=1e-2)
-        out["meshes/raised"] = np.array("")
+        ot.seeds.THOR(model.parameters(), lr=1e-2)
+        out["thor/raised"] = np.array("")
     except ValueError as e:
-        out["meshes/raised"] = np.array(f"{type(e).__name__}: {e}")
+        out["thor/raised"] = np.array(f"{type(e).__name__}: {e}")
     return out
 
 

@@ -77,7 +77,19 @@ PER_STEP = {"lamb": [4, 8], "lars": [4, 8], "lamb-skewed": [4, 8],   # ||w||, ||
             # column means of the (32, 16) and (3, 32) weights (16 + 32), their row
             # statistics' means (1 + 1), the biases' RMS of w and of the update (2 + 2);
             # then the weights' RMS of w and of the update (2 + 2)
-            "adafactor": [4, 54, 4]}
+            "adafactor": [4, 54, 4],
+            # Muon: ||u|| of the two weights before Newton-Schulz (the biases: AdamW)
+            "muon": [4, 2]}
+
+
+def _muon_moved(world: int) -> int:
+    """Bytes all ranks send to others per step for Muon's two weights, (32, 16) and
+    (3, 32): each weight's rows not on its owner go there and come back (4 B each).
+    Owners by flops: the (32, 16) weight rank 0's, the (3, 32) one rank 1's."""
+    def rows(n: int, r: int) -> int:
+        size = -(-n // world)
+        return max(0, min(n, (r + 1) * size) - min(n, r * size))
+    return 2 * 4 * ((32 - rows(32, 0)) * 16 + (3 - rows(3, 1)) * 32)
 
 
 def _rel(a, b) -> float:
@@ -118,6 +130,31 @@ def test_matches_single_process(mode, world, single, tmp_path):
                 sent = got[f"{name}/sent"].tolist()
                 assert sent == PER_STEP.get(name, []) * distributed_run.STEPS, \
                     f"{where}: values per all-reduce {sent[:8]}..."
+    if split:   # Muon: two all-to-alls per step, each weight moved once each way
+        moved = np.array([got["muon/moved"] for got in ranks])
+        assert moved.shape == (world, 2 * distributed_run.STEPS), moved.shape
+        assert moved.sum() == _muon_moved(world) * distributed_run.STEPS, moved[:, :2]
+        steps = moved.sum(axis=0).reshape(-1, 2).sum(axis=1)
+        assert set(steps.tolist()) == {_muon_moved(world)}, steps
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_as_documented(world, single, tmp_path):
+    """torch's FSDP2 snippet as written (``fully_shard(layer)`` per layer, then
+    ``fully_shard(model)``, no mesh: every call makes its own, equal mesh), one optimizer
+    per drop-in family, each rank on its own part of the batch: equal to the
+    single-process run on the whole batch to float32 rounding (the gradients are
+    averaged by reduce-scatter, in another order). q8 states are refused on shards."""
+    for r, got in enumerate(_launch("fsdp-docs", world, tmp_path)):
+        for name in distributed_run.DOCS:
+            where = f"fsdp-docs, world size {world}, rank {r}: {name}"
+            if name.endswith("-q8"):
+                assert "q8/q4 states, whose blocks" in str(got[f"{name}/error"]), where
+                continue
+            assert f"{name}/error" not in got, f"{where}: {got.get(f'{name}/error')}"
+            for i, want in enumerate(single[name]):
+                np.testing.assert_allclose(got[f"{name}/{i}"], want, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{where} parameter {i}")
 
 
 def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
@@ -141,6 +178,8 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
             f"rank {r} changed parameters"
         assert str(got["good/raised"]) == "" and not got["good/unchanged"]
         assert "are DTensors on different device meshes" in str(got["meshes/raised"])
+        assert str(got["equal-meshes/raised"]) == "", got["equal-meshes/raised"]
+        assert "G_inv of shape RR (a whole-matrix state)" in str(got["thor/raised"])
 
 
 @pytest.mark.parametrize("how", ["dcp", "optgen"])
