@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | dcp-save | dcp-load | optgen-save | optgen-load
+    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | fsdp-q | dcp-save | dcp-load | optgen-save | optgen-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -195,6 +195,48 @@ def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
     return out
 
 
+# q8/q4 states on shards: per-shard blocks, checked against the paper's quantizer
+# applied to each rank's rows (tests/test_state_formats_oracle.py)
+Q_STEPS = 10
+
+
+def q_data() -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """A (1001, 5) parameter (5005 elements: q8/q4 by the default 4096-element minimum,
+    though each shard is smaller; its blocks cross the shards' edges) and a (37,) one
+    (full precision), and Q_STEPS gradients of each: alike on every rank."""
+    g = torch.Generator().manual_seed(2)
+    params = [torch.randn(1001, 5, generator=g), torch.randn(37, generator=g)]
+    return params, [[torch.randn(p.shape, generator=g) for p in params]
+                    for _ in range(Q_STEPS)]
+
+
+def q_shards(fmt: str) -> dict[str, np.ndarray]:
+    """Adam with ``fmt`` states on the ``q_data`` parameters split on every rank: after
+    each step this rank's codes and block scales of each state and its rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    whole, grads = q_data()
+    params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in whole]
+    opt = ot.seeds.Adam(params, lr=1e-2, state_format=fmt)
+    out = {"formatted": np.array([s.formatted for s in opt._core.records])}
+    for t, gs in enumerate(grads):
+        for p, g in zip(params, gs):
+            p.grad = distribute_tensor(g, mesh, [Shard(0)])
+        opt.step()
+        st = opt._core.state[0]
+        out.update((f"{fmt}/{t}/{n}", st[n].numpy().copy()) for n in st
+                   if not isinstance(st[n], np.floating))
+        out[f"{fmt}/{t}/w"] = params[0]._local_tensor.numpy().copy()
+    out[f"{fmt}/stored"] = np.array(sorted(opt._artifact.stored))
+    try:
+        opt.state_dict()
+        out[f"{fmt}/state_dict"] = np.array("")
+    except ValueError as e:
+        out[f"{fmt}/state_dict"] = np.array(f"{type(e).__name__}: {e}")
+    return out
+
+
 class _NoSum:
     def all_reduce(self, arrays: list) -> None:
         """Sums nothing: each rank keeps its own shard's partial sums (the mutant)."""
@@ -283,7 +325,8 @@ def main() -> None:
         if mode.endswith(("-save", "-load")):   # the checkpoint lives beside the results
             results = resharded(mode, os.path.join(os.path.dirname(out), "ckpt"))
         else:
-            results = bad_steps() if mode == "fsdp-bad" else run_all(mode)
+            results = bad_steps() if mode == "fsdp-bad" else \
+                {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else run_all(mode)
         np.savez(out, **results)
     finally:
         torch.distributed.destroy_process_group()

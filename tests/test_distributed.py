@@ -200,3 +200,52 @@ def test_checkpoint_reshards(how, saved, loaded, tmp_path):
                     have, want, rtol=1e-5, atol=1e-6,
                     err_msg=f"{how}: {name} saved at {saved}, loaded at {loaded}, rank {r}, "
                             f"parameter {i}")
+
+
+def test_q8_q4_states_on_shards_are_the_papers_quantizer_per_shard(tmp_path):
+    """Adam with q8 and q4 states on a (1001, 5) parameter split on 4 ranks (251, 251,
+    251 and 248 rows): formatted on every rank, as the whole parameter's 5005 elements
+    ask (each shard has fewer than the 4096-element minimum), with blocks that start at
+    each shard. Oracle: the paper's block-wise quantizer (tests/test_state_formats_oracle)
+    around the published Adam, applied to each rank's rows alone, step by step: codes
+    within one of it and more than 99.9 % equal, block scales and rows to float32
+    rounding. state_dict (and so torch.distributed.checkpoint) refuses such states."""
+    import test_state_formats_oracle as q
+    from catalog_oracles import ORACLES
+    from optgen.runtime import exchange, get_artifact
+    world = 4
+    ranks = _launch("fsdp-q", world, tmp_path)
+    whole, grads = distributed_run.q_data()
+    for fmt in ("q8", "q4"):
+        block, packed = (256, False) if fmt == "q8" else (128, True)
+        stored = get_artifact(distributed_run.ot.seeds.Adam.spec, "llvm",
+                              state_format=fmt).stored
+        sign = {s: stored[s].split(":")[1] in ("signed", "signed4") for s in stored}
+        agree = total = 0
+        for r, got in enumerate(ranks):
+            assert got["formatted"].tolist() == [True, False], f"rank {r}"
+            assert "per-shard blocks" in str(got[f"{fmt}/state_dict"])
+            a, b = exchange.rows_of(1001, world, r)
+            w = whole[0].numpy()[a:b].copy()
+            o = ORACLES["adam"](w.copy(), dtype=np.float32, lr=1e-2)
+            for t in range(distributed_run.Q_STEPS):
+                label = f"{fmt} rank {r} step {t}"
+                if t:
+                    o.w = got[f"{fmt}/{t - 1}/w"].copy()
+                    o.s = {**o.s, **{s: q.dequantize(
+                        got[f"{fmt}/{t - 1}/{s}"], got[f"{fmt}/{t - 1}/{s}__absmax"],
+                        q.MAPS[fmt, sign[s]], block, w.size, packed).reshape(w.shape)
+                        for s in stored}}
+                o.step(grads[t][0].numpy()[a:b])
+                for s in stored:
+                    scales = got[f"{fmt}/{t}/{s}__absmax"]
+                    assert scales.shape == (-(-w.size // block),), f"{label}: {s} blocks"
+                    codes, absmax = q.quantize(o.s[s], q.MAPS[fmt, sign[s]], block, packed)
+                    n_agree, n = q._compare(got[f"{fmt}/{t}/{s}"], codes, packed,
+                                            f"{label}: {s}")
+                    agree, total = agree + n_agree, total + n
+                    np.testing.assert_allclose(scales, absmax, rtol=2e-5, atol=1e-7,
+                                               err_msg=f"{label}: {s}__absmax")
+                np.testing.assert_allclose(got[f"{fmt}/{t}/w"], o.w, rtol=1e-4, atol=1e-6,
+                                           err_msg=f"{label}: w")
+        assert agree / total > 0.999, f"{fmt}: {1 - agree / total:.2e} of the codes differ"

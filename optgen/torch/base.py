@@ -263,6 +263,13 @@ class OptgenOptimizer(torch.optim.Optimizer):
         one torch.optim's optimizer of the same algorithm loads (optgen/torch/format.py)."""
         if format not in ("optgen", "torch"):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
+        blocked = [i for i, (p, s) in enumerate(zip(self._params, self._core.records))
+                   if s.formatted and torch_shards.sharded(p)]
+        if blocked:   # (DCP would take their per-shard block scales for whole tensors)
+            raise ValueError(f"{self._artifact.name}: parameter {blocked[0]} is sharded and "
+                             "keeps q8/q4 states in per-shard blocks, which state_dict (and "
+                             "torch.distributed.checkpoint) cannot describe; save them with "
+                             "opt.save(folder), which reshards at load")
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))

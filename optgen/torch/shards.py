@@ -71,8 +71,6 @@ def _refused(artifact: Any) -> str | None:
                 exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
             except exchange.Unsupported as e:
                 return f"multiplies whole matrices and {e}"
-    if any(formats.from_stored(v) is not None for v in artifact.stored.values()):
-        return "keeps q8/q4 states, whose blocks would start at each shard"
     return None
 
 
@@ -286,10 +284,42 @@ def load(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
         held = [(part, part["rows"][i]) for part in parts if part["rows"][i] is not None] \
             or [(parts[0], whole)]
         sd["params"][i]["shape"] = list(local(p).shape)
+        blocked = _blocked_rows(sd, i, p, held, mine)
         for n, v in sd["state"][i].items():
+            if n in blocked or n.endswith(formats.ABSMAX):
+                continue     # (per-shard blocks: taken by _blocked_rows)
             if isinstance(v, np.ndarray) and _split_state(p, kinds.get(n, "param")):
                 sd["state"][i][n] = np.concatenate(
                     [part["state"][i][n][max(mine[0], a) - a:min(mine[1], b) - a]
                      for part, (a, b) in held if min(mine[1], b) > max(mine[0], a)]
                     or [v[:0]])
     core.load_state_dict(sd)
+
+
+def _blocked_rows(sd: dict, i: int, p: Any, held: list, mine: tuple[int, int]) -> set[str]:
+    """Parameter ``i``'s q8/q4 states (per-shard blocks) for rows ``mine``: the codes
+    and block scales as saved when one file held exactly these rows; otherwise each
+    file's rows dequantized with its own blocks, and the float32 rows given to the
+    runtime's load, which quantizes them in this rank's blocks (and warns that it
+    converted them)."""
+    st = sd["state"][i]
+    blocked = {n for n in st if n + formats.ABSMAX in st}
+    for n in blocked:
+        same = [part for part, rows_ in held if tuple(rows_) == tuple(mine)]
+        if same:
+            st[n], st[n + formats.ABSMAX] = (same[0]["state"][i][n],
+                                             same[0]["state"][i][n + formats.ABSMAX])
+            continue
+        parts = []
+        for part, (a, b) in held:
+            if min(mine[1], b) <= max(mine[0], a):
+                continue
+            fmt = formats.from_stored(part["stored"][i][n])
+            rows_ = fmt.dequantize((part["state"][i][n], part["state"][i][n + formats.ABSMAX]),
+                                   (b - a, *p.shape[1:]))
+            parts.append(rows_[max(mine[0], a) - a:min(mine[1], b) - a])
+        st[n] = np.concatenate(parts) if parts else \
+            np.zeros((0, *p.shape[1:]), np.float32)
+        del st[n + formats.ABSMAX]
+        sd["stored"][i].pop(n, None)
+    return blocked
