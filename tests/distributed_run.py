@@ -150,7 +150,13 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
 
 # resharding checkpoints: STEPS // 2 steps at one world size, saved with
 # torch.distributed.checkpoint, loaded at another, STEPS // 2 more
-RESHARDED = ("adam", "lamb", "adafactor")
+RESHARDED = ("adam", "lamb", "adafactor", "muon")
+# optgen's own checkpoints also reshard q8 states (DCP refuses per-shard blocks)
+RESHARDED_OPTGEN = ("adam-q8",)
+
+
+def resharded_names(how: str) -> tuple[str, ...]:
+    return RESHARDED + (RESHARDED_OPTGEN if how == "optgen" else ())
 
 
 def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
@@ -164,7 +170,7 @@ def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
     from torch.distributed.tensor import distribute_tensor
     how, action = mode.split("-")
     out = {}
-    for name in RESHARDED:
+    for name in resharded_names(how):
         model, net, opt, x, y = setup(name, "fsdp")
         where = os.path.join(folder, f"{how}-{name}")
         if action == "save":
@@ -307,12 +313,16 @@ def bad_steps() -> dict[str, np.ndarray]:
             out[f"{case}/raised"] = np.array("")
         except ValueError as e:
             out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
-    # a matrix rule with whole-matrix states (THOR's R x R and C x C inverses): refused
-    try:
-        ot.seeds.THOR(model.parameters(), lr=1e-2)
-        out["thor/raised"] = np.array("")
-    except ValueError as e:
-        out["thor/raised"] = np.array(f"{type(e).__name__}: {e}")
+    # refused at construction on every rank, before any collective: a matrix rule with
+    # whole-matrix states (THOR's R x R and C x C inverses), offload, flat groups
+    for case, make in (("thor", lambda: ot.seeds.THOR(model.parameters(), lr=1e-2)),
+                       ("offload", lambda: ot.AdamW(model.parameters(), offload="cpu")),
+                       ("flat", lambda: ot.AdamW(model.parameters(), flat=True))):
+        try:
+            make()
+            out[f"{case}/raised"] = np.array("")
+        except (TypeError, ValueError) as e:
+            out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
     return out
 
 

@@ -99,6 +99,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         kept) and give them gradient views of another, existing gradients copied."""
         if not params:
             return
+        if any(torch_shards.is_dtensor(p) for p in params):   # (before any copy)
+            raise ValueError(f"{self._artifact.name}: DTensor parameters with flat=True are "
+                             "not built")
         try:
             views = flatten([p.data for p in params])
             grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p)

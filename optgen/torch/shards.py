@@ -62,6 +62,11 @@ def mesh_key(mesh: Any) -> tuple:
             mesh.mesh_dim_names)
 
 
+def _mesh_text(mesh: Any) -> str:
+    names = f" (dimensions {', '.join(mesh.mesh_dim_names)})" if mesh.mesh_dim_names else ""
+    return f"a {mesh.device_type} mesh of ranks {mesh.mesh.tolist()}{names}"
+
+
 def _refused(artifact: Any) -> str | None:
     """Why a rule cannot step a shard even with its reductions summed and its matrix
     passes run whole on an owner rank (None: it can)."""
@@ -103,7 +108,8 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     if len(meshes) > 1:
         (i, a), (j, b) = list(meshes.values())[:2]
         raise ValueError(f"{owner}: parameters {i} and {j} are DTensors on different device "
-                         f"meshes ({a} and {b}); one optimizer steps parameters of one mesh")
+                         f"meshes ({_mesh_text(a)} and {_mesh_text(b)}); one optimizer steps "
+                         "parameters of one mesh")
     if offload or flat:
         raise ValueError(f"{owner}: DTensor parameters with "
                          f"{'offload' if offload else 'flat=True'} are not built")
