@@ -50,6 +50,8 @@ OPTIMIZERS = {
     # (3, 32): at world size 4 one rank holds none of its rows), AdamW on the biases; on
     # FSDP2 shards each weight is whole on one owner rank for the iterations
     "muon": ("Muon", dict(lr=0.02, momentum=0.95, weight_decay=0.01)),
+    # states and a master copy in host memory (FSDP2: refused)
+    "adamw-offload": ("AdamW", dict(lr=1e-2, weight_decay=0.1, offload="cpu")),
     # a torch form (torch.optim.AdamW's signature and rule)
     "torch-adamw": ("torch:AdamW", dict(lr=1e-2, weight_decay=0.1)),
     # LAMB where the first layer's top rows are 100x the rest: per-shard norms would

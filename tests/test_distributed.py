@@ -115,6 +115,10 @@ def test_matches_single_process(mode, world, single, tmp_path):
                 assert off <= 2 * one, f"fsdp rank {r}: {name} {off} from float32 Adam"
                 continue
             where = f"{mode}, world size {world}, rank {r}: {name}"
+            if mode == "fsdp" and name.endswith("-offload"):   # DTensors, even whole ones
+                assert str(got[f"{name}/error"]).endswith(
+                    "DTensor parameters with offload are not built"), where
+                continue
             if mode == "zero" and world > 1 and name == "adamw-clip":
                 continue   # ZeRO-1 gives each rank's optimizer its partition only, so an
                 # optimizer's global norm is its partition's (docs/distributed.md)

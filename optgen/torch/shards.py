@@ -12,10 +12,14 @@ and the passes that read them (runtime/shards.py), with one all-reduce per reduc
 level for all parameters of a step over the mesh dimension the parameters are split
 on; ``clip_global_norm`` and the non-finite check add the split gradients' sums of
 squares the same way. This needs a split of the first dimension (``Shard(0)``, FSDP2's
-default) on one mesh dimension. A rule that multiplies whole matrices (Muon, THOR),
-reads the parameter's shape in a host scalar, or keeps q8 states (whose blocks would
-start at each shard) is refused on a sharded parameter: a ValueError at construction,
-raised alike on every rank before any collective, so no rank waits on another.
+default) on one mesh dimension. A matrix rule's whole-matrix passes (Muon's
+Newton-Schulz) run on one owner rank per matrix, its rows exchanged by all-to-all
+(runtime/exchange.py); q8/q4 states keep per-shard blocks, formatted by the whole
+parameter's size. Refused on a sharded parameter (a ValueError at construction, raised
+alike on every rank before any collective, so no rank waits on another): a matrix rule
+with whole-matrix states (THOR), other splits where the rule reduces or multiplies
+matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
+without a mesh builds one per call) are one mesh.
 Replicated DTensors are whole on every rank and take any rule.
 """
 from __future__ import annotations
