@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Optimizer steps under FSDP2 (``fully_shard``), side by side in the same processes:
-optgen Adam and LAMB against torch.optim.AdamW (foreach; fused where this torch has
+optgen AdamW, LAMB and Muon against torch.optim.AdamW (foreach; fused where this torch has
 it for the device), at world sizes 1, 2 and 4 (gloo on CPU; NCCL on GPUs).
 
     python bench/distributed.py                         # BERT-base shapes, worlds 1 2 4
@@ -13,7 +13,9 @@ sharded on its first dimension across the ranks. Only the optimizer step is time
 shards; the median over repetitions of the slowest rank is reported. The optimizer's
 own collectives are counted by optgen's runtime (LAMB: the float64 sums of ||w|| and
 ||update|| per tensor, in one all-reduce per step, plus the 32-byte agreement of the
-step's checks); torch's AdamW and optgen's Adam send nothing. FSDP's own traffic (the
+step's checks); torch's AdamW and optgen's Adam send nothing; Muon moves each 2-D
+tensor's rows to its owner rank and back (two all-to-alls: bytes summed over the ranks,
+next to what gathering every matrix on every rank would receive). FSDP's own traffic (the
 gradients' reduce-scatter and the parameters' all-gather in forward) is the same for
 every optimizer and is not part of a step. A script, not a test.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -87,6 +90,9 @@ def rank_main(world: int, rank: int, port: str, args: argparse.Namespace) -> Non
         "torch AdamW " + next(iter(fused)): lambda ps: torch.optim.AdamW(ps, lr=1e-4, **fused),
         "optgen AdamW": lambda ps: ot.AdamW(ps, lr=1e-4),
         "optgen LAMB": lambda ps: ot.LAMB(ps, lr=1e-4),
+        # Newton-Schulz on every 2-D tensor, each whole on one owner rank (AdamW on the
+        # others): two all-to-alls per step (runtime/exchange.py)
+        "optgen Muon": lambda ps: ot.seeds.Muon(ps, lr=1e-4),
     }
     results = {}
     for name, make in rows.items():
@@ -96,12 +102,18 @@ def rank_main(world: int, rank: int, port: str, args: argparse.Namespace) -> Non
             opt.step()
         sent = getattr(getattr(opt, "_core", None), "_shards", None)
         before = sent.values if sent else 0
+        moved = len(sent.moved) if sent else 0
         # one row at a time: the counters are read around its own steps
         c = Contender(name, opt.step)
         interleave([c], args.reps, warmup=0, sample=slowest_rank)
         per_step = ((sent.values - before) / args.reps) if sent else 0.0
+        # all-to-all bytes per step, summed over the ranks (what crosses the network)
+        a2a = torch.tensor([float(sum(sent.moved[moved:])) / args.reps if sent else 0.0])
+        dist.all_reduce(a2a)
         results[name] = {"ms": 1e3 * c.median, "bytes": 8 * per_step,
-                         "rounds": (len(sent.log) / (args.reps + 2)) if sent else 0}
+                         "rounds": (len(sent.log) / (args.reps + 2)) if sent else 0,
+                         "a2a": float(a2a), "a2a_rounds": (len(sent.moved) / (args.reps + 2))
+                         if sent else 0}
         del opt, m
     if rank == 0:
         print(json.dumps({"world": world, "tensors": len(shapes),
@@ -144,13 +156,20 @@ def main() -> None:
     print(f"FSDP2 optimizer step, BERT-base shapes ({args.layers} layers), {args.device}, "
           f"median of {args.reps} (slowest rank)")
     print(f"{'world':>5} {'row':<20} {'ms':>9} {'vs torch':>9} {'opt bytes/step':>15} "
-          f"{'B/tensor':>9} {'all-reduces':>11}")
+          f"{'B/tensor':>9} {'all-reduces':>11} {'a2a bytes/step':>15} {'B/param':>8} "
+          f"{'all-to-alls':>11} {'gather-all bytes':>16}")
     for world in args.worlds:
         r = launch(world, args)
         base = next(v["ms"] for k, v in r["rows"].items() if k.startswith("torch"))
+        # gathering every 2-D tensor whole on every rank instead: each rank receives
+        # the (W - 1) / W of it it lacks, 4 B per element: (W - 1) x its bytes in all
+        matrices = sum(math.prod(s) for s in bert_shapes(args.layers) if len(s) == 2)
         for name, v in r["rows"].items():
+            gather = 4 * (world - 1) * matrices if "Muon" in name else 0
             print(f"{world:>5} {name:<20} {v['ms']:>9.2f} {v['ms'] / base:>8.2f}x "
-                  f"{v['bytes']:>15.0f} {v['bytes'] / r['tensors']:>9.1f} {v['rounds']:>11.1f}")
+                  f"{v['bytes']:>15.0f} {v['bytes'] / r['tensors']:>9.1f} {v['rounds']:>11.1f} "
+                  f"{v['a2a']:>15.0f} {v['a2a'] / r['params']:>8.3f} {v['a2a_rounds']:>11.1f} "
+                  f"{gather:>16.0f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, flat (its GRAD slot), formats, reference, rounding, shards,
+May import: numpy, artifact, exchange, flat (its GRAD slot), formats, reference, rounding,
+shards,
 slots, sparse, tensors, views.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import shards, tensors
+from . import exchange, shards, tensors
 from optgen.core import formats, reference, rounding, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -49,6 +50,7 @@ class Launcher:
         self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
         self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
         self.dry = False        # capturable stage(): host half only, no kernel calls
+        self.regions: dict[str, exchange.Region | None] = {}  # (matrix kernels on shards)
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them
@@ -123,16 +125,22 @@ class Launcher:
     def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
         d = self.slots[i].dims
         persistent = {**self.arrays(i, k, None, {}), **self.workspace(i, k, d)}
+        return self._entries(k, k.launches, persistent, d)
+
+    def _entries(self, k: KernelInfo, launches: Sequence[dict], arrays: Mapping[str, Any],
+                 d: tuple[int, int, int]) -> list[tuple[Callable, list]]:
+        """Plan entries of ``launches`` over ``arrays`` viewed for dims ``d``; a buffer
+        not in ``arrays`` is a ``(name, axes, view)`` placeholder filled per call."""
         plan = []
-        for ln in k.launches:
+        for ln in launches:
             if ln["kind"] == "repeat":   # the next ln["length"] entries, count times
                 count = ln["count"]   # a hyperparameter's slot in the scalars, or a number
                 plan.append((REPEAT, ((k.scalars.index(count), None) if isinstance(count, str)
                                       else (None, count), ln["length"])))
                 continue
-            args = [bfloat16_tensor(views.as_kernel(persistent[b], k.buffer_axes[b], d,
+            args = [bfloat16_tensor(views.as_kernel(arrays[b], k.buffer_axes[b], d,
                                                     ln["view"]))
-                    if b in persistent else (b, k.buffer_axes[b], ln["view"])
+                    if b in arrays else (b, k.buffer_axes[b], ln["view"])
                     for b in ln["buffers"]]
             fn = library_matmul(ln) if ln.get("library") == "matmul" else \
                 self.artifact.function(ln["symbol"])
@@ -212,20 +220,32 @@ class Launcher:
                extra: Mapping[str, Any], split: shards.Split) -> Iterator[list]:
         """Parameter ``i``'s launches when its rows are split across ranks
         (runtime/shards.py): before a launch that reads reduction buffers this rank
-        filled alone, yields them (``shards.Pending``) to be summed across ranks. An
-        empty shard runs no kernel and yields zeros, so every rank yields alike."""
-        if not self.compiled or k.matrix:
+        filled alone, yields them (``shards.Pending``) to be summed across ranks; at a
+        matrix rule's whole-matrix stretch, yields it (``exchange.Matrix``) to be run
+        on its owner rank (runtime/exchange.py). An empty shard runs no kernel and
+        yields zeros, so every rank yields alike."""
+        if not self.compiled:
             raise ValueError(f"{self.owner}: parameter {i} is split across ranks; its "
                              "reductions are summed between compiled passes only")
         s = self.slots[i]
         call = self._caller(i, g, scalars, extra) if s.numel else None
         work = self.workspace(i, k, s.dims)
+        reg = self.region(k)
         unsummed: dict[str, shards.Pending] = {}
-        for (fn, args), ln in zip(s.plan, k.launches):
+        for j, ((fn, args), ln) in enumerate(zip(s.plan, k.launches)):
+            if reg is not None and reg.start <= j < reg.stop:
+                if j == reg.start:
+                    read = dict.fromkeys(b for x in k.launches[reg.start:reg.stop]
+                                         for b in x["buffers"])
+                    wanted = [unsummed.pop(b) for b in read if b in unsummed]
+                    if wanted:
+                        yield wanted
+                    yield [self._matrix(i, k, reg, g, extra, scalars, split)]
+                continue
             wanted = [unsummed.pop(b) for b in ln["buffers"] if b in unsummed]
             if wanted:
                 yield wanted
-            fills = shards.needs_sum(ln, split) and shards.pending(
+            fills = shards.needs_sum(ln, split, k.workspaces) and shards.pending(
                 ln, work, k.workspaces, s.dims, split)
             if call is not None:
                 call(fn, args)
@@ -233,6 +253,44 @@ class Launcher:
                 for red in [ln["red"]] + [a["red"] for a in ln.get("also", [])]:
                     work[red][...] = 0.0
             unsummed.update(fills or ())
+
+    def region(self, k: KernelInfo) -> exchange.Region | None:
+        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached)."""
+        if not k.matrix:
+            return None
+        if k.symbol not in self.regions:
+            self.regions[k.symbol] = exchange.region(k.launches, k.buffer_axes,
+                                                     tuple(k.workspaces))
+        return self.regions[k.symbol]
+
+    def _matrix(self, i: int, k: KernelInfo, reg: exchange.Region, g, extra: Mapping[str, Any],
+                scalars: np.ndarray, split: shards.Split) -> exchange.Matrix:
+        """Parameter ``i``'s whole-matrix stretch this step: its rows of the buffers that
+        cross it, and how its owner runs it on whole arrays (kept in its slot)."""
+        s = self.slots[i]
+        work = self.workspace(i, k, s.dims)
+        local = {**self.arrays(i, k, g, extra), **work}
+        mine = {b: views.as_kernel(local[b], k.buffer_axes[b], s.dims, "matrix")
+                for b in (*reg.inputs, *reg.outputs)}
+        d = split.dims
+        kept = s.work.setdefault(k.symbol + "@whole", {})
+
+        def whole(b: str) -> Any:
+            if b not in kept:
+                dtype = k.dtype if b in k.workspaces else tensors.dtype_name(local[b], s.lib)
+                kept[b] = tensors.full_like(s.array, s.lib, views.extents(d, k.buffer_axes[b]),
+                                            0.0, dtype)
+            return kept[b]
+
+        def run(held: dict[str, Any]) -> None:
+            launches = k.launches[reg.start:reg.stop]
+            names = dict.fromkeys(b for ln in launches for b in ln["buffers"])
+            # (whole-tensor values: this rank's, summed before the stretch)
+            arrays = {b: work[b] if not k.buffer_axes[b] else whole(b) for b in names}
+            run_loops(self._entries(k, launches, arrays, d),
+                      lambda fn, args: fn(*args, scalars), scalars)
+
+        return exchange.Matrix((d[1], d[2]), mine, reg, run, whole)
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""

@@ -118,8 +118,9 @@ class Optimizer(RecordTable):
         self.state_format = formats.rounded(name, formats.request(name, state_format),
                                             stochastic_rounding)
         self.seed = checks.check_seed(name, seed)    # of stochastic rounding
-        for s, fmt in zip(self._slots, state.formatted(name, artifact, self.state_format,
-                                                       arrays, state_format_min_size)):
+        for s, fmt in zip(self._slots, state.formatted(
+                name, artifact, self.state_format, shards_.whole_shapes(arrays, shards),
+                state_format_min_size)):
             s.formatted = fmt
         self._launch = launch.Launcher(name, artifact, backend, self._slots)
         self._runs: dict[int, strategies.Strategy] | None = None   # None: found next step

@@ -22,7 +22,10 @@ The collective itself comes from the caller (``Collective``: optgen/torch/shards
 passes torch.distributed's all-reduce over the parameter's mesh); this module imports
 no communication library.
 
-May import: numpy, views, formats. Imports no other runtime module.
+Matrix rules' whole-matrix stretches go to one owner rank each (runtime/exchange.py);
+``run`` drives them with the sums.
+
+May import: numpy, views, formats, exchange.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from . import exchange
 from optgen.core import views
 from optgen.core.formats import FLAT_VIEWS
 
@@ -57,9 +61,16 @@ def axis_of_dim0(ndim: int) -> str:
 
 
 class Collective(Protocol):
-    """Sums arrays in place across the ranks that hold the split parameters."""
+    """Sums arrays in place across the ranks that hold the split parameters (``size``
+    of them; this one is ``rank``), and exchanges rows between them (matrix rules,
+    runtime/exchange.py): ``sends[r]`` go to rank ``r``, which fills what it listed in
+    ``recvs`` for this rank (the same sizes, in order)."""
+    rank: int
+    size: int
 
     def all_reduce(self, arrays: list[Any]) -> None: ...
+
+    def all_to_all(self, sends: list[list[Any]], recvs: list[list[Any]]) -> None: ...
 
 
 @dataclass
@@ -67,13 +78,15 @@ class Shards:
     """The split parameters of one optimizer (by index; None: whole on this rank) and
     the collective over their ranks. ``talks``: whether steps communicate (a
     reduction, a global norm): then each step's checks agree first (``agreed``).
-    ``rounds`` and ``values`` count what was sent."""
+    ``rounds`` and ``values`` count what was summed; ``moved`` the bytes this rank
+    sent to others per all-to-all (matrix rules), in order."""
     splits: list[Split | None]
     collective: Collective
     talks: bool = True
     rounds: int = 0
     values: int = 0
     log: list[int] = field(default_factory=list)   # values per all-reduce, in order
+    moved: list[int] = field(default_factory=list)
 
     def split(self, i: int) -> Split | None:
         return self.splits[i] if i < len(self.splits) else None
@@ -87,6 +100,12 @@ class Shards:
         self.rounds += 1
         self.values += n
         self.log.append(n)
+
+
+    def exchange(self, sends: list[list[Any]], recvs: list[list[Any]]) -> None:
+        self.collective.all_to_all(sends, recvs)
+        self.moved.append(exchange.nbytes([a for r, out in enumerate(sends) for a in out
+                                           if r != self.collective.rank]))
 
 
 @dataclass(frozen=True)
@@ -104,23 +123,35 @@ def split(shards: Shards | None, i: int) -> Split | None:
     return None if shards is None else shards.split(i)
 
 
-def needs_sum(launch: dict, split: Split | None) -> bool:
+def reduced(launch: dict, workspaces: dict[str, str]) -> str:
+    """The ``[B, R, C]`` axes (lower case) a reduction launch reduces over; a matrix
+    kernel's reduction: its space's axes that its buffer does not keep."""
+    if launch["view"] in FLAT_VIEWS:
+        return views.AXES
+    if "reduced" in launch:
+        return launch["reduced"]
+    kept = workspaces.get(launch["red"], "")
+    return "".join(a.lower() for a in launch["space"] if a not in kept)
+
+
+def needs_sum(launch: dict, split: Split | None, workspaces: dict[str, str]) -> bool:
     """Whether a reduction launch reduces over the axis ``split`` cuts."""
     return split is not None and launch["kind"] == "reduce" and \
-        (launch["view"] in FLAT_VIEWS or split.axis in launch["reduced"])
+        split.axis in reduced(launch, workspaces)
 
 
 def pending(launch: dict, buffers: dict[str, Any], workspaces: dict[str, str],
             local: tuple[int, int, int], split: Split) -> list[tuple[str, Pending]]:
     """The buffers a reduction launch fills that must be summed, by name."""
-    reduced = views.AXES if launch["view"] in FLAT_VIEWS else launch["reduced"]
+    reduced_ = reduced(launch, workspaces)
     out = []
     for red, op in [(launch["red"], launch["op"])] + [(a["red"], a["op"])
                                                         for a in launch.get("also", [])]:
         arr = buffers[red]
         part = arr[0:1] if not workspaces[red] else arr   # R[0]: the value of a whole one
-        counts = (math.prod(views.extents(local, reduced)),
-                  math.prod(views.extents(split.dims, reduced))) if op == "mean" else (None, None)
+        counts = (math.prod(views.extents(local, reduced_)),
+                  math.prod(views.extents(split.dims, reduced_))) if op == "mean" \
+            else (None, None)
         out.append((red, Pending(part, *counts)))
     return out
 
@@ -137,8 +168,11 @@ def run(shards: Shards, items: Sequence[Iterator[list[Pending]]]) -> None:
             if got is not None:
                 wanted.extend(got)
                 still.append(it)
-        if wanted:
-            _sum(shards, wanted)
+        sums = [w for w in wanted if isinstance(w, Pending)]
+        if sums:
+            _sum(shards, sums)
+        if len(sums) < len(wanted):    # matrix rules' whole-matrix stretches
+            exchange.run(shards, [w for w in wanted if not isinstance(w, Pending)])
         live = still
 
 
@@ -161,8 +195,8 @@ def check(owner: str, backend: str, shards: Shards | None, artifact: Any,
     """The shards an optimizer was given (None when no parameter is split)."""
     if shards is None or not shards.any():
         return None
-    shards.talks = bool(global_norm) or any(ln["kind"] == "reduce" for k in artifact.kernels
-                                      for ln in k.launches)
+    shards.talks = bool(global_norm) or any(k.matrix or ln["kind"] == "reduce"
+                                            for k in artifact.kernels for ln in k.launches)
     if backend != "compiled":
         raise ValueError(f"{owner}: parameters split across ranks are stepped by the compiled "
                          "kernels only (the reference interpreter runs a rule in one piece)")

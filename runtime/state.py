@@ -37,14 +37,15 @@ def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
     return init, "float16" if half else stored.get(s.name, compute_dtype)
 
 
-def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
+def formatted(owner: str, artifact: Any, req: Any, shapes: Sequence[tuple[int, ...]],
               min_size: int) -> list[bool]:
     """Which parameters store their states in the requested format (optgen/core/formats.py):
-    those with at least ``min_size`` elements. The artifact must hold the request's
+    those with at least ``min_size`` elements (the whole parameter's: a parameter split
+    across ranks is formatted alike on every rank). The artifact must hold the request's
     kernels (``optgen.create(..., state_format=...)`` builds them)."""
     formats.check_min_size(owner, min_size)
     if req is None:
-        return [False] * len(params)
+        return [False] * len(shapes)
     want = formats.expand(owner, req, artifact.states)
     if artifact.state_format != want:
         have = formats.key(artifact.state_format) if artifact.state_format else "none"
@@ -52,8 +53,8 @@ def formatted(owner: str, artifact: Any, req: Any, params: Sequence[Any],
                          f"with it; {artifact.path} has state formats: {have} (optgen.create"
                          f"(..., state_format=...) or `optgen build --state-format` builds it)")
     if not formats.states_of(want):     # (stochastic_rounding alone: no state is formatted)
-        return [False] * len(params)
-    return [int(np.prod(tuple(p.shape), dtype=np.int64)) >= min_size for p in params]
+        return [False] * len(shapes)
+    return [int(np.prod(shape, dtype=np.int64)) >= min_size for shape in shapes]
 
 
 def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],

@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-bad | dcp-save | dcp-load | optgen-save | optgen-load
+    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | fsdp-q | dcp-save | dcp-load | optgen-save | optgen-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -46,6 +46,14 @@ OPTIMIZERS = {
     "centered-nsgd": ("tests/specs/centered_nsgd.py", dict(lr=1e-2)),
     # the global norm over every gradient, with a non-finite check
     "adamw-clip": ("AdamW", dict(lr=1e-2, clip_global_norm=0.05, nonfinite="skip")),
+    # a matrix rule: Muon's Newton-Schulz on the two weights (a tall (32, 16) and a wide
+    # (3, 32): at world size 4 one rank holds none of its rows), AdamW on the biases; on
+    # FSDP2 shards each weight is whole on one owner rank for the iterations
+    "muon": ("Muon", dict(lr=0.02, momentum=0.95, weight_decay=0.01)),
+    # states and a master copy in host memory (FSDP2: refused)
+    "adamw-offload": ("AdamW", dict(lr=1e-2, weight_decay=0.1, offload="cpu")),
+    # a torch form (torch.optim.AdamW's signature and rule)
+    "torch-adamw": ("torch:AdamW", dict(lr=1e-2, weight_decay=0.1)),
     # LAMB where the first layer's top rows are 100x the rest: per-shard norms would
     # differ from the whole tensor's by far (rank 0 holds those rows at world size 2)
     "lamb-skewed": ("LAMB", dict(lr=1e-2, weight_decay=0.01)),
@@ -57,13 +65,23 @@ SENT: dict[str, list[int]] = {}   # FSDP2: values per all-reduce of the optimize
 # rules that reduce over whole tensors: on FSDP2 shards the sums go through float64
 # all-reduces, so they match the single-process run to float32 rounding, not bitwise
 REDUCING = ("lamb", "lars", "adafactor", "centered-nsgd", "adamw-clip", "lamb-skewed",
-            "lamb-skewed-unsummed")
+            "lamb-skewed-unsummed", "muon")
+MOVED: dict[str, list[int]] = {}   # FSDP2: bytes this rank sent per all-to-all, by name
 STEPS = 20
 LAUNCHES: dict[str, list[str]] = {}
 
 
+# torch's FSDP2 documentation as a user copies it (``fsdp-docs``): ``fully_shard`` on
+# each layer, then on the model, no mesh given (each call makes its own, equal mesh);
+# every rank trains on its own part of the batch. One optimizer per drop-in family: a
+# seed form, a torch form, a rule with reductions, a user spec, a matrix rule, q8 states
+DOCS = ("adam", "torch-adamw", "lamb", "centered-nsgd", "muon", "adam-q8")
+
+
 def optimizer_class(name: str) -> type:
     cls = OPTIMIZERS[name][0]
+    if cls.startswith("torch:"):
+        return getattr(ot, cls[len("torch:"):])
     if cls.endswith(".py"):
         return ot.make(os.path.join(os.path.dirname(HERE), cls))
     return ot.make("lars", base="momentum") if cls == "LARS" else getattr(ot.seeds, cls)
@@ -83,6 +101,13 @@ def setup(name: str, mode: str = "single") -> tuple:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 16, generator=g), torch.randn(64, 3, generator=g)
     net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
+    if mode == "fsdp-docs":
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -95,7 +120,7 @@ def setup(name: str, mode: str = "single") -> tuple:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kw)
     else:
         opt = cls(model.parameters(), **kw)
-    if name.endswith("-unsummed") and mode == "fsdp" and opt._core._shards:
+    if name.endswith("-unsummed") and mode.startswith("fsdp") and opt._core._shards:
         opt._core._shards.collective = _NoSum()
     return model, net, opt, x, y
 
@@ -117,10 +142,11 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
     """``STEPS`` steps of optimizer ``name`` (see ``setup``); the parameters afterwards."""
     model, net, opt, x, y = setup(name, mode)
     run_steps(net, opt, x, y, STEPS)
-    if mode == "fsdp":   # the states are shards of the parameters' shape and placement
+    if mode.startswith("fsdp"):   # the states are shards of the parameters' shape and placement
         SENT[name] = list(opt._core._shards.log) if opt._core._shards else []
         # (issue 31: the launches stepping this rank's shards, by strategy)
         LAUNCHES[name] = sorted(type(r).__name__ for r in opt._core._current_runs().values())
+        MOVED[name] = list(opt._core._shards.moved) if opt._core._shards else []
         p = next(model.parameters())
         assert all(type(v).__name__ == "DTensor" for n, v in opt.state[p].items()
                    if isinstance(v, torch.Tensor) and v.shape == p.shape), sorted(opt.state[p])
@@ -129,7 +155,13 @@ def train(name: str, mode: str = "single") -> list[np.ndarray]:
 
 # resharding checkpoints: STEPS // 2 steps at one world size, saved with
 # torch.distributed.checkpoint, loaded at another, STEPS // 2 more
-RESHARDED = ("adam", "lamb", "adafactor")
+RESHARDED = ("adam", "lamb", "adafactor", "muon")
+# optgen's own checkpoints also reshard q8 states (DCP refuses per-shard blocks)
+RESHARDED_OPTGEN = ("adam-q8",)
+
+
+def resharded_names(how: str) -> tuple[str, ...]:
+    return RESHARDED + (RESHARDED_OPTGEN if how == "optgen" else ())
 
 
 def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
@@ -143,7 +175,7 @@ def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
     from torch.distributed.tensor import distribute_tensor
     how, action = mode.split("-")
     out = {}
-    for name in RESHARDED:
+    for name in resharded_names(how):
         model, net, opt, x, y = setup(name, "fsdp")
         where = os.path.join(folder, f"{how}-{name}")
         if action == "save":
@@ -174,6 +206,48 @@ def resharded(mode: str, folder: str) -> dict[str, np.ndarray]:
     return out
 
 
+# q8/q4 states on shards: per-shard blocks, checked against the paper's quantizer
+# applied to each rank's rows (tests/test_state_formats_oracle.py)
+Q_STEPS = 10
+
+
+def q_data() -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """A (1001, 5) parameter (5005 elements: q8/q4 by the default 4096-element minimum,
+    though each shard is smaller; its blocks cross the shards' edges) and a (37,) one
+    (full precision), and Q_STEPS gradients of each: alike on every rank."""
+    g = torch.Generator().manual_seed(2)
+    params = [torch.randn(1001, 5, generator=g), torch.randn(37, generator=g)]
+    return params, [[torch.randn(p.shape, generator=g) for p in params]
+                    for _ in range(Q_STEPS)]
+
+
+def q_shards(fmt: str) -> dict[str, np.ndarray]:
+    """Adam with ``fmt`` states on the ``q_data`` parameters split on every rank: after
+    each step this rank's codes and block scales of each state and its rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    whole, grads = q_data()
+    params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in whole]
+    opt = ot.seeds.Adam(params, lr=1e-2, state_format=fmt)
+    out = {"formatted": np.array([s.formatted for s in opt._core.records])}
+    for t, gs in enumerate(grads):
+        for p, g in zip(params, gs):
+            p.grad = distribute_tensor(g, mesh, [Shard(0)])
+        opt.step()
+        st = opt._core.state[0]
+        out.update((f"{fmt}/{t}/{n}", st[n].numpy().copy()) for n in st
+                   if not isinstance(st[n], np.floating))
+        out[f"{fmt}/{t}/w"] = params[0]._local_tensor.numpy().copy()
+    out[f"{fmt}/stored"] = np.array(sorted(opt._artifact.stored))
+    try:
+        opt.state_dict()
+        out[f"{fmt}/state_dict"] = np.array("")
+    except ValueError as e:
+        out[f"{fmt}/state_dict"] = np.array(f"{type(e).__name__}: {e}")
+    return out
+
+
 class _NoSum:
     def all_reduce(self, arrays: list) -> None:
         """Sums nothing: each rank keeps its own shard's partial sums (the mutant)."""
@@ -182,7 +256,7 @@ class _NoSum:
 def run_all(mode: str) -> dict[str, np.ndarray]:
     """Every optimizer's parameters, or (a refused optimizer) its error message."""
     results = {}
-    for name in OPTIMIZERS:
+    for name in DOCS if mode == "fsdp-docs" else OPTIMIZERS:
         try:
             params = train(name, mode)
         except ValueError as e:
@@ -192,6 +266,7 @@ def run_all(mode: str) -> dict[str, np.ndarray]:
         if name in SENT:
             results[f"{name}/sent"] = np.array(SENT[name], dtype=np.int64)
             results[f"{name}/launches"] = np.array(" ".join(LAUNCHES[name]))
+            results[f"{name}/moved"] = np.array(MOVED[name], dtype=np.int64)
     return results
 
 
@@ -230,14 +305,30 @@ def bad_steps() -> dict[str, np.ndarray]:
             out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
         out[f"{case}/unchanged"] = np.array(all(torch.equal(a, p._local_tensor) for a, p in
                                                 zip(before, model.parameters())))
-    # parameters on two meshes (two FSDP2 models) in one optimizer: refused at once
-    other = torch.nn.Linear(4, 4)
-    fully_shard(other, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
-    try:
-        ot.LAMB([*model.parameters(), *other.parameters()], lr=1e-2)
-        out["meshes/raised"] = np.array("")
-    except ValueError as e:
-        out["meshes/raised"] = np.array(f"{type(e).__name__}: {e}")
+    # parameters on two really different meshes (the ranks in another order) in one
+    # optimizer: refused at once; an equal mesh made again (fully_shard without a mesh
+    # does that per call) is the same mesh
+    from torch.distributed.device_mesh import DeviceMesh
+    world = torch.distributed.get_world_size()
+    for case, other_mesh in (("meshes", DeviceMesh("cpu", list(reversed(range(world))))),
+                             ("equal-meshes", init_device_mesh("cpu", (world,)))):
+        other = torch.nn.Linear(4, 4)
+        fully_shard(other, mesh=other_mesh)
+        try:
+            ot.LAMB([*model.parameters(), *other.parameters()], lr=1e-2)
+            out[f"{case}/raised"] = np.array("")
+        except ValueError as e:
+            out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
+    # refused at construction on every rank, before any collective: a matrix rule with
+    # whole-matrix states (THOR's R x R and C x C inverses), offload, flat groups
+    for case, make in (("thor", lambda: ot.seeds.THOR(model.parameters(), lr=1e-2)),
+                       ("offload", lambda: ot.AdamW(model.parameters(), offload="cpu")),
+                       ("flat", lambda: ot.AdamW(model.parameters(), flat=True))):
+        try:
+            make()
+            out[f"{case}/raised"] = np.array("")
+        except (TypeError, ValueError) as e:
+            out[f"{case}/raised"] = np.array(f"{type(e).__name__}: {e}")
     return out
 
 
@@ -250,7 +341,8 @@ def main() -> None:
         if mode.endswith(("-save", "-load")):   # the checkpoint lives beside the results
             results = resharded(mode, os.path.join(os.path.dirname(out), "ckpt"))
         else:
-            results = bad_steps() if mode == "fsdp-bad" else run_all(mode)
+            results = bad_steps() if mode == "fsdp-bad" else \
+                {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else run_all(mode)
         np.savez(out, **results)
     finally:
         torch.distributed.destroy_process_group()

@@ -99,6 +99,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         kept) and give them gradient views of another, existing gradients copied."""
         if not params:
             return
+        if any(torch_shards.is_dtensor(p) for p in params):   # (before any copy)
+            raise ValueError(f"{self._artifact.name}: DTensor parameters with flat=True are "
+                             "not built")
         try:
             views = flatten([p.data for p in params])
             grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p)
@@ -263,6 +266,13 @@ class OptgenOptimizer(torch.optim.Optimizer):
         one torch.optim's optimizer of the same algorithm loads (optgen/torch/format.py)."""
         if format not in ("optgen", "torch"):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
+        blocked = [i for i, (p, s) in enumerate(zip(self._params, self._core.records))
+                   if s.formatted and torch_shards.sharded(p)]
+        if blocked:   # (DCP would take their per-shard block scales for whole tensors)
+            raise ValueError(f"{self._artifact.name}: parameter {blocked[0]} is sharded and "
+                             "keeps q8/q4 states in per-shard blocks, which state_dict (and "
+                             "torch.distributed.checkpoint) cannot describe; save them with "
+                             "opt.save(folder), which reshards at load")
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))

@@ -12,10 +12,14 @@ and the passes that read them (runtime/shards.py), with one all-reduce per reduc
 level for all parameters of a step over the mesh dimension the parameters are split
 on; ``clip_global_norm`` and the non-finite check add the split gradients' sums of
 squares the same way. This needs a split of the first dimension (``Shard(0)``, FSDP2's
-default) on one mesh dimension. A rule that multiplies whole matrices (Muon, THOR),
-reads the parameter's shape in a host scalar, or keeps q8 states (whose blocks would
-start at each shard) is refused on a sharded parameter: a ValueError at construction,
-raised alike on every rank before any collective, so no rank waits on another.
+default) on one mesh dimension. A matrix rule's whole-matrix passes (Muon's
+Newton-Schulz) run on one owner rank per matrix, its rows exchanged by all-to-all
+(runtime/exchange.py); q8/q4 states keep per-shard blocks, formatted by the whole
+parameter's size. Refused on a sharded parameter (a ValueError at construction, raised
+alike on every rank before any collective, so no rank waits on another): a matrix rule
+with whole-matrix states (THOR), other splits where the rule reduces or multiplies
+matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
+without a mesh builds one per call) are one mesh.
 Replicated DTensors are whole on every rank and take any rule.
 """
 from __future__ import annotations
@@ -29,8 +33,8 @@ import numpy as np
 
 import torch
 
-from optgen.runtime import checkpoint, shards
-from optgen.core import formats, scalar_expr, views
+from optgen.runtime import checkpoint, exchange, shards
+from optgen.core import formats, views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -54,15 +58,28 @@ def sharded(p: Any) -> bool:
                                  for d, pl in enumerate(p.placements))
 
 
+def mesh_key(mesh: Any) -> tuple:
+    """A device mesh by value: device type, the ranks' layout and the dimension names.
+    ``fully_shard`` without a mesh (torch's documented per-layer use) builds a new,
+    equal mesh at every call: equal meshes are one mesh."""
+    return (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()),
+            mesh.mesh_dim_names)
+
+
+def _mesh_text(mesh: Any) -> str:
+    names = f" (dimensions {', '.join(mesh.mesh_dim_names)})" if mesh.mesh_dim_names else ""
+    return f"a {mesh.device_type} mesh of ranks {mesh.mesh.tolist()}{names}"
+
+
 def _refused(artifact: Any) -> str | None:
-    """Why a rule cannot step a shard even with its reductions summed (None: it can)."""
+    """Why a rule cannot step a shard even with its reductions summed and its matrix
+    passes run whole on an owner rank (None: it can)."""
     for k in artifact.kernels:
         if k.matrix:
-            return "multiplies whole matrices"
-        if any({"rows", "cols"} & scalar_expr.names(e) for e in k.host_scalars.values()):
-            return "reads the parameter's shape"
-    if any(formats.from_stored(v) is not None for v in artifact.stored.values()):
-        return "keeps q8/q4 states, whose blocks would start at each shard"
+            try:
+                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+            except exchange.Unsupported as e:
+                return f"multiplies whole matrices and {e}"
     return None
 
 
@@ -89,17 +106,19 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
     dts = [(i, p) for i, p in enumerate(params) if is_dtensor(p)]
     if not dts:
         return
-    meshes: dict[int, tuple[int, Any]] = {}
+    meshes: dict[tuple, tuple[int, Any]] = {}
     for i, p in dts:
-        meshes.setdefault(id(p.device_mesh), (i, p.device_mesh))
+        meshes.setdefault(mesh_key(p.device_mesh), (i, p.device_mesh))
     if len(meshes) > 1:
         (i, a), (j, b) = list(meshes.values())[:2]
         raise ValueError(f"{owner}: parameters {i} and {j} are DTensors on different device "
-                         f"meshes ({a} and {b}); one optimizer steps parameters of one mesh")
+                         f"meshes ({_mesh_text(a)} and {_mesh_text(b)}); one optimizer steps "
+                         "parameters of one mesh")
     if offload or flat:
         raise ValueError(f"{owner}: DTensor parameters with "
                          f"{'offload' if offload else 'flat=True'} are not built")
-    whole = _reduces(artifact) or clip_global_norm is not None or \
+    whole = _reduces(artifact) or any(k.matrix for k in artifact.kernels) or \
+        clip_global_norm is not None or \
         any(s.shape in ("row", "col") for s in artifact.states)
     dims = {}
     for i, p in dts:
@@ -107,8 +126,9 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
             continue
         why = _refused(artifact)
         if why is None and whole and _split_dim(p) is None:
-            why = ("reduces over the whole tensor, which is summed across shards only for "
-                   "a split of the first dimension (Shard(0), FSDP2's default)")
+            why = ("reduces over the whole tensor or multiplies whole matrices, which "
+                   "runs across shards only for a split of the first dimension (Shard(0), "
+                   "FSDP2's default)")
         if why is not None:
             raise ValueError(
                 f"{owner}: parameter {i} is sharded ({', '.join(map(str, p.placements))} over "
@@ -124,11 +144,31 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
 
 class MeshSum:
     """runtime/shards.Collective over one mesh dimension: one float64 all-reduce (sum)
-    of every array given, packed into one buffer on the mesh's device."""
+    of every array given, packed into one buffer on the mesh's device; one all-to-all
+    (``all_to_all_single`` with split sizes) per dtype for the rows exchanged."""
 
     def __init__(self, mesh: Any, dim: int):
         self.group = mesh.get_group(dim)
         self.device = torch.device(mesh.device_type)
+        self.rank, self.size = mesh.get_local_rank(dim), mesh.size(dim)
+
+    def all_to_all(self, sends: list[list[Any]], recvs: list[list[Any]]) -> None:
+        dtypes = {a.dtype for part in (*sends, *recvs) for a in part}
+        for dt in sorted(dtypes, key=str):
+            out = [[a for a in part if a.dtype == dt] for part in sends]
+            into = [[a for a in part if a.dtype == dt] for part in recvs]
+            flat = torch.cat([a.reshape(-1) for part in out for a in part] or
+                             [torch.empty(0, dtype=dt, device=self.device)])
+            got = torch.empty(sum(a.numel() for part in into for a in part), dtype=dt,
+                              device=self.device)
+            torch.distributed.all_to_all_single(
+                got, flat, [sum(a.numel() for a in part) for part in into],
+                [sum(a.numel() for a in part) for part in out], group=self.group)
+            at = 0
+            for part in into:
+                for a in part:
+                    a.copy_(got[at:at + a.numel()].view(a.shape))
+                    at += a.numel()
 
     def all_reduce(self, arrays: list[Any]) -> None:
         flat = torch.cat([torch.as_tensor(a).reshape(-1).to(self.device, torch.float64)
@@ -254,10 +294,42 @@ def load(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
         held = [(part, part["rows"][i]) for part in parts if part["rows"][i] is not None] \
             or [(parts[0], whole)]
         sd["params"][i]["shape"] = list(local(p).shape)
+        blocked = _blocked_rows(sd, i, p, held, mine)
         for n, v in sd["state"][i].items():
+            if n in blocked or n.endswith(formats.ABSMAX):
+                continue     # (per-shard blocks: taken by _blocked_rows)
             if isinstance(v, np.ndarray) and _split_state(p, kinds.get(n, "param")):
                 sd["state"][i][n] = np.concatenate(
                     [part["state"][i][n][max(mine[0], a) - a:min(mine[1], b) - a]
                      for part, (a, b) in held if min(mine[1], b) > max(mine[0], a)]
                     or [v[:0]])
     core.load_state_dict(sd)
+
+
+def _blocked_rows(sd: dict, i: int, p: Any, held: list, mine: tuple[int, int]) -> set[str]:
+    """Parameter ``i``'s q8/q4 states (per-shard blocks) for rows ``mine``: the codes
+    and block scales as saved when one file held exactly these rows; otherwise each
+    file's rows dequantized with its own blocks, and the float32 rows given to the
+    runtime's load, which quantizes them in this rank's blocks (and warns that it
+    converted them)."""
+    st = sd["state"][i]
+    blocked = {n for n in st if n + formats.ABSMAX in st}
+    for n in blocked:
+        same = [part for part, rows_ in held if tuple(rows_) == tuple(mine)]
+        if same:
+            st[n], st[n + formats.ABSMAX] = (same[0]["state"][i][n],
+                                             same[0]["state"][i][n + formats.ABSMAX])
+            continue
+        parts = []
+        for part, (a, b) in held:
+            if min(mine[1], b) <= max(mine[0], a):
+                continue
+            fmt = formats.from_stored(part["stored"][i][n])
+            rows_ = fmt.dequantize((part["state"][i][n], part["state"][i][n + formats.ABSMAX]),
+                                   (b - a, *p.shape[1:]))
+            parts.append(rows_[max(mine[0], a) - a:min(mine[1], b) - a])
+        st[n] = np.concatenate(parts) if parts else \
+            np.zeros((0, *p.shape[1:]), np.float32)
+        del st[n + formats.ABSMAX]
+        sd["stored"][i].pop(n, None)
+    return blocked

@@ -64,7 +64,9 @@ class StepInputs:
             refresh.run(k, slot, values, self.due[slot.index], kinds=self.statistics)
             slot.refreshed = slot.steps
         if k.scalar_state_updates or packed is None:  # scalar states, shape scalars
-            packed = scalars.param_values(k, values, slot.state, slot.dims, packed)
+            packed = scalars.param_values(   # (a shard's: its whole parameter's shape)
+                k, values, slot.state, slot.dims if slot.split is None else slot.split.dims,
+                packed)
         if k.stochastic:                              # (a key per parameter and step)
             packed = scalars.keyed(k, packed, self.seed, slot.steps, slot.index)
         return packed

@@ -1,0 +1,62 @@
+"""runtime/exchange.py without processes: the whole-matrix stretch of matrix kernels,
+the rows each rank holds, and the owners balanced by flops (the runs under gloo are in
+tests/test_distributed.py)."""
+import pytest
+
+from optgen.runtime import exchange, get_artifact
+
+torch = pytest.importorskip("torch")
+
+
+def _matrix_kernels(name: str) -> list:
+    return [k for k in get_artifact(name, "llvm").kernels if k.matrix]
+
+
+@pytest.mark.parametrize("name", ["muon", "torch_muon"])
+def test_muon_moves_one_matrix_each_way(name):
+    """Newton-Schulz (its loop, the R x R or C x C temporaries) is the stretch; the
+    momentum update and ||u|| before it and the weight update after it stay on the
+    shards: only the normalized u goes to the owner and only X comes back."""
+    for k in _matrix_kernels(name):
+        reg = exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+        kinds = [ln["kind"] for ln in k.launches]
+        assert kinds[reg.start] == "repeat" and "matmul" not in kinds[:reg.start]
+        assert "matmul" not in kinds[reg.stop:], k.symbol
+        assert reg.inputs == reg.outputs == ("_loop0",), (k.symbol, reg)
+
+
+def test_whole_matrix_states_are_refused_by_name():
+    """THOR's G^-1 (R x R) is read in the stretch: a state row shards cannot hold."""
+    for k in _matrix_kernels("thor"):
+        with pytest.raises(exchange.Unsupported, match="G_inv of shape RR"):
+            exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+
+
+def test_elementwise_kernels_have_no_stretch():
+    k = get_artifact("adam", "llvm").kernels[0]
+    assert exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces)) is None
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 7, 32, 1001])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_rows_are_torch_chunks(n, world):
+    """A rank's rows are DTensor's Shard(0) split (torch.chunk; trailing ranks may hold
+    none)."""
+    chunks = list(torch.arange(n).chunk(world)) if n else []
+    for r in range(world):
+        a, b = exchange.rows_of(n, world, r)
+        want = chunks[r].tolist() if r < len(chunks) else []
+        assert list(range(a, b)) == want, (n, world, r)
+
+
+def _matrix(r: int, c: int) -> exchange.Matrix:
+    return exchange.Matrix((r, c), {}, exchange.Region(0, 0, (), ()), None, None)
+
+
+def test_owners_balance_flops_alike_everywhere():
+    """Largest first to the least loaded rank: two big matrices go to two ranks, the
+    small ones fill the rank with less; a tie goes to the lowest rank."""
+    ms = [_matrix(3, 32), _matrix(768, 768), _matrix(768, 768), _matrix(32, 16)]
+    assert exchange.owners(ms, 2) == [1, 0, 1, 0]
+    assert exchange.owners(ms, 4) == [3, 0, 1, 2]
+    assert exchange.owners(ms, 1) == [0, 0, 0, 0]
