@@ -16,8 +16,7 @@ any kernel runs, so an error (or a skipped step) leaves parameters and states
 bit-identical. Messages name the optimizer, the parameter (index and name), the value
 and the rule.
 
-Also: groups.py, hyper.py, state.py, checkpoint.py, capture.py (capturable steps). The
-top of the runtime: no runtime module but ``__init__.py`` imports it.
+Also: groups, hyper, state, checkpoint, capture. Only ``__init__.py`` imports this module.
 """
 from __future__ import annotations
 
@@ -302,8 +301,7 @@ class Optimizer(RecordTable):
                                   row_sparse=self._row_sparse)
 
     def _row_sparse(self, slot: ParamSlot, g: RowSparse):
-        """A valid RowSparse gradient, coalesced; or its dense array (lazy_update off,
-        or a rule with whole-tensor reductions, which has no lazy variant)."""
+        """A valid RowSparse gradient, coalesced; dense without a lazy kernel or update."""
         checks.check_row_sparse(self.name, slot.index, slot.array, slot.lib, g,
                                 self._groups[slot.group].grad_centralization)
         k = slot.kernel or self._launch.select(slot.index, self._flags(slot.index))
@@ -312,9 +310,8 @@ class Optimizer(RecordTable):
         return g.coalesce()
 
     def _launch_all(self, step: strategies.StepInputs) -> None:
-        """Each flat run whose gradients lie back to back this step, and each other
-        parameter with a gradient, by its strategy (chosen when its kernel was prepared);
-        then the passes of parameters split across ranks, together."""
+        """Each run (flat, multi-tensor) that takes this step, each other parameter by its
+        strategy; then the passes of parameters split across ranks, together."""
         runs, stepped = self._current_runs(), set()
         for i, g in enumerate(step.grads):
             if g is None or i in stepped:
@@ -331,9 +328,8 @@ class Optimizer(RecordTable):
             shards_.run(self._shards, step.pending)
 
     def _current_runs(self) -> dict[int, strategies.Strategy]:
-        """The flat runs and multi-tensor launches under the current kernels (found
-        again after a flag, state or multiplier change); none for the reference
-        backend, which is the oracle."""
+        """The flat runs and multi-tensor launches under the current kernels (found again
+        after a flag, state or multiplier change); none for the reference backend."""
         if self._runs is None:
             self._runs = {}
             if self.backend == "compiled" and (self._chains or self.multi_tensor):
@@ -351,13 +347,11 @@ class Optimizer(RecordTable):
 
     @property
     def refresh_due(self) -> bool:
-        """Whether the next step() runs a refresh rule (and so reads the statistics, e.g.
-        THOR's A and G): a trainer computes them only then."""
+        """Whether the next step() runs a refresh rule (and reads statistics: THOR's A, G)."""
         return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
 
     def restore_refreshes(self, indices: Sequence[int]) -> None:
-        """Each parameter's last refresh from its step count, on its schedule (a torch
-        checkpoint keeps step counts only)."""
+        """Each parameter's last refresh from its step count (torch checkpoints keep those)."""
         for i in indices:
             s = self._slots[i]
             s.refreshed = refresh.last(self._param_kernel(i), s.steps,
@@ -372,11 +366,8 @@ class Optimizer(RecordTable):
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs, as plain Python values and numpy copies:
-        states (master copies included), step counts, each group's hyperparameters and
-        layout, multipliers, and the spec's hash. Schedules are code: a group whose lr
-        is a schedule records ``lr_schedule: True`` and resumes with the schedule the new
-        optimizer was given (it is a function of ``t``, which is restored)."""
+        """What a resumed run needs, as plain values and numpy copies (states, step counts,
+        groups, multipliers, spec hash; an lr schedule resumes as the new one's, at ``t``)."""
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
