@@ -38,7 +38,8 @@ tail -30 "$OUT/prebuild.log"
 stamp "tests"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -n 14 -v -p no:cacheprovider -rfEs --durations=15 \
     tests/test_gpu_cuda.py tests/test_gpu_formats.py tests/test_state_formats_cuda.py \
-    tests/test_torch_interop.py "$@" -k "cuda or gpu" > "$OUT/tests.log" 2>&1
+    tests/test_multitensor.py tests/test_matrix_cuda.py tests/test_torch_interop.py "$@" \
+    -k "cuda or gpu" > "$OUT/tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/tests.log"
 grep -E "passed|failed|rc=" "$OUT/tests.log" | tail -3
 stamp "bench"
