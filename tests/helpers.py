@@ -113,3 +113,24 @@ def load_example(name: str):
     spec.loader.exec_module(module)
     return module
 
+
+
+def cupy_gpu_count(cp) -> int:
+    """The NVIDIA GPUs CuPy sees (0 where CuPy has no driver)."""
+    try:
+        return cp.cuda.runtime.getDeviceCount()
+    except Exception:  # CuPy without a driver
+        return 0
+
+
+def cupy_gpu():
+    """CuPy, where it sees an NVIDIA GPU and nvcc can build for it; else the test skips
+    with the reason (CI has no GPU)."""
+    import shutil
+    import pytest
+    cp = pytest.importorskip("cupy", reason="the CUDA runs need CuPy (pip install 'optgen[cuda]')")
+    if cupy_gpu_count(cp) == 0:
+        pytest.skip("needs an NVIDIA GPU (CuPy sees none)")
+    if shutil.which("nvcc") is None:
+        pytest.skip("building for cuda needs nvcc")
+    return cp

@@ -13,16 +13,14 @@ import pytest
 import optgen
 from optgen.runtime import tensors
 from optgen.core import catalog
-from helpers import assert_close, busy_hypers, default_hypers, matrix_specs, valid as _valid
+from helpers import (assert_close, busy_hypers, cupy_gpu_count, default_hypers, matrix_specs,
+                     valid as _valid)
 
 cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")
 
 
 def _gpu_count() -> int:
-    try:
-        return cp.cuda.runtime.getDeviceCount()
-    except Exception:  # CuPy without a driver
-        return 0
+    return cupy_gpu_count(cp)
 
 
 pytestmark = [

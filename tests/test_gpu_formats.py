@@ -26,17 +26,14 @@ import pytest
 import optgen
 from optgen.core import catalog
 from optgen.runtime import tensors
-from helpers import assert_close, busy_hypers, matrix_specs, valid
+from helpers import assert_close, busy_hypers, cupy_gpu_count, matrix_specs, valid
 
 torch = pytest.importorskip("torch", reason="the GPU format tests step torch CUDA tensors")
 cp = pytest.importorskip("cupy", reason="the CUDA tests need CuPy (pip install 'optgen[cuda]')")
 
 
 def _gpu_count() -> int:
-    try:
-        return cp.cuda.runtime.getDeviceCount()
-    except Exception:  # CuPy without a driver
-        return 0
+    return cupy_gpu_count(cp)
 
 
 GPU = _gpu_count() > 0 and torch.cuda.is_available()

@@ -15,6 +15,7 @@ import pytest
 import optgen
 from optgen.runtime import Artifact
 from optgen.runtime.strategies.multi import chunk_map
+from helpers import cupy_gpu
 
 BIG = 1_000_003
 LISTS = {1: [BIG], 2: [1, 65_537],
@@ -232,24 +233,11 @@ def test_cuda_multi_tensor_kernels_compile_with_their_abi(name, fmt, cuda_build)
         assert "((void*)B__tab_ptr[" in body and "blockIdx.x" in body
 
 
-def _cupy_gpu():
-    cp = pytest.importorskip("cupy", reason="the CUDA runs need CuPy (pip install 'optgen[cuda]')")
-    try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception:  # CuPy without a driver
-        count = 0
-    if count == 0:
-        pytest.skip("needs an NVIDIA GPU (CuPy sees none)")
-    if shutil.which("nvcc") is None:
-        pytest.skip("building for cuda needs nvcc")
-    return cp
-
-
 @pytest.mark.parametrize("name,hyper,n", [("adam", {"weight_decay": 0.01}, 37),
                                           ("torch_adamw", {"amsgrad": True}, 200),
                                           ("sgd", {"momentum": 0.9}, 2)])
 def test_cuda_multi_tensor_equals_per_tensor_on_cupy(name, hyper, n, calls):
-    cp = _cupy_gpu()
+    cp = cupy_gpu()
     sizes = LISTS[n]
     art = optgen.get_artifact(name, "cuda")
     make = lambda **kw: optgen.create(art, [cp.asarray(a) for a in arrays(sizes, 0)],
@@ -269,7 +257,7 @@ def test_cuda_multi_tensor_equals_per_tensor_on_cupy(name, hyper, n, calls):
 def test_cuda_multi_tensor_bf16_torch_tensors(calls):
     """Mixed precision on torch CUDA bfloat16 tensors: the table holds the float32
     masters, the bfloat16 parameters and gradients."""
-    _cupy_gpu()
+    cupy_gpu()
     torch = pytest.importorskip("torch", reason="the torch case needs torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch build has no CUDA")
@@ -356,7 +344,7 @@ def test_capturable_refusals():
 def test_cuda_graph_captures_and_replays_a_step():
     """torch.cuda.graphs: a captured opt.step() replayed after stage() equals eager
     steps bit for bit (multi-tensor list and a lone tensor; torch CUDA tensors)."""
-    _cupy_gpu()
+    cupy_gpu()
     torch = pytest.importorskip("torch", reason="the graph case needs torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch build has no CUDA")

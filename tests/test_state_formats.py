@@ -358,15 +358,15 @@ def paper_dequantize(codes, absmax, qmap, block=256):
     return qmap[codes.reshape(-1)] * np.repeat(absmax, block)[:codes.size]
 
 
-@pytest.mark.parametrize("name", Q8_SPECS)
-def test_q8_compiled_matches_reference(name, rng):
+def codes_match_reference(name, fmt, shapes, rng):
     """Every flag combination, the issue's shapes, float32 and bf16 (mixed) parameters:
     the kernel's codes equal the interpreter's (a fused multiply-add may move a value
-    across a code boundary: one code, rarely), absmax to a few float32 ulps."""
-    art = optgen.get_artifact(name, state_format="q8")
+    across a code boundary: one code, rarely), block scales to a few float32 ulps.
+    Shared by the q8 and fp8 (tests/test_state_formats_fp8.py) tables."""
+    art = optgen.get_artifact(name, state_format=fmt)
     ran = 0
-    for flags, pdt, opts in _stepped_pairs(art, "q8", Q8_SHAPES, rng):
-        for i, s in enumerate(Q8_SHAPES):
+    for flags, pdt, opts in _stepped_pairs(art, fmt, shapes, rng):
+        for i, s in enumerate(shapes):
             for n, want in opts[1].state[i].items():
                 got = opts[0].state[i][n]
                 label = f"{name} {pdt} flags {flags}: {n} {s}"
@@ -382,6 +382,11 @@ def test_q8_compiled_matches_reference(name, rng):
                                        rtol=1e-3, atol=1e-4, err_msg=f"{name}: w {s}")
         ran += 1
     assert ran
+
+
+@pytest.mark.parametrize("name", Q8_SPECS)
+def test_q8_compiled_matches_reference(name, rng):
+    codes_match_reference(name, "q8", Q8_SHAPES, rng)
 
 
 @pytest.mark.parametrize("fmt", ["q8@32", "q8@512"])

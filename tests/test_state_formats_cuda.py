@@ -35,7 +35,7 @@ from optgen.core import formats
 from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
 from conftest import OCLGRIND_LOG
-from helpers import assert_close
+from helpers import assert_close, cupy_gpu
 
 Q8_SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief"]
 BUILDS = [(n, "q8") for n in Q8_SPECS] + [("adam", "q8@64"), ("adam", "q8@512")] + \
@@ -310,22 +310,9 @@ def test_opencl_q8_kernels_have_no_data_race(tmp_path):
 
 
 # -- cuda: run, where a GPU is present -----------------------------------------------------
-def _cupy_gpu():
-    cp = pytest.importorskip("cupy", reason="the CUDA runs need CuPy (pip install 'optgen[cuda]')")
-    try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception:  # CuPy without a driver
-        count = 0
-    if count == 0:
-        pytest.skip("needs an NVIDIA GPU (CuPy sees none)")
-    if shutil.which("nvcc") is None:
-        pytest.skip("building for cuda needs nvcc")
-    return cp
-
-
 @pytest.mark.parametrize("name,fmt", RUNS)
 def test_cuda_q8_matches_reference_on_cupy_arrays(name, fmt, rng):
-    cp = _cupy_gpu()
+    cp = cupy_gpu()
 
     def host(a):
         return cp.asnumpy(a)
@@ -337,7 +324,7 @@ def test_cuda_q8_matches_reference_on_cupy_arrays(name, fmt, rng):
 def test_cuda_q8_matches_reference_on_torch_tensors(name, fmt, rng):
     """torch CUDA tensors (the tables are copied to the tensors' device once, as torch
     tensors: runtime/launch.py ``Launcher.table``)."""
-    _cupy_gpu()
+    cupy_gpu()
     torch = pytest.importorskip("torch", reason="the torch case needs torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch build has no CUDA")

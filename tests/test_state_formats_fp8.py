@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import optgen
-from test_state_formats import _bits, _resumed, _stepped_pairs
+from test_state_formats import _bits, _resumed, codes_match_reference
 
 FP8_SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief"]
 FP8_SHAPES = [(0,), (1,), (15,), (16,), (17,), (255,), (256,), (257,), (1009,), (33, 31)]
@@ -156,29 +156,8 @@ def test_compiled_kernels_encode_and_decode_as_the_spec(target):
 
 @pytest.mark.parametrize("name", FP8_SPECS)
 def test_fp8_compiled_matches_reference(name, rng):
-    """Every flag combination, the issue's shapes, float32 and bf16 (mixed) parameters:
-    the kernel's codes equal the interpreter's (a fused multiply-add may move a value
-    across a rounding boundary: one code, rarely), scales to a few float32 ulps."""
-    art = optgen.get_artifact(name, state_format="fp8")
-    ran = 0
-    for flags, pdt, opts in _stepped_pairs(art, "fp8", FP8_SHAPES, rng):
-        for i, s in enumerate(FP8_SHAPES):
-            for n, want in opts[1].state[i].items():
-                got = opts[0].state[i][n]
-                label = f"{name} {pdt} flags {flags}: {n} {s}"
-                if isinstance(want, np.floating) or n == "master":
-                    continue
-                if got.dtype == np.uint8:
-                    diff = np.abs(got.astype(int) - want.astype(int))
-                    assert diff.max(initial=0) <= 1 and \
-                        np.sum(diff > 0) <= 0.01 * diff.size, label
-                else:
-                    np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=label)
-            np.testing.assert_allclose(np.asarray(opts[0].params[i], np.float32),
-                                       np.asarray(opts[1].params[i], np.float32),
-                                       rtol=1e-3, atol=1e-4, err_msg=f"{name}: w {s}")
-        ran += 1
-    assert ran
+    """As q8's (a rounding boundary instead of a code boundary): the shared table."""
+    codes_match_reference(name, "fp8", FP8_SHAPES, rng)
 
 
 @pytest.mark.parametrize("fmt,shape", [("fp8", (1_000_003,)), ("fp8@32", (1001,)),
