@@ -166,6 +166,22 @@ def test_a_gradient_overlapping_another_tensor_declines(calls):
     assert len(calls) - before == 3
 
 
+def test_a_rule_that_reads_no_gradient_steps_per_tensor(calls):
+    """torch Muon's rule for tensors below 2-D reads no gradient (its kernel's buffers
+    are the parameter and the momentum): no gradient column to table, so its tensors step
+    one by one, as without multi-tensor launches (found by tests/test_fuzz.py: a
+    ValueError from inside the step)."""
+    opts = [optgen.create("torch_muon", arrays([101, 7], 0), multi_tensor=m, weight_decay=0.1)
+            for m in (True, False)]
+    for step in range(3):
+        grads = arrays([101, 7], 10 + step)
+        for o in opts:
+            o.step([g.copy() for g in grads])
+    assert not any(s.endswith("_mt") for s in calls)
+    for a, b in zip(opts[0].params, opts[1].params):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_c_target_lists_equal_per_tensor(calls):
     """The c target (scalar loops, gcc) builds the same multi-tensor variant."""
     if shutil.which(os.environ.get("CC", "gcc")) is None:

@@ -144,8 +144,10 @@ def test_adan_cuda_build_has_the_expected_ptx_entries():
     manifest = art.manifest
     kernels = {k["name"]: k for entry in manifest["device_kernels"].values()
                for k in entry["kernels"]}
-    expected = {f"adan_{tag}{lazy}_kernel" for tag in ("f32", "f64", "f16", "bf16")
-                for lazy in ("", "_lazy")}
+    # (per dtype: the dense kernel, the row-sparse one, and the multi-tensor one that
+    # steps a list of tensors through a pointer table: runtime/strategies/multi.py)
+    expected = {f"adan_{tag}{variant}_kernel" for tag in ("f32", "f64", "f16", "bf16")
+                for variant in ("", "_lazy", "_mt")}
     assert set(kernels) == expected
     for arch in ("sm_80", "sm_90"):
         ptx = _read(os.path.join(result.path, f"kernels.{arch}.ptx"))

@@ -145,7 +145,8 @@ def _reads_shape(k: Any) -> bool:
 def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
          has_inputs: bool) -> dict[int, MultiTensor]:
     """First member -> its multi-tensor launch: the parameters not in ``taken`` (flat
-    runs) whose prepared kernel has a multi-tensor variant, grouped by group, kernel,
+    runs) whose prepared kernel has a multi-tensor variant reading a gradient (a rule
+    without one, e.g. torch Muon's 1-D decay, steps per tensor), grouped by group, kernel,
     multipliers, library and device (two or more each). FSDP2 local shards join too: an
     elementwise pass sums nothing across ranks, so a shard's step is its local slice's
     (unless a host scalar reads the shape, which is the whole parameter's)."""
@@ -155,7 +156,8 @@ def find(launcher: Launcher, slots: Sequence[ParamSlot], taken: set[int],
     for s in slots:
         k = s.kernel
         if s.index in taken or k is None or k.stochastic or \
-                "mt_symbol" not in k.launches[0] or not MultiTensor.fits(launcher, s) or \
+                "mt_symbol" not in k.launches[0] or "grad" not in k.launches[0]["buffers"] or \
+                not MultiTensor.fits(launcher, s) or \
                 (s.split is not None and _reads_shape(k)):
             continue
         key = (s.group, k.symbol, s.lr_mult, s.wd_mult, s.lib, tensors.device(s.array, s.lib),
