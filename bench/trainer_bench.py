@@ -22,6 +22,9 @@ optgen.set_cpu_pool. Unless ``--no-quiet-child``, the same runs again in a new p
 pools (OMP_WAIT_POLICY=passive, TVM_THREAD_POOL_SPIN_COUNT=0), rows tagged [quiet]. The
 parent process runs with none of THREAD_ENV set (what a user gets by default).
 
+Each row is put on its pool before its forward/backward, so only what a trainer runs
+lies between backward and the timed step, and reports which pool its timed steps
+really ran on ("openmp 30/30"; "auto" moves to TVM's pool while the machine is busy).
 Prints medians and ratios to torch fused; ``--json`` writes every sample. Every
 contender's parameters are compared with torch fused's after the run.
 """
@@ -75,19 +78,27 @@ class Row:
             self.opt = otorch.AdamW(params, lr=1e-3)
         self.pool = POOLS.get(name, "auto")
         self.times: list[float] = []
+        self.on_openmp = 0                    # timed steps whose loops ran on OpenMP
 
     def step(self) -> float:
         import optgen
+        from optgen.runtime.backends import omp_pool
+        # The pool is chosen before the forward: nothing but what a trainer runs may sit
+        # between backward and the step, or torch's OpenMP threads stop spinning first
+        # (the collision the OpenMP pool avoids is then not there to avoid).
+        optgen.set_cpu_pool(self.pool)
         loss = self.work(self.x).square().mean()
         self.work.zero_grad(set_to_none=False)
         loss.backward()
         if self.grads is not None:            # the stepped tensors are not the MLP's
             for p, g in zip(self.params, self.grads):
                 p.grad = g
-        optgen.set_cpu_pool(self.pool)        # untimed: which pool this row's steps use
+        launches = omp_pool.omp_launches()
         t0 = time.perf_counter()
         self.opt.step()
-        return time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.on_openmp += omp_pool.omp_launches() > launches
+        return dt
 
 
 def make_rows(torch, workload: str, quick: bool) -> list[Row]:
@@ -117,6 +128,8 @@ def run(workload: str, reps: int, warmup: int, quick: bool) -> dict:
         for _ in range(warmup):
             r.step()
     load0 = os.getloadavg()[0]
+    for r in rows:
+        r.on_openmp = 0
     for idx in rotations(len(rows), reps):
         for i in idx:
             rows[i].times.append(rows[i].step())
@@ -124,7 +137,11 @@ def run(workload: str, reps: int, warmup: int, quick: bool) -> dict:
     out = []
     for r in rows:
         diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(r.params, ref))
-        out.append({"contender": r.name, "times_s": r.times, "max_abs_diff": diff})
+        k = r.on_openmp                   # which pool really ran the timed steps
+        ran = "-" if r.name == FUSED else ", ".join(
+            f"{pool} {n}/{reps}" for pool, n in (("openmp", k), ("tvm", reps - k)) if n)
+        out.append({"contender": r.name, "times_s": r.times, "max_abs_diff": diff,
+                    "ran_on": ran})
     n = sum(p.numel() for p in ref)
     return {"name": workload, "params": n, "tensors": len(ref), "reps": reps,
             "loadavg_1min": [load0, os.getloadavg()[0]], "rows": out}
@@ -152,7 +169,7 @@ def report(result: dict) -> None:
         for r in wl["rows"]:
             x = ratio(wl, r["contender"])
             print(f"   {r['contender']:<22} {med_ms(r):9.2f} ms  {x:5.2f}x fused  "
-                  f"max|w - fused| {r['max_abs_diff']:.1e}")
+                  f"max|w - fused| {r['max_abs_diff']:.1e}  ran on {r.get('ran_on', '?')}")
 
 
 def measure(names: list[str], reps: int, warmup: int, quick: bool) -> dict:
