@@ -109,6 +109,7 @@ class Row:
 
 def make_rows(torch, workload: str, quick: bool, names=ROWS) -> list[Row]:
     width = 512 if quick else 2048
+    torch.manual_seed(0)                      # the same model in every process
     base = mlp(torch, width)
     rows = []
     for name in names:
