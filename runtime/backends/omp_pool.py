@@ -39,6 +39,7 @@ import ctypes
 import _ctypes
 import os
 import sys
+import threading
 import warnings
 
 from . import omp_build
@@ -149,8 +150,13 @@ _state: dict = {"pool": os.environ.get("OPTGEN_CPU_POOL", "auto") or "auto",
 _pending: list[str] = []    # libraries loaded while their loops were to stay on TVM's pool
 
 
+_lock = threading.Lock()    # one build per process, whichever thread loads a library first
+
+
 def _in_child() -> None:
+    global _lock
     _state["forked"] = True
+    _lock = threading.Lock()    # (a thread of the parent may have held it at the fork)
 
 
 os.register_at_fork(after_in_child=_in_child)
@@ -167,8 +173,13 @@ def _addr(obj) -> int:
 def _trampoline() -> ctypes.CDLL | None:
     """The trampoline (built and verified on first use), None where it cannot be had:
     then ``_state["failed"]`` says why, and a warning said it once."""
-    if "shim" in _state:
-        return _state["shim"]
+    with _lock:
+        if "shim" not in _state:
+            _state["shim"] = _load()
+    return _state["shim"]
+
+
+def _load() -> ctypes.CDLL | None:
     shim, note = None, ""
     try:
         if not sys.platform.startswith("linux"):
@@ -176,16 +187,15 @@ def _trampoline() -> ctypes.CDLL | None:
         shim, note = omp_build.load(SOURCE)
         shim.optgen_init()
         shim.optgen_omp_launches.restype = ctypes.c_long
-    except omp_build.TrampolineError as e:
+    except (omp_build.TrampolineError, OSError) as e:   # (OSError: a disk full, ...)
         _state["failed"] = f"the OpenMP trampoline is unavailable: {e}"
         warnings.warn(f"optgen: the CPU kernels' parallel loops stay on TVM's thread pool, "
                       f"not torch's OpenMP runtime: {_state['failed']} (set "
                       "OPTGEN_CPU_POOL=tvm to choose TVM's pool and skip this)",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
     if note:
         warnings.warn(f"optgen: the cached OpenMP trampoline {note}", RuntimeWarning,
-                      stacklevel=3)
-    _state["shim"] = shim
+                      stacklevel=4)
     return shim
 
 
