@@ -325,8 +325,9 @@ def goal_lines(result: dict) -> list[str]:
     for wl in result["workloads"]:
         x = ratio(wl, DEFAULT)
         status = "not run" if x is None else ("MET" if x <= GOAL else "MISSED")
+        value = "-" if x is None else f"{x:.2f}"
         out.append(f"  trainer {wl['name']}: optgen default / torch fused  "
-                   f"{x:.2f}  <= {GOAL:g}  {status}")
+                   f"{value}  <= {GOAL:g}  {status}")
     return out
 
 
