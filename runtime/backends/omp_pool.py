@@ -271,7 +271,7 @@ def attach(library: str) -> bool:
     _check_setting()
     using, _, _ = _decide()
     if using != "openmp":
-        if not _forked() and "failed" not in _state:
+        if not _forked() and "failed" not in _state and library not in _pending:
             _pending.append(library)      # (set_pool may attach it later)
         return False                      # (numpy-only processes: TVM's pool, untouched)
     return _attach_loaded(library, os.RTLD_LOCAL)
