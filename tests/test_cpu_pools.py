@@ -1,4 +1,4 @@
-"""Issue 36: the CPU kernels' parallel loops on torch's OpenMP runtime or on TVM's pool.
+"""The CPU kernels' parallel loops on torch's OpenMP runtime or on TVM's pool.
 
 Whichever pool runs them, the results are the same bits (elementwise updates do not
 depend on the split; reductions sum a fixed chunk count); with torch loaded the default
@@ -154,3 +154,27 @@ def test_forked_child_steps_on_tvm_pool(openmp):
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "0"
+
+
+LOADED_UNDER_TVM = """
+import numpy as np, torch, optgen
+from optgen.runtime.backends import omp_pool
+assert optgen.set_cpu_pool("tvm") == "tvm"
+p = np.zeros(200_003, np.float32)
+opt = optgen.create("adam", [p])
+opt.step([np.ones_like(p)])                  # loaded (and attached to nothing) under "tvm"
+assert omp_pool.omp_launches() == 0
+assert optgen.set_cpu_pool("openmp") == "openmp", optgen.cpu_pool()
+opt.step([np.ones_like(p)])
+print(omp_pool.omp_launches())
+"""
+
+
+def test_library_loaded_under_tvm_moves_to_openmp_when_asked(openmp):
+    """set_cpu_pool("openmp") moves the loops of a library loaded under "tvm" too, as
+    cpu_pool() then says."""
+    env = {k: v for k, v in os.environ.items() if k != "OPTGEN_CPU_POOL"}
+    out = subprocess.run([sys.executable, "-c", LOADED_UNDER_TVM], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) > 0, "the step after set_cpu_pool('openmp') ran on TVM"

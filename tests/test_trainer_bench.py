@@ -49,3 +49,16 @@ def test_suite_trainer_goals(bench):
     assert got["trainer mlp: optgen default / torch fused"]["status"] == "MISSED"
     assert got["trainer 10m: optgen default / torch fused"]["status"] == "MET"
     assert got["trainer gpt2: optgen default / torch fused"]["status"] == "not run"
+
+
+def test_rows_say_which_pool_ran_and_compare_across_processes(bench):
+    wl = {"rows": [
+        {"contender": "torch fused [quiet]", "times_s": [1.0, 1.0], "fingerprint": [1.0, 2.0],
+         "on_openmp": None},
+        {"contender": "optgen default [quiet]", "times_s": [1.0] * 3,
+         "fingerprint": [1.0, 2.5], "on_openmp": 1},
+        {"contender": "optgen tvm pool [quiet]", "times_s": [1.0] * 3,
+         "fingerprint": [1.0, 2.0], "on_openmp": 0}]}
+    rows = bench.finish(wl)["rows"]
+    assert [r["ran_on"] for r in rows] == ["-", "openmp 1/3, tvm 2/3", "tvm 3/3"]
+    assert [r["max_abs_diff"] for r in rows] == [0.0, 0.5, 0.0]
