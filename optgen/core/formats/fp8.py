@@ -101,8 +101,7 @@ class BlockScaledFp8(BlockQuantized):
         # of one an element (1 where the scale is 0: the block's finite values are 0)
         inv = np.float32(1) / np.where(scale > 0, scale, np.float32(1))
         x = np.sqrt(np.abs(flat)) if root else flat
-        with np.errstate(invalid="ignore", over="ignore"):
-            codes = encode(x * np.repeat(inv, block)[:n], nonzero=root)
+        codes = encode(x * np.repeat(inv, block)[:n], nonzero=root)
         return codes.reshape(np.shape(values)), scale
 
     def dequantize(self, fmt: Format, stored: tuple[np.ndarray, ...], shape: tuple[int, ...]
