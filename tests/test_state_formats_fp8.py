@@ -197,8 +197,9 @@ def test_fp8_scale_is_absmax_over_448_and_memory(rng):
 
 
 def test_fp8_checkpoints_resume_bit_exact_and_convert(tmp_path, rng):
-    """fp8 states resume bit for bit; fp8 -> float32 decodes exactly, float32 -> fp8
-    encodes as the numpy quantizer does, fp8 -> q8 re-quantizes: each with its warning."""
+    """fp8 states resume bit for bit; fp8 -> float32 decodes exactly (v, stored by the
+    sqrt map: the decoded value squared), float32 -> fp8 encodes as the numpy quantizer
+    does, fp8 -> q8 re-quantizes: each with its warning."""
     from optgen.core.formats import fp8
     w, a = _resumed("adamw", "fp8", tmp_path, rng)
     full = optgen.create("adamw", [w.copy()])
@@ -206,7 +207,8 @@ def test_fp8_checkpoints_resume_bit_exact_and_convert(tmp_path, rng):
         full.load_state_dict(a.state_dict())
     for n in ("m", "v"):
         want = fp8.decode(a.state[0][n]) * np.repeat(a.state[0][n + "__absmax"], 256)[:w.size]
-        np.testing.assert_array_equal(full.state[0][n], want)
+        assert a.artifact.stored[n] == {"m": "fp8:e4m3", "v": "fp8:e4m3sqrt"}[n]
+        np.testing.assert_array_equal(full.state[0][n], want * want if n == "v" else want)
     back = optgen.create("adamw", [w.copy()], state_format="fp8")
     with pytest.warns(UserWarning, match="float32 -> fp8"):
         back.load_state_dict(full.state_dict())
