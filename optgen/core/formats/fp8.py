@@ -4,19 +4,28 @@
 
 E4M3 (OCP 8-bit floating point specification, 2023): sign, 4 exponent bits (bias 7),
 3 mantissa bits; subnormals m * 2**-9; the largest finite value 448 (S.1111.110); no
-infinities; NaN is S.1111.111. A block's scale is its largest magnitude over 448
-(float32 division), so the block's largest element codes as +-448; a code is the
-nearest E4M3 value of x * (1 / scale) (float32, the reciprocal rounded once a block),
-ties to the even mantissa, saturated to +-448 (NaN
-stays NaN); a block of zeros has scale 0 and reads back as zeros. The stored companion
-keeps the block-quantized family's name (``<state>__absmax``) but holds the scale.
+infinities; NaN is S.1111.111. A block's scale is its largest finite magnitude over
+448 (float32 division), at least ``MIN_SCALE`` = 2**-126 so that its reciprocal is
+finite (a smaller one made 1 / scale inf and every zero 0 * inf = NaN), and 0 for a
+block without a nonzero finite value (it reads back as zeros). A code is the nearest
+E4M3 value of x * (1 / scale) (float32, the reciprocal rounded once a block), ties to
+the even mantissa, saturated to +-448: +-inf saturate, NaN stays NaN, and neither
+changes the scale of the rest of its block. The stored companion keeps the
+block-quantized family's name (``<state>__absmax``) but holds the scale.
+
+Two maps. "e4m3" codes x itself (states of either sign). "e4m3sqrt", for the states
+the compiler proves non-negative (second moments, accumulators), codes sqrt(|x|) with
+the scale of the block's square roots and reads back the square: E4M3 holds about 5.4
+decades below a block's largest value, the square root doubles that in x, so a second
+moment spans the decades of its gradients, as the first moment does. A nonzero value
+there never codes as 0 (at least the smallest subnormal): such a state is read under a
+square root or as a divisor, where 0 would turn m / (sqrt(v) + eps) into m / eps
+(docs/state-formats.md has the measurements).
 
 Decoding and encoding are arithmetic on the bits, the same in numpy (``encode``,
 ``decode``: the reference interpreter, checkpoints, torch export) and in the kernels
-(``load``, ``encode_lines``: TVMScript the templates write), so compiled codes equal the
-reference's: no tables, no lookups. Both signs share one map ("e4m3"): an unsigned
-variant would buy one mantissa bit for non-negative states but not the range, and the
-kernels would need a second encoder (docs/state-formats.md).
+(``load``, ``encode_lines``, ``encoded``: TVMScript the templates write), so compiled
+codes equal the reference's: no tables, no lookups.
 
 May import: numpy, the registry and blocked.py.
 """
