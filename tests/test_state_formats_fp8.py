@@ -236,3 +236,27 @@ def test_fp8_torch_drop_in_trains():
     with torch.no_grad():   # 3 mantissa bits: a fraction of the way float32 moved
         for p, q, p0 in zip(model.parameters(), ref.parameters(), init):
             assert (p - q).norm() < 0.15 * (q - p0).norm()
+
+
+def test_fp8_checkpoint_with_v_coded_as_itself_loads_converted(rng):
+    """A checkpoint whose v is coded as itself ("fp8:e4m3", as fp8 stored second moments
+    before they were coded as square roots) loads with the warning line, v re-coded as
+    its square root within two E4M3 steps of sqrt(v); m, in the same map, as it is."""
+    from optgen.core.formats import from_stored
+    w = rng.standard_normal(5000).astype(np.float32)
+    a = optgen.create("adam", [w.copy()], state_format="fp8")
+    for _ in range(3):
+        a.step([rng.standard_normal(w.size).astype(np.float32)])
+    sd = a.state_dict()
+    direct, root = from_stored("fp8:e4m3"), from_stored("fp8:e4m3sqrt")
+    v = root.dequantize((sd["state"][0]["v"], sd["state"][0]["v__absmax"]), w.shape)
+    codes, scale = direct.quantize(v)
+    sd["state"][0].update(v=codes, v__absmax=scale)
+    sd["stored"][0]["v"] = "fp8:e4m3"
+    b = optgen.create("adam", [w.copy()], state_format="fp8")
+    with pytest.warns(UserWarning, match="fp8:e4m3 -> fp8:e4m3sqrt"):
+        b.load_state_dict(sd)
+    np.testing.assert_array_equal(b.state[0]["m"], a.state[0]["m"])
+    got = root.dequantize((b.state[0]["v"], b.state[0]["v__absmax"]), w.shape)
+    want = direct.dequantize((codes, scale), w.shape)
+    np.testing.assert_allclose(np.sqrt(got), np.sqrt(want), rtol=2 * 2.0 ** -4)
