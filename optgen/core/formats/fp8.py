@@ -27,7 +27,7 @@ Decoding and encoding are arithmetic on the bits, the same in numpy (``encode``,
 (``load``, ``encode_lines``, ``encoded``: TVMScript the templates write), so compiled
 codes equal the reference's: no tables, no lookups.
 
-May import: numpy, the registry and blocked.py.
+May import: numpy, optgen.core.quant, the registry and blocked.py.
 """
 from __future__ import annotations
 
