@@ -47,6 +47,7 @@ def test_a_bad_request_text_names_the_rule(text, err):
     ("q8:signed", "q8", "signed", 256), ("q8:unsigned:64", "q8", "unsigned", 64),
     ("q4:signed4", "q4", "signed4", 128), ("q4:linear4:32", "q4", "linear4", 32),
     ("fp8:e4m3", "fp8", "e4m3", 256), ("fp8:e4m3:64", "fp8", "e4m3", 64),
+    ("fp8:e4m3sqrt", "fp8", "e4m3sqrt", 256), ("fp8:e4m3sqrt:32", "fp8", "e4m3sqrt", 32),
 ])
 def test_a_stored_text_round_trips(stored, fmt, kind, block):
     f = formats.from_stored(stored)
@@ -56,15 +57,15 @@ def test_a_stored_text_round_trips(stored, fmt, kind, block):
 
 
 @pytest.mark.parametrize("text", ["bfloat16", "float32", "q8:linear4", "q4:signed", "q8",
-                                  "fp8:signed", "q8:e4m3",
+                                  "fp8:signed", "q8:e4m3", "q8:e4m3sqrt", "fp8:sqrt",
                                   "q8:signed:x:y", None])
 def test_what_is_no_stored_code_format_is_none(text):
     assert formats.from_stored(text) is None
 
 
 def test_the_maps_are_picked_by_sign():
-    assert [formats.of(t).map_for(nn) for t in ("q8", "q4") for nn in (False, True)] == \
-        ["signed", "unsigned", "signed4", "linear4"]
+    assert [formats.of(t).map_for(nn) for t in ("q8", "q4", "fp8") for nn in (False, True)] == \
+        ["signed", "unsigned", "signed4", "linear4", "e4m3", "e4m3sqrt"]
     with pytest.raises(TypeError, match="no code maps"):
         formats.of("bf16").map_for(True)
 

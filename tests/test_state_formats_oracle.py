@@ -84,32 +84,40 @@ def dequantize(codes, absmax, qmap, block: int, n: int, packed: bool) -> np.ndar
     return qmap[codes] * np.repeat(np.asarray(absmax, np.float32), block)[:n]
 
 
-# fp8: E4M3 from the OCP spec (tests/test_state_formats_fp8.py), one scale = absmax / 448
-# per block of 256, a code the nearest value of x * (1 / scale), ties to the even code
+# fp8: E4M3 from the OCP spec (tests/test_state_formats_fp8.py), one scale per block of
+# 256 = its largest magnitude / 448 (at least 2**-126 where it is not 0), a code the
+# nearest value of x * (1 / scale), ties to the even code. Non-negative states ("sqrt"
+# map) code sqrt(x) instead, with the scale of the square roots, and a nonzero value
+# never codes as 0 (the smallest subnormal instead); they read back squared.
 E4M3 = VALUES.astype(np.float32)
 
 
-def e4m3_quantize(x: np.ndarray, block: int = 256):
+def e4m3_quantize(x: np.ndarray, block: int = 256, root: bool = False):
     x = np.asarray(x, np.float32).reshape(-1)
     nb = -(-x.size // block)
     pad = np.zeros(nb * block, np.float32)
     pad[:x.size] = x
     absmax = np.abs(pad.reshape(nb, block)).max(axis=1) if nb else np.zeros(0, np.float32)
-    scale = (absmax / np.float32(448)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    if root:
+        absmax, x = np.sqrt(absmax), np.sqrt(np.abs(x))
+    scale = np.where(absmax > 0, np.maximum((absmax / np.float32(448)).astype(np.float32),
+                                            np.float32(2.0 ** -126)), 0).astype(np.float32)
+    inv = (np.float32(1) / np.where(scale > 0, scale, np.float32(1))).astype(np.float32)
     norm = x * np.repeat(inv, block)[:x.size]
     a = np.minimum(np.abs(norm).astype(np.float64), 448.0)
     hi = np.clip(np.searchsorted(POSITIVE, a), 1, POSITIVE.size - 1)
     lo = hi - 1
     d_hi, d_lo = POSITIVE[hi] - a, a - POSITIVE[lo]
     code = np.where(d_hi < d_lo, hi, np.where(d_lo < d_hi, lo, np.where(lo % 2 == 0, lo, hi)))
+    if root:
+        code = np.where((code == 0) & (a > 0), 1, code)
     return (code | (np.signbit(norm) << 7)).astype(np.uint8), scale
 
 
-def e4m3_dequantize(codes, scale, block: int, n: int) -> np.ndarray:
-    return E4M3[np.asarray(codes).reshape(-1)] * np.repeat(np.asarray(scale, np.float32),
-                                                           block)[:n]
+def e4m3_dequantize(codes, scale, block: int, n: int, root: bool = False) -> np.ndarray:
+    t = E4M3[np.asarray(codes).reshape(-1)] * np.repeat(np.asarray(scale, np.float32),
+                                                        block)[:n]
+    return t * t if root else t
 
 
 def _compare(got, want, packed, label):
@@ -128,6 +136,8 @@ def _run(fmt, name, pdt, backend, shapes, rng):
                         state_format_min_size=0, multi_precision=pdt == BF16, **hyper)
     stored = opt.artifact.stored
     sign = {s: stored[s].split(":")[1] in ("signed", "signed4", "e4m3") for s in stored}
+    root = {s: stored[s] == "fp8:e4m3sqrt" for s in stored}
+    assert fmt != "fp8" or root == {s: not sign[s] for s in stored}
     oracles = [ORACLES[name](np.zeros(s, np.float32), dtype=np.float32, **hyper)
                for s in shapes]
     agree = total = 0
@@ -136,7 +146,7 @@ def _run(fmt, name, pdt, backend, shapes, rng):
         masters = [np.asarray(opt.state[i]["master"] if pdt == BF16 else opt.params[i],
                               np.float32).copy() for i in range(len(shapes))]
         before = [{s: (e4m3_dequantize(opt.state[i][s], opt.state[i][s + "__absmax"], block,
-                                       masters[i].size) if fmt == "fp8" else
+                                       masters[i].size, root[s]) if fmt == "fp8" else
                        dequantize(opt.state[i][s], opt.state[i][s + "__absmax"],
                                   MAPS[fmt, sign[s]], block, masters[i].size, packed))
                    .reshape(shapes[i]) for s in stored} for i in range(len(shapes))]
@@ -146,7 +156,7 @@ def _run(fmt, name, pdt, backend, shapes, rng):
             o.w, o.s = masters[i], {**o.s, **before[i]}
             o.step(np.asarray(g, np.float32))
             for s in stored:
-                codes, absmax = e4m3_quantize(o.s[s], block) if fmt == "fp8" else \
+                codes, absmax = e4m3_quantize(o.s[s], block, root[s]) if fmt == "fp8" else \
                     quantize(o.s[s], MAPS[fmt, sign[s]], block, packed)
                 a, b = _compare(opt.state[i][s], codes, packed, f"{label}: {s}")
                 agree, total = agree + a, total + b

@@ -27,7 +27,10 @@ nearest code: the number of the map's midpoints (float32) below it, found withou
 search (``code_table``; 4-bit: 15 compares with the midpoints as constants). The CPU
 kernel's full blocks count them by arithmetic instead (``fast_codes``: no table) and
 use the tables only for a block with a value that arithmetic is not sure of.
-Non-finite values are not representable.
+Non-finite values are not representable: a block's absmax is its largest *finite*
+magnitude, +-inf code as +-1 (+-absmax), NaN as 0, and a block without a nonzero
+finite value has absmax 0 and reads back as zeros; so a NaN or inf never spreads to the
+rest of its block (``finite_magnitude``; the kernels: ``FINITE_MAGNITUDE``).
 
 May import: numpy.
 """
@@ -41,6 +44,28 @@ BLOCK = 256          # q8's default elements per absmax (the q8 format takes it 
                      # optgen/core/formats/blocked.py; quantize's default)
 BITS = {"signed": 8, "unsigned": 8, "signed4": 4, "linear4": 4}   # map -> code bits
 MAPS = tuple(BITS)
+FINITE_MAX = 0x7F800000      # float32 bits of inf: below it (sign cleared) is finite
+
+
+def finite_magnitude(x: np.ndarray) -> np.ndarray:
+    """|x| where x is finite, 0 for NaN and +-inf (what a block's absmax is taken of)."""
+    x = np.asarray(x, np.float32)
+    finite = (x.view(np.uint32) & np.uint32(0x7FFFFFFF)) < np.uint32(FINITE_MAX)
+    return np.where(finite, np.abs(x), np.float32(0)).astype(np.float32)
+
+
+def kernel_magnitude(x: str) -> str:
+    """TVMScript of ``finite_magnitude`` of float32 ``x`` (a buffer element: tested on
+    its bits, which TVM's simplifier leaves alone)."""
+    return (f'T.Select(T.bitwise_and(T.reinterpret("uint32", {x}), T.uint32(2147483647)) < '
+            f"T.uint32({FINITE_MAX}), T.fabs({x}), T.float32(0))")
+
+
+def kernel_normalized(x: str, absmax: str) -> str:
+    """TVMScript of x / absmax as ``quantize`` takes it: 0 where absmax is 0 or x is NaN."""
+    return (f"T.Select(T.And({absmax} > T.float32(0), T.bitwise_and(T.reinterpret("
+            f'"uint32", {x}), T.uint32(2147483647)) <= T.uint32({FINITE_MAX})), '
+            f"{x} / {absmax}, T.float32(0))")
 
 
 def code_bytes(n: int, kind: str) -> int:
@@ -136,10 +161,11 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, 
         return np.zeros(np.shape(x) if BITS[kind] == 8 else (0,), np.uint8), absmax
     pad = np.zeros(absmax.size * block, np.float32)
     pad[:n] = flat
-    absmax[:] = np.max(np.abs(pad.reshape(-1, block)), axis=1)
+    absmax[:] = np.max(finite_magnitude(pad).reshape(-1, block), axis=1)
     scale = np.repeat(absmax, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
-        norm = np.where(scale > 0, flat / np.where(scale > 0, scale, 1), np.float32(0))
+        norm = np.where((scale > 0) & ~np.isnan(flat),
+                        flat / np.where(scale > 0, scale, 1), np.float32(0))
     codes = codes_of(norm, kind)
     return (codes.reshape(np.shape(x)) if BITS[kind] == 8 else pack(codes)), absmax
 

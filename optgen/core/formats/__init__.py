@@ -12,7 +12,8 @@ unchanged, and rounds the new value into the format on store, in the same pass.
                float32 absmax per block (elementwise rules only); "q8@128" sets the
                block size (a power of two, at least 32; one block size per request)
     "fp8"      block-scaled E4M3 codes (fp8.py): a byte per element, one float32 scale
-               (absmax / 448) per block of 256 ("fp8@<block>"), decoded by arithmetic
+               (absmax / 448) per block of 256 ("fp8@<block>"), decoded by arithmetic;
+               non-negative states code their square root
 
 Each family is a ``StateFormat`` registered in registry.py; a request's text parses to
 a typed ``Format`` there, and every module asks that value instead of reading the text

@@ -147,6 +147,15 @@ class BlockQuantized(StateFormat):
         shift = f'T.Cast("int32", (T.int64(1) - T.floormod({i}, T.int64(2))) * T.int64(4))'
         return f"T.bitwise_and(T.shift_right({byte}, {shift}), T.int32(15))"
 
+    def magnitude(self, fmt: Format, value: str) -> str:
+        return quant.kernel_magnitude(value)
+
+    def normalized(self, fmt: Format, value: str, absmax: str) -> str:
+        return quant.kernel_normalized(value, absmax)
+
+    def encoded(self, fmt: Format, value: str, inverse: str) -> str:
+        raise TypeError(f"state format {fmt.name!r} codes by its map, not by arithmetic")
+
     def midpoints(self, fmt: Format) -> list[str] | None:
         """A 4-bit map's 15 midpoints as float32 literals: the kernels count those below
         x / absmax for a code, without tables (None for 8-bit maps: they use tables)."""

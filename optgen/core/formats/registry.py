@@ -123,6 +123,20 @@ class Format:
         companion) into ``out`` by arithmetic (None: the templates' map codes)."""
         return self.family.encode_lines(self, x, out)
 
+    def encoded(self, value: str, inverse: str) -> str:
+        """TVMScript of the ``x`` that ``encode_lines`` codes, from a block's new value
+        and its ``inverse``."""
+        return self.family.encoded(self, value, inverse)
+
+    def magnitude(self, value: str) -> str:
+        """TVMScript of what a block's absmax is the largest of: |value| where finite,
+        0 for NaN and +-inf."""
+        return self.family.magnitude(self, value)
+
+    def normalized(self, value: str, absmax: str) -> str:
+        """TVMScript of value / absmax for a map's code (0 for NaN or a zero absmax)."""
+        return self.family.normalized(self, value, absmax)
+
     @property
     def fast(self) -> bool:
         return self.family.fast(self)
