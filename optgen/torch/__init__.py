@@ -39,6 +39,7 @@ from .base import OptgenOptimizer
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
+from .sharded_checkpoint import ShardedCheckpointError
 from optgen.runtime import catalog
 
 globals().update(TORCH_FORMS)
@@ -65,5 +66,6 @@ def __getattr__(attr: str) -> type:
                          f"{', '.join(names)} (or optgen.torch.make(spec))")
 
 
-__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "TORCH_FORMS", "make", "seeds",
+__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
+           "TORCH_FORMS", "make", "seeds",
            "AdamOffload", *TORCH_FORMS, *(n for n in CLASSES.values() if n not in TORCH_FORMS)]

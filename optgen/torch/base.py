@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
+from . import sharded_checkpoint
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
@@ -286,7 +287,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         ``load`` then reads it at any world size (optgen/torch/shards.py)."""
         self._sync()
         if any(torch_shards.is_dtensor(p) for p in self._params):
-            torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
+            sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path))
         else:
             self._core.save(path)
 
@@ -294,7 +295,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
         become the checkpoint's, in ``param_groups`` too."""
         if os.path.isdir(path):
-            torch_shards.load(self._core, self._params, self._kinds(), os.fspath(path))
+            sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path))
         else:
             self._core.load(path)
         if self._offload is not None:
