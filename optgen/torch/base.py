@@ -284,18 +284,22 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of
         states, step counts and hyperparameters. With parameters sharded across ranks
         (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
-        ``load`` then reads it at any world size (optgen/torch/shards.py)."""
-        self._sync()
-        if any(torch_shards.is_dtensor(p) for p in self._params):
-            sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path))
+        ``load`` then reads it at any world size (optgen/torch/sharded_checkpoint.py)."""
+        if any(torch_shards.is_dtensor(p) for p in self._params):   # (alike on every rank)
+            sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path),
+                                    prepare=self._sync)
         else:
+            self._sync()
             self._core.save(path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
-        become the checkpoint's, in ``param_groups`` too."""
-        if os.path.isdir(path):
-            sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path))
+        become the checkpoint's, in ``param_groups`` too. With DTensor parameters a
+        collective, a folder or a file alike: every rank loads or none does."""
+        split = any(torch_shards.is_dtensor(p) for p in self._params)
+        if split or os.path.isdir(path):
+            sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path),
+                                    collective=split)
         else:
             self._core.load(path)
         if self._offload is not None:

@@ -15,7 +15,8 @@ and is what ``load`` reads. Only when every file is written does rank 0 replace
 ``index.json`` (atomically); the ranks agree on that too, then rank 0 removes the files
 no index names (earlier saves').
 
-Loading: each rank reads ``index.json`` and only the files it needs (those holding rows
+Loading (a folder, or one file that ``save`` wrote without DTensor parameters): each
+rank reads ``index.json`` and only the files it needs (those holding rows
 it holds now; with equal world sizes its own rank's file) and checks what it would
 load; the ranks agree, and every rank loads or none does (a ShardedCheckpointError on
 every rank naming the failing ranks' errors; nothing changes).
@@ -28,7 +29,7 @@ import os
 import re
 import secrets
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -89,9 +90,10 @@ def _check_splits(core: Any, params: list, verb: str) -> None:
                              "splits of the first dimension only (use DCP for others)")
 
 
-def save(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
-    """Write this rank's file, agree, then rank 0 writes ``index.json`` (see the
-    module's docstring)."""
+def save(core: Any, params: list, kinds: dict[str, str], folder: str,
+         prepare: Callable[[], None] = lambda: None) -> None:
+    """Run ``prepare`` (the drop-in's pending hyperparameter changes), write this
+    rank's file, agree, then rank 0 writes ``index.json`` (see the module's docstring)."""
     dist = _dist()
     _check_splits(core, params, "save")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -102,6 +104,7 @@ def save(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
     mine = [rows(p) for p in params]
     error = None
     try:
+        prepare()
         os.makedirs(folder, exist_ok=True)
         sd = core.state_dict()
         sd["rows"] = mine
@@ -130,8 +133,10 @@ def save(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
                     os.remove(os.path.join(folder, n))
 
 
-def load(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
-    """Read the files this rank needs, check, agree, load (see the module's docstring)."""
+def load(core: Any, params: list, kinds: dict[str, str], folder: str,
+         collective: bool = True) -> None:
+    """Read the files this rank needs, check, agree, load (see the module's docstring).
+    ``collective=False`` (no DTensor parameters): this process alone, its own error."""
     error = sd = None
     try:
         sd = _read(core, params, kinds, folder, _rank())
@@ -139,8 +144,11 @@ def load(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
             warnings.simplefilter("ignore")
             checkpoint.check(core, sd)
     except Exception as e:     # noqa: BLE001
+        if not collective:
+            raise
         error = e
-    _agree(f"{core.name}: opt.load({folder!r})", error)
+    if collective:
+        _agree(f"{core.name}: opt.load({folder!r})", error)
     core.load_state_dict(sd)
 
 
@@ -169,6 +177,8 @@ def _read(core: Any, params: list, kinds: dict[str, str], folder: str, rank: int
     the files that hold them; every other value from one file (its own rank's where
     there is one: every file holds them)."""
     _check_splits(core, params, "load")
+    if os.path.isfile(folder):            # one file (``save`` without DTensor parameters)
+        return checkpoint.load(folder)
     files, held = _index(core, folder)
     opened: dict[int, dict] = {}
 
