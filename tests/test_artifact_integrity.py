@@ -238,13 +238,9 @@ def test_leftovers_of_killed_builds_are_removed(tiny_spec, fresh_cache):
         os.makedirs(os.path.join(d, "x"))
     hours_ago = time.time() - 7200
     os.utime(live, (hours_ago, hours_ago))
-    holder = subprocess.Popen(   # a build of "busy" that runs: it holds busy's lock
-        [sys.executable, "-c", "import sys; from optgen.compiler import pipeline\n"
-         "with pipeline._locked(sys.argv[1]):\n print('locked', flush=True); sys.stdin.read()",
-         os.path.join(root, "busy-llvm-0123456789abcdef.lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # a build of "busy" that runs: it holds busy's lock
+    holder = _hold_lock(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
     try:
-        assert holder.stdout.readline().strip() == "locked"
         open(fresh_cache + ".lock", "w").close()
         assert optgen.build(tiny_spec).cache_hit            # a cache hit: nothing swept
         assert os.path.isdir(own) and not os.path.exists(fresh_cache + ".lock")
@@ -258,6 +254,36 @@ def test_leftovers_of_killed_builds_are_removed(tiny_spec, fresh_cache):
     optgen.build(tiny_spec, force=True)                  # now nobody builds "busy"
     _no_leftovers(root)
     _step_checks(Artifact.load(r.path))
+
+
+def _hold_lock(path):
+    """A process holding build lock ``path`` (a running build) until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from optgen.compiler import pipeline\n"
+         "with pipeline._locked(sys.argv[1]):\n print('locked', flush=True); sys.stdin.read()",
+         path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_cache_clean_keeps_what_a_running_build_writes(fresh_cache):
+    """``optgen cache clean`` removes the artifacts and killed builds' folders, and
+    keeps the temporary folder of a build that runs (its lock held elsewhere)."""
+    from optgen import commands
+    root = os.path.dirname(fresh_cache)
+    live = os.path.join(root, ".build-busy-llvm-0123456789abcdef.yyyyyyyy")
+    dead = os.path.join(root, ".build-other-llvm-0123456789abcdef.zzzzzzzz")
+    for d in (live, dead):
+        os.makedirs(os.path.join(d, "x"))
+    holder = _hold_lock(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
+    try:
+        count, freed, busy = commands.clean_cache()
+        assert (count, busy) == (2, 1) and freed > 0
+        assert os.path.isdir(live) and not os.path.exists(dead)
+        assert not os.path.exists(fresh_cache)
+    finally:
+        holder.communicate("", timeout=60)
+    assert commands.clean_cache()[:2] == (1, 0) and os.listdir(root) == []
 
 
 def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):
