@@ -323,7 +323,10 @@ def clean_cache() -> tuple[int, int, int]:
         leftover = pipeline._LEFTOVER.fullmatch(name)
         owner = leftover.group(1) if leftover else None if name.startswith(".") else name
         lock = os.path.join(root, f"{owner}.lock") if owner else None
-        fd = pipeline._lock(lock, wait=False) if lock else None
+        try:
+            fd = pipeline._lock(lock, wait=False) if lock else None
+        except OSError:        # (a lock file this user cannot open: not provably idle)
+            fd = None
         if lock and fd is None:
             busy += 1
             continue

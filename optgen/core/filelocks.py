@@ -22,6 +22,13 @@ FUSE, an unknown type), a lock may be local to each machine: a file of another
 machine, or of an unknown kernel, is never taken for abandoned. Hostnames, pids and
 /proc decide nothing.
 
+Why flock: a POSIX record lock (``lockf``, ``F_SETLK``) belongs to the process and goes
+when the process closes any descriptor of the file (a sweep in the writer's own process
+would release the writer's lock); flock (like Linux's OFD locks) belongs to the open
+file, and exists on macOS and the BSDs too. Linux's NFS client emulates flock with a
+whole-file POSIX lock, so there a process must not sweep its own files
+(runtime/tempfiles.py keeps a list of them).
+
 May import: the standard library only.
 """
 from __future__ import annotations
