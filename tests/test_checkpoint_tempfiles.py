@@ -186,3 +186,21 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
             f.write(b"half")
             raise OSError("disk full")
     assert path.read_bytes() == b"old" and _temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("mount,shared", [
+    (("ext4", "rw,discard"), True), (("tmpfs", "rw"), True), (("overlay", "rw"), True),
+    (("nfs4", "rw,vers=4.2,local_lock=none,addr=10.0.0.1"), True),
+    (("nfs", "rw,vers=3,nolock,local_lock=all"), False),
+    (("nfs4", "rw,vers=4.1,local_lock=flock"), False),
+    (("cifs", "rw"), False), (("fuse.sshfs", "rw"), False), (("lustre", "rw,flock"), False),
+    (None, False)])
+def test_where_a_lock_proves_a_writer_gone(mount, shared, monkeypatch):
+    monkeypatch.setattr(filelocks, "_mount", lambda folder: mount)
+    assert filelocks.locks_shared("/x") is shared
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mountinfo"), reason="needs Linux /proc")
+def test_the_mount_of_a_folder_is_found(tmp_path):
+    kind, _ = filelocks._mount(str(tmp_path))
+    assert kind and kind != "proc"
