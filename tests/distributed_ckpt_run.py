@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import distributed_run
+from optgen.core import filelocks
 from optgen.runtime import checkpoint
 
 TIMEOUT_S = 30     # the process group's: an old-style barrier hang ends in this
@@ -78,9 +79,15 @@ def fail(folder: str) -> dict[str, np.ndarray]:
         os.makedirs(os.path.join(other, "index.json"))
     torch.distributed.barrier()
     out["index/raised"], out["index/seconds"] = _attempt(lambda: opt.save(other))
-    # and then a good save and load run on every rank
+    # and then a good save and load run on every rank; it removes what a killed save
+    # left (a temporary file of an earlier save's name, no writer holding it)
     good = os.path.join(folder, "good")
+    left = os.path.join(good, f"rank-1-0badf00d.npz.tmp-k{filelocks.kernel_tag()}-abcdefgh")
+    if rank == 0:
+        os.makedirs(good)
+        open(left, "wb").close()
     out["good/raised"], _ = _attempt(lambda: (opt.save(good), opt.load(good)))
+    out["good/left"] = np.array(os.path.exists(left))
     return {k: np.array(v) for k, v in out.items()}
 
 

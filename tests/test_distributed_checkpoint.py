@@ -6,7 +6,8 @@ A save whose file write fails on one rank, or whose index.json cannot be written
 rank 0, raises the same ShardedCheckpointError on every rank, naming the failing rank
 and its cause, well within the process group's timeout (30 s here: a rank left waiting
 in a barrier would show as a timeout error or a hang, not as that error); the folder's
-previous checkpoint stays whole; good saves run after it. ``load`` opens only the files
+previous checkpoint stays whole; good saves run after it (and remove the temporary
+files killed saves left). ``load`` opens only the files
 holding rows the rank holds: its own file at the same world size, two of four files
 when four ranks' shards are loaded on two; a folder of the earlier layout loads too.
 """
@@ -70,6 +71,7 @@ def test_a_save_failing_on_one_rank_raises_on_every_rank_at_once(tmp_path):
         assert str(got["previous/raised"]) == "", f"rank {r}: {got['previous/raised']}"
         assert bool(got["previous/equal"]), f"rank {r}: the previous checkpoint changed"
         assert str(got["good/raised"]) == "", f"rank {r}: {got['good/raised']}"
+    assert not ranks[0]["good/left"], "a killed save's temporary file stayed"
 
 
 @pytest.mark.parametrize("saved,loaded", [(2, 2), (4, 2)])

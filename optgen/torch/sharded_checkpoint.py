@@ -131,6 +131,10 @@ def save(core: Any, params: list, kinds: dict[str, str], folder: str,
             if _FILE.fullmatch(n) and n not in names:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(folder, n))
+            elif ".npz.tmp-" in n and _FILE.fullmatch(n.split(".tmp-")[0]):
+                # what a killed save of a file of another name left (no save to that
+                # name comes again to sweep it): only if no writer holds it
+                tempfiles.remove_abandoned(os.path.join(folder, n.split(".tmp-")[0]))
 
 
 def load(core: Any, params: list, kinds: dict[str, str], folder: str,
