@@ -127,14 +127,21 @@ def save(core: Any, params: list, kinds: dict[str, str], folder: str,
             os.remove(os.path.join(folder, names[rank]))
         raise
     if rank == 0:                       # the index names the new files: earlier saves' go
-        for n in os.listdir(folder):
-            if _FILE.fullmatch(n) and n not in names:
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(folder, n))
-            elif ".npz.tmp-" in n and _FILE.fullmatch(n.split(".tmp-")[0]):
-                # what a killed save of a file of another name left (no save to that
-                # name comes again to sweep it): only if no writer holds it
-                tempfiles.remove_abandoned(os.path.join(folder, n.split(".tmp-")[0]))
+        with contextlib.suppress(OSError):   # (the save itself is complete everywhere)
+            _remove_stale(folder, names)
+
+
+def _remove_stale(folder: str, names: list[str]) -> None:
+    """The rank files ``names`` (the committed save) do not list, and the temporary
+    files no writer holds of such names."""
+    for n in os.listdir(folder):
+        if _FILE.fullmatch(n) and n not in names:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, n))
+        elif ".npz.tmp-" in n and _FILE.fullmatch(n.split(".tmp-")[0]):
+            # what a killed save of a file of another name left (no save to that name
+            # comes again to sweep it): only if no writer holds it
+            tempfiles.remove_abandoned(os.path.join(folder, n.split(".tmp-")[0]))
 
 
 def load(core: Any, params: list, kinds: dict[str, str], folder: str,
