@@ -33,6 +33,7 @@ from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-ex
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
 from .preprocess import NORM_EPS                             # noqa: F401 (re-exported)
 from .slots import ParamSlot, RecordTable
+from .strategies import Checked
 from .sparse import RowSparse
 from .tensors import aligned_full
 
@@ -147,6 +148,11 @@ class Optimizer(RecordTable):
         """The groups (hyperparameters and lr schedule); change them with set_hyper."""
         return tuple(self._groups)
 
+    @property
+    def shards(self) -> shards_.Shards | None:
+        """The parameters split across ranks and their collective (None: none is)."""
+        return self._shards
+
     def forget_kernels(self) -> None:
         """Prepare every kernel, state, plan and strategy again: flags or states changed."""
         for s in self._slots:
@@ -257,34 +263,56 @@ class Optimizer(RecordTable):
         Extra inputs (SVRG: ``step(grads, grad_snapshot=[...], full_grad=[...])``) and
         statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
-        art, slots = self.artifact, self._slots
         with shards_.agreed(self._shards, self.name, grads):   # all ranks passed, or none
-            stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
-            grads = self._check_grads(grads, "grads", remember=True)       # check
-            extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
-            for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
-                self._launch.select(i, self._flags(i))
-            due = self._refresh_due(grads, stats)
+            checked = self.check_step(grads, **inputs)
+        return self.run_step(checked)
+
+    def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> Checked:
+        """Every check of a step, nothing changed: gradients, extra inputs, statistics,
+        kernels; without split parameters also the global norm and non-finite check
+        (which sum nothing across ranks then). ``run_step`` runs it; the torch drop-ins
+        call both apart, the check inside their ranks' agreement."""
+        art, slots = self.artifact, self._slots
+        stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
+        grads = self._check_grads(grads, "grads", remember=True)
+        extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
+        for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
+            self._launch.select(i, self._flags(i))
         used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
-        lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess
-        scale, norm = preprocess.grad_scale(
-            self.name, grads, slots,
+        out = Checked(grads, extra, self._refresh_due(grads, stats),
+                      {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
+        if self._shards is None:
+            out.scale, out.norm = self._grad_scale(grads)
+            out.skips = out.scale is None
+        return out
+
+    def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:
+        return preprocess.grad_scale(
+            self.name, grads, self._slots,
             rescale=[g.hyper.get("rescale_grad", 1.0) for g in self._groups],
             loss_scale=self.loss_scale, clip_global_norm=self.clip_global_norm,
             nonfinite=self.nonfinite, shards=self._shards)
+
+    def run_step(self, checked: Checked, skip: bool = False) -> bool:
+        """The step ``check_step`` checked (``skip``: skipped as for a non-finite
+        gradient, which another rank found)."""
+        art, slots, grads, lrs = self.artifact, self._slots, checked.grads, checked.lrs
+        scale, norm = (checked.scale, checked.norm) if self._shards is None else \
+            self._grad_scale(grads)
         self.last_grad_norm = self.last_grad_norm if norm is None else norm
-        if scale is None:
+        if scale is None or skip:
             self.skipped_steps += 1
             return False
         if self._centralized:
             preprocess.centralize(grads, self._centralized)
         self.t += 1
         envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lrs[gi], scale,
-                                      self.t) for gi in used}
+                                      self.t) for gi in lrs}
         if self._rows is not None:
             self._rows.check_grads(grads, [s.lib for s in slots])
-        self._launch_all(strategies.StepInputs(grads, extra, due, envs, lrs, self.t, self.seed,
-                                               art.statistics, rows=self._rows))  # launch
+        self._launch_all(strategies.StepInputs(grads, checked.extra, checked.due, envs, lrs,
+                                               self.t, self.seed, art.statistics,
+                                               rows=self._rows))           # launch
         return True
 
     def stage(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 
 from . import seeds
+from .agreement import DistributedStepError
 from .base import OptgenOptimizer
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
@@ -66,6 +67,6 @@ def __getattr__(attr: str) -> type:
                          f"{', '.join(names)} (or optgen.torch.make(spec))")
 
 
-__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
+__all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
            "TORCH_FORMS", "make", "seeds",
            "AdamOffload", *TORCH_FORMS, *(n for n in CLASSES.values() if n not in TORCH_FORMS)]
