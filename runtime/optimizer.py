@@ -11,12 +11,11 @@ rooms together. A step is:
                                                             refresh.py, launch.py, flat.py)
 
 Everything the optimizer knows about a parameter is in its record (``ParamSlot``,
-slots.py), one table (``records``) in parameter order. Every input is checked before
-any kernel runs, so an error (or a skipped step) leaves parameters and states
-bit-identical. Messages name the optimizer, the parameter (index and name), the value
-and the rule.
-
-Also: groups, hyper, state, checkpoint, capture. Only ``__init__.py`` imports this module.
+slots.py), one table (``records``) in parameter order. Every input is checked
+(``check_step``) before any kernel runs (``run_step``), so an error or a skipped step
+leaves parameters and states bit-identical. Messages name the optimizer, the parameter
+(index and name), the value and the rule. Also: groups, hyper, state, checkpoint,
+capture; refresh rules (refresh.RefreshRules). Only ``__init__.py`` imports this module.
 """
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ from .sparse import RowSparse
 from .tensors import aligned_full
 
 
-class Optimizer(RecordTable):
+class Optimizer(refresh.RefreshRules, RecordTable):
     """Steps arrays (numpy, torch, CuPy) in place with an artifact's kernels.
 
     ``backend="reference"`` runs the reference interpreter instead of the compiled
@@ -269,9 +268,8 @@ class Optimizer(RecordTable):
 
     def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> Checked:
         """Every check of a step, nothing changed: gradients, extra inputs, statistics,
-        kernels; without split parameters also the global norm and non-finite check
-        (which sum nothing across ranks then). ``run_step`` runs it; the torch drop-ins
-        call both apart, the check inside their ranks' agreement."""
+        kernels, lr schedules; without split parameters also the global norm and the
+        non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
         art, slots = self.artifact, self._slots
         stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
         grads = self._check_grads(grads, "grads", remember=True)
@@ -287,15 +285,12 @@ class Optimizer(RecordTable):
         return out
 
     def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:
-        return preprocess.grad_scale(
-            self.name, grads, self._slots,
-            rescale=[g.hyper.get("rescale_grad", 1.0) for g in self._groups],
-            loss_scale=self.loss_scale, clip_global_norm=self.clip_global_norm,
-            nonfinite=self.nonfinite, shards=self._shards)
+        return preprocess.grad_scale(self.name, grads, self._slots, rescale=[
+            g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
+            clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
 
     def run_step(self, checked: Checked, skip: bool = False) -> bool:
-        """The step ``check_step`` checked (``skip``: skipped as for a non-finite
-        gradient, which another rank found)."""
+        """The step ``check_step`` checked (``skip``: another rank's non-finite gradient)."""
         art, slots, grads, lrs = self.artifact, self._slots, checked.grads, checked.lrs
         scale, norm = (checked.scale, checked.norm) if self._shards is None else \
             self._grad_scale(grads)
@@ -367,30 +362,6 @@ class Optimizer(RecordTable):
                     self._launch, self._slots, self._chains, bool(self.artifact.inputs),
                     self.multi_tensor)
         return self._runs
-
-    # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------
-    def _due(self, i: int, k: KernelInfo) -> bool:
-        s = self._slots[i]
-        return refresh.due(k, s.refreshed, s.steps, self._groups[s.group].hyper)
-
-    @property
-    def refresh_due(self) -> bool:
-        """Whether the next step() runs a refresh rule (and reads statistics: THOR's A, G)."""
-        return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
-
-    def restore_refreshes(self, indices: Sequence[int]) -> None:
-        """Each parameter's last refresh from its step count (torch checkpoints keep those)."""
-        for i in indices:
-            s = self._slots[i]
-            s.refreshed = refresh.last(self._param_kernel(i), s.steps,
-                                       self._groups[s.group].hyper)
-
-    def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
-        if not self._refreshing:        # (most specs: nothing to do per step)
-            return {}
-        return refresh.collect(self.name, stats, grads, self._slots,
-                               kinds=self.artifact.statistics, kernel_of=self._param_kernel,
-                               is_due=self._due)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
