@@ -209,7 +209,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def refresh_due(self) -> bool:
         """Whether the next step() runs the spec's refresh rule (THOR: it then needs the
         statistics, which ``KFACStatistics`` collects only on such steps)."""
-        self._sync()
+        try:
+            self._sync()
+        except (TypeError, ValueError):   # the step raises it, on every rank at once
+            pass                          # (agreement.py): not here, on this rank alone
         return self._core.refresh_due
 
     @torch.no_grad()
