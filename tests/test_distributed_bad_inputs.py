@@ -98,3 +98,19 @@ def test_a_bad_input_on_one_rank_raises_on_every_rank_at_once(mode, single, runs
                                            err_msg=f"{mode} rank {r} parameter {i}")
             else:
                 assert np.array_equal(have, want), f"{mode} rank {r} parameter {i}"
+
+
+def test_agree_option_and_one_process():
+    """``agree`` is "auto", None or a ProcessGroup (a TypeError naming the rule
+    otherwise); without a process group a step agrees with nobody and sends nothing."""
+    import optgen.torch as ot
+    params = [torch.nn.Parameter(torch.ones(3))]
+    with pytest.raises(TypeError, match=r"torch_adamw: agree must be 'auto', None or a "
+                                        r"torch.distributed ProcessGroup, got 'world'"):
+        ot.AdamW(params, agree="world")
+    for agree in ("auto", None):
+        opt = ot.AdamW(params, lr=0.1, agree=agree)
+        assert opt._agreement is None
+        params[0].grad = torch.ones(3)
+        opt.step()
+    assert not torch.distributed.is_initialized()
