@@ -257,8 +257,9 @@ def _cmd_cache(args) -> int:
     from optgen import commands
     from optgen.core import cache
     if args.action == "clean":
-        count, freed = commands.clean_cache()
-        print(f"removed {count} artifact(s), {commands.human(freed)}, from {cache.cache_dir()}")
+        count, freed, busy = commands.clean_cache()
+        print(f"removed {count} artifact(s), {commands.human(freed)}, from {cache.cache_dir()}"
+              + (f"; kept {busy} folder(s) a running build writes" if busy else ""))
         return 0
     entries = commands.cache_entries()
     total = sum(e.bytes for e in entries)

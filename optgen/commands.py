@@ -306,19 +306,38 @@ def cache_entries(sizes: bool = True) -> list[CacheEntry]:
     return out
 
 
-def clean_cache() -> tuple[int, int]:
-    """Remove every artifact (and leftover) in the cache; (folders removed, bytes freed)."""
+def clean_cache() -> tuple[int, int, int]:
+    """Remove every artifact (and leftover) in the cache but those a build is writing:
+    each is removed while holding its artifact's build lock, taken without waiting: a
+    running build keeps its folders and lock file. (folders removed, bytes freed,
+    folders kept for a running build)."""
+    from optgen.compiler import pipeline     # (the build lock's protocol; no TVM import)
     root = cache.cache_dir()
     if not os.path.isdir(root):
-        return 0, 0
-    count = freed = 0
+        return 0, 0, 0
+    count = freed = busy = 0
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        leftover = pipeline._LEFTOVER.fullmatch(name)
+        owner = leftover.group(1) if leftover else None if name.startswith(".") else name
+        lock = os.path.join(root, f"{owner}.lock") if owner else None
+        try:
+            fd = pipeline._lock(lock, wait=False) if lock else None
+        except OSError:        # (a lock file this user cannot open: not provably idle)
+            fd = None
+        if lock and fd is None:
+            busy += 1
+            continue
+        try:
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
-            count += 1       # (lock files stay: a live build holds and removes its own)
-    return count, freed
+            count += 1
+        finally:
+            if fd is not None:
+                pipeline._unlock(lock, fd)
+    return count, freed, busy
 
 
 def human(n: int) -> str:

@@ -5,8 +5,8 @@ plus ``meta.json``: the rest of the state_dict as JSON. Nothing is pickled, so l
 a checkpoint never runs code. bfloat16 arrays travel as their uint16 bits. Writes are
 atomic: a temporary file in the same folder, fsynced, then ``os.replace`` (a crash
 mid-save leaves the previous checkpoint intact, plus at most a ``<name>.tmp-*`` file,
-which names its writer; the next save to that path removes it once that writer is gone:
-runtime/tempfiles.py).
+locked by its writer while it lives; the next save to that path removes it once no
+writer holds it: runtime/tempfiles.py).
 
 ``state_dict`` and ``check`` read an optimizer through its public interface: its
 records (``opt.records``: each parameter's array, library, states, step count,
@@ -259,32 +259,8 @@ def save(path: str | os.PathLike, sd: Mapping[str, Any]) -> None:
                 rec[name] = float(v)
         meta["state"].append(rec)
     blob = json.dumps(meta).encode()
-    folder = os.path.dirname(os.path.abspath(path))
-    tempfiles.remove_abandoned(path)   # what saves killed mid-write left (tempfiles.py)
-    fd, tmp = tempfiles.create(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays, **{META: np.frombuffer(blob, np.uint8)})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)          # readers see the old file or the new one, never half
-        _fsync_dir(folder)             # and the rename itself survives a power cut
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:        # a platform without directory handles: the rename still holds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:        # a file system that cannot sync directories
-        return
-    finally:
-        os.close(fd)
+    with tempfiles.replacing(path) as f:   # (and removes what killed saves left)
+        np.savez(f, **arrays, **{META: np.frombuffer(blob, np.uint8)})
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:

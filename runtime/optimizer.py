@@ -11,12 +11,11 @@ rooms together. A step is:
                                                             refresh.py, launch.py, flat.py)
 
 Everything the optimizer knows about a parameter is in its record (``ParamSlot``,
-slots.py), one table (``records``) in parameter order. Every input is checked before
-any kernel runs, so an error (or a skipped step) leaves parameters and states
-bit-identical. Messages name the optimizer, the parameter (index and name), the value
-and the rule.
-
-Also: groups, hyper, state, checkpoint, capture. Only ``__init__.py`` imports this module.
+slots.py), one table (``records``) in parameter order. Every input is checked
+(``check_step``) before any kernel runs (``run_step``), so an error or a skipped step
+leaves parameters and states bit-identical. Messages name the optimizer, the parameter
+(index and name), the value and the rule. Also: groups, hyper, state, checkpoint,
+capture; refresh rules (refresh.RefreshRules). Only ``__init__.py`` imports this module.
 """
 from __future__ import annotations
 
@@ -33,11 +32,12 @@ from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-ex
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
 from .preprocess import NORM_EPS                             # noqa: F401 (re-exported)
 from .slots import ParamSlot, RecordTable
+from .strategies import Checked
 from .sparse import RowSparse
 from .tensors import aligned_full
 
 
-class Optimizer(RecordTable):
+class Optimizer(refresh.RefreshRules, RecordTable):
     """Steps arrays (numpy, torch, CuPy) in place with an artifact's kernels.
 
     ``backend="reference"`` runs the reference interpreter instead of the compiled
@@ -146,6 +146,11 @@ class Optimizer(RecordTable):
     def groups(self) -> tuple[grouping.RuntimeGroup, ...]:
         """The groups (hyperparameters and lr schedule); change them with set_hyper."""
         return tuple(self._groups)
+
+    @property
+    def shards(self) -> shards_.Shards | None:
+        """The parameters split across ranks and their collective (None: none is)."""
+        return self._shards
 
     def forget_kernels(self) -> None:
         """Prepare every kernel, state, plan and strategy again: flags or states changed."""
@@ -257,34 +262,52 @@ class Optimizer(RecordTable):
         Extra inputs (SVRG: ``step(grads, grad_snapshot=[...], full_grad=[...])``) and
         statistics (THOR: ``A=[...], G=[...]``, None where there is none; read when
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
-        art, slots = self.artifact, self._slots
         with shards_.agreed(self._shards, self.name, grads):   # all ranks passed, or none
-            stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
-            grads = self._check_grads(grads, "grads", remember=True)       # check
-            extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
-            for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
-                self._launch.select(i, self._flags(i))
-            due = self._refresh_due(grads, stats)
+            checked = self.check_step(grads, **inputs)
+        return self.run_step(checked)
+
+    def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> Checked:
+        """Every check of a step, nothing changed: gradients, extra inputs, statistics,
+        kernels, lr schedules; without split parameters also the global norm and the
+        non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
+        art, slots = self.artifact, self._slots
+        stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
+        grads = self._check_grads(grads, "grads", remember=True)
+        extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
+        for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
+            self._launch.select(i, self._flags(i))
         used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
-        lrs = {gi: self._lr_value(gi, self.t) for gi in used}               # preprocess
-        scale, norm = preprocess.grad_scale(
-            self.name, grads, slots,
-            rescale=[g.hyper.get("rescale_grad", 1.0) for g in self._groups],
-            loss_scale=self.loss_scale, clip_global_norm=self.clip_global_norm,
-            nonfinite=self.nonfinite, shards=self._shards)
+        out = Checked(grads, extra, self._refresh_due(grads, stats),
+                      {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
+        if self._shards is None:
+            out.scale, out.norm = self._grad_scale(grads)
+            out.skips = out.scale is None
+        return out
+
+    def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:
+        return preprocess.grad_scale(self.name, grads, self._slots, rescale=[
+            g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
+            clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
+
+    def run_step(self, checked: Checked, skip: bool = False) -> bool:
+        """The step ``check_step`` checked (``skip``: another rank's non-finite gradient)."""
+        art, slots, grads, lrs = self.artifact, self._slots, checked.grads, checked.lrs
+        scale, norm = (checked.scale, checked.norm) if self._shards is None else \
+            self._grad_scale(grads)
         self.last_grad_norm = self.last_grad_norm if norm is None else norm
-        if scale is None:
+        if scale is None or skip:
             self.skipped_steps += 1
             return False
         if self._centralized:
             preprocess.centralize(grads, self._centralized)
         self.t += 1
         envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lrs[gi], scale,
-                                      self.t) for gi in used}
+                                      self.t) for gi in lrs}
         if self._rows is not None:
             self._rows.check_grads(grads, [s.lib for s in slots])
-        self._launch_all(strategies.StepInputs(grads, extra, due, envs, lrs, self.t, self.seed,
-                                               art.statistics, rows=self._rows))  # launch
+        self._launch_all(strategies.StepInputs(grads, checked.extra, checked.due, envs, lrs,
+                                               self.t, self.seed, art.statistics,
+                                               rows=self._rows))           # launch
         return True
 
     def stage(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
@@ -339,30 +362,6 @@ class Optimizer(RecordTable):
                     self._launch, self._slots, self._chains, bool(self.artifact.inputs),
                     self.multi_tensor)
         return self._runs
-
-    # -- refresh rules (matrix specs: THOR's inverses) -----------------------------------
-    def _due(self, i: int, k: KernelInfo) -> bool:
-        s = self._slots[i]
-        return refresh.due(k, s.refreshed, s.steps, self._groups[s.group].hyper)
-
-    @property
-    def refresh_due(self) -> bool:
-        """Whether the next step() runs a refresh rule (and reads statistics: THOR's A, G)."""
-        return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
-
-    def restore_refreshes(self, indices: Sequence[int]) -> None:
-        """Each parameter's last refresh from its step count (torch checkpoints keep those)."""
-        for i in indices:
-            s = self._slots[i]
-            s.refreshed = refresh.last(self._param_kernel(i), s.steps,
-                                       self._groups[s.group].hyper)
-
-    def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
-        if not self._refreshing:        # (most specs: nothing to do per step)
-            return {}
-        return refresh.collect(self.name, stats, grads, self._slots,
-                               kinds=self.artifact.statistics, kernel_of=self._param_kernel,
-                               is_due=self._due)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -85,3 +85,29 @@ def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarra
     new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)
     for name, value in new.items():
         tensors.copy_into(st[name], lib, value)
+
+
+class RefreshRules:
+    """The Optimizer's refresh rules, per parameter (a base of runtime.Optimizer, whose
+    records, groups and kernels it reads)."""
+
+    def _due(self, i: int, k: Any) -> bool:
+        s = self._slots[i]
+        return due(k, s.refreshed, s.steps, self._groups[s.group].hyper)
+
+    @property
+    def refresh_due(self) -> bool:
+        """Whether the next step() runs a refresh rule (and reads statistics: THOR's A, G)."""
+        return any(self._due(i, self._param_kernel(i)) for i in range(len(self._slots)))
+
+    def restore_refreshes(self, indices: Sequence[int]) -> None:
+        """Each parameter's last refresh from its step count (torch checkpoints keep those)."""
+        for i in indices:
+            s = self._slots[i]
+            s.refreshed = last(self._param_kernel(i), s.steps, self._groups[s.group].hyper)
+
+    def _refresh_due(self, grads: list, stats: Mapping[str, Any]) -> dict[int, dict]:
+        if not self._refreshing:        # (most specs: nothing to do per step)
+            return {}
+        return collect(self.name, stats, grads, self._slots, kinds=self.artifact.statistics,
+                       kernel_of=self._param_kernel, is_due=self._due)

@@ -209,6 +209,13 @@ def whole_shapes(params: Sequence[Any], shards: Shards | None) -> list[tuple[int
             for i, p in enumerate(params)]
 
 
+def fingerprint(shards: Shards, grads: Any) -> float:
+    """What this rank is about to step, as a number below 2**20 (exact in float64, and
+    so its square): its split parameters and which have gradients."""
+    pattern = tuple(g is not None for g in grads) if isinstance(grads, (list, tuple)) else ()
+    return float(zlib.crc32(repr((shards.splits, pattern)).encode()) % (1 << 20))
+
+
 @contextlib.contextmanager
 def agreed(shards: Shards | None, owner: str, grads: Any) -> Iterator[None]:
     """Run a step's checks so that every rank goes on or none does: one 32-byte
@@ -221,8 +228,7 @@ def agreed(shards: Shards | None, owner: str, grads: Any) -> Iterator[None]:
     if shards is None or not shards.talks:
         yield
         return
-    pattern = tuple(g is not None for g in grads) if isinstance(grads, (list, tuple)) else ()
-    f = float(zlib.crc32(repr((shards.splits, pattern)).encode()) % (1 << 20))
+    f = fingerprint(shards, grads)
     sent = np.array([0.0, 1.0, f, f * f])
     try:
         yield

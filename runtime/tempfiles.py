@@ -1,95 +1,114 @@
-"""Temporary files of atomic saves that name their writer, and removal of abandoned ones.
+"""Atomic replacement of a file through a temporary file, and removal of the temporary
+files that killed writers left.
 
-A save writes ``<name>.tmp-<host>-<pid>-<start>-<random>`` and renames it into place; a
-save killed mid-write (``kill -9``, the OOM killer) leaves that file behind, and nothing
-else would ever remove it (issue 36: 22 files of up to 40 MB after 15 kills). The next
-save to the same path removes the ones it can prove abandoned: written on this host
-(``<host>``: a hash of the host name, as a shared file system may hold other hosts'
-saves) by a process that no longer runs: no process ``<pid>``, or one that started at
-another time (``<start>``: the process's start time in clock ticks since boot, from
-/proc, so a reused pid is not taken for the writer). Files of another host, of a live
-writer, or of an unknown form (older versions' ``<name>.tmp-XXXXXXXX``) are kept.
+``replacing(path)`` writes ``<name>.tmp-k<kernel>-<random>`` beside ``path``, fsyncs it
+and renames it over ``path``. Its writer holds an exclusive flock on that file from
+right after creating it until the rename is done (optgen/core/filelocks.py); the lock
+goes with the process, however it ends. A save killed mid-write (``kill -9``, the OOM
+killer) leaves the file behind, and nothing else would ever remove it, so every save
+first removes the temporary files of its path that it can lock, where taking the lock
+proves that no writer holds it: on a local file system, on NFS with shared locks, and
+for a file of this kernel (``<kernel>``: its boot) on any file system.
 
-May import: the standard library only.
+Never removed: a file whose lock is held (a live writer, in whatever container, PID
+namespace or user, whatever its hostname or /proc shows), a file this process writes,
+a file of another machine where locks may be local to each machine, a file this
+process may not open for writing, and the names earlier versions wrote
+(``<name>.tmp-XXXXXXXX``, ``<name>.tmp-<host>-<pid>-<start>-XXXXXXXX``): their writers
+took no lock, so nothing proves them abandoned; remove those by hand.
+
+May import: the standard library, optgen.core.filelocks.
 """
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import os
 import re
-import socket
-import tempfile
+import threading
+from typing import BinaryIO, Iterator
 
-_NAME = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-(\d+)-")
+from optgen.core import filelocks
 
-
-def _host() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def start_time(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot); None where it does not run
-    or the platform has no /proc (then 0 stands for "unknown" in names)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return 0
-    # field 22; the command (field 2) may hold spaces and parentheses: split after it
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+# what follows "<name>.tmp-" in this module's names
+_OURS = re.compile(r"k([0-9a-f]{8}|unknown)-[a-z0-9_]{8}")
+# this process's temporary files: never swept by itself (on NFS a flock is a POSIX lock,
+# which a process's own second descriptor would take, and release on closing)
+_WRITING: set[str] = set()
+_GUARD = threading.Lock()
 
 
-def create(path: str) -> tuple[int, str]:
-    """(fd, temp path) of a new temporary file beside ``path`` that names this process."""
-    pid = os.getpid()
-    prefix = f"{os.path.basename(path)}.tmp-{_host()}-{pid}-{start_time(pid) or 0}-"
-    return tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
-
-
-def _alive(pid: int, start: int) -> bool:
-    now = start_time(pid)
-    if now is None:
-        return False
-    if now and start:
-        return now == start
-    try:                        # no /proc: is there a process with this pid at all?
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:             # it exists and belongs to someone else
-        return True
-    return True
-
-
-def abandoned(path: str) -> list[str]:
-    """The temporary files beside ``path`` whose writer provably no longer runs."""
-    folder = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path) + ".tmp-"
-    host, out = _host(), []
+def remove_abandoned(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files of saves to ``path`` that no writer holds (see the
+    module's docstring); the paths removed. Each is removed while holding its lock, and
+    only if the path still names the file locked."""
+    path = os.path.abspath(os.fspath(path))
+    folder, base = os.path.dirname(path), os.path.basename(path) + ".tmp-"
     try:
         names = os.listdir(folder)
     except OSError:
         return []
-    for name in names:
-        m = _NAME.match(name, len(base) - 5) if name.startswith(base) else None
-        if m is None or m.group(1) != host:
-            continue
-        pid, start = int(m.group(2)), int(m.group(3))
-        if pid != os.getpid() and not _alive(pid, start):
-            out.append(os.path.join(folder, name))
-    return out
-
-
-def remove_abandoned(path: str) -> list[str]:
-    """Remove ``abandoned(path)``; the paths removed (one another process removed first,
-    or that cannot be removed, is skipped)."""
     gone = []
-    for p in abandoned(path):
+    for name in names:
+        m = _OURS.fullmatch(name, len(base)) if name.startswith(base) else None
+        if m is None:
+            continue
+        tmp = os.path.join(folder, name)
+        with _GUARD:
+            if tmp in _WRITING:
+                continue
+        if not filelocks.provable(folder, None if m.group(1) == "unknown" else m.group(1)):
+            continue
+        fd = filelocks.try_lock(tmp)
+        if fd is None:
+            continue
         try:
-            os.remove(p)
-            gone.append(p)
+            os.remove(tmp)
+            gone.append(tmp)
         except OSError:
             continue
+        finally:
+            os.close(fd)
     return gone
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file for ``path``'s new content. Leaving the block normally flushes and
+    fsyncs it, renames it over ``path`` (readers see the old file or the new one, never
+    half) and fsyncs the folder (the rename survives a power cut); an error removes it
+    and leaves ``path`` as it was. Removes abandoned temporary files first."""
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    remove_abandoned(path)
+    tag = filelocks.kernel_tag() or "unknown"
+    fd, tmp = filelocks.create_locked(folder, f"{os.path.basename(path)}.tmp-k{tag}-")
+    with _GUARD:
+        _WRITING.add(tmp)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    finally:
+        with _GUARD:
+            _WRITING.discard(tmp)
+        os.close(fd)         # releases the lock, after the rename
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:        # a platform without directory handles: the rename still holds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:        # a file system that cannot sync directories
+        return
+    finally:
+        os.close(fd)

@@ -227,26 +227,63 @@ def test_wrong_key_in_the_cache_is_rebuilt(tiny_spec, fresh_cache):
 
 def test_leftovers_of_killed_builds_are_removed(tiny_spec, fresh_cache):
     """A killed build leaves its temporary folder and its lock file: the next build of
-    that artifact removes both, and any other artifact's temporary folder over an hour
-    old; a recent one (maybe a live build) stays."""
+    that artifact removes both, and any other artifact's temporary folder whose lock
+    it can take (no build of it runs), however recent; the folder of a live build (its
+    lock held by another process) stays, however old."""
     root, name = os.path.split(fresh_cache)
     own = os.path.join(root, f".build-{name}.ab_cd123")
-    old = os.path.join(root, ".build-other-llvm-0123456789abcdef.zzzzzzzz")
-    recent = os.path.join(root, ".build-other-llvm-0123456789abcdef.yyyyyyyy")
-    for d in (own, old, recent):
+    dead = os.path.join(root, ".build-other-llvm-0123456789abcdef.zzzzzzzz")
+    live = os.path.join(root, ".old-busy-llvm-0123456789abcdef.yyyyyyyy")
+    for d in (own, dead, live):
         os.makedirs(os.path.join(d, "x"))
-    hours_ago = time.time() - 2 * pipeline.LEFTOVER_AGE_S
-    os.utime(old, (hours_ago, hours_ago))
-    open(fresh_cache + ".lock", "w").close()
-    assert optgen.build(tiny_spec).cache_hit            # a cache hit: nothing swept
-    assert os.path.isdir(own) and not os.path.exists(fresh_cache + ".lock")
-    open(fresh_cache + ".lock", "w").close()
-    r = optgen.build(tiny_spec, force=True)
-    assert not r.cache_hit and not os.path.exists(own) and not os.path.exists(old)
-    assert os.path.isdir(recent)
-    shutil.rmtree(recent)
+    hours_ago = time.time() - 7200
+    os.utime(live, (hours_ago, hours_ago))
+    # a build of "busy" that runs: it holds busy's lock
+    holder = _hold_lock(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
+    try:
+        open(fresh_cache + ".lock", "w").close()
+        assert optgen.build(tiny_spec).cache_hit            # a cache hit: nothing swept
+        assert os.path.isdir(own) and not os.path.exists(fresh_cache + ".lock")
+        open(fresh_cache + ".lock", "w").close()
+        r = optgen.build(tiny_spec, force=True)
+        assert os.path.isdir(live), "a live build's folder was removed"
+        assert not r.cache_hit and not os.path.exists(own) and not os.path.exists(dead)
+    finally:
+        holder.communicate("", timeout=60)
+    assert not os.path.exists(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
+    optgen.build(tiny_spec, force=True)                  # now nobody builds "busy"
     _no_leftovers(root)
     _step_checks(Artifact.load(r.path))
+
+
+def _hold_lock(path):
+    """A process holding build lock ``path`` (a running build) until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from optgen.compiler import pipeline\n"
+         "with pipeline._locked(sys.argv[1]):\n print('locked', flush=True); sys.stdin.read()",
+         path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_cache_clean_keeps_what_a_running_build_writes(fresh_cache):
+    """``optgen cache clean`` removes the artifacts and killed builds' folders, and
+    keeps the temporary folder of a build that runs (its lock held elsewhere)."""
+    from optgen import commands
+    root = os.path.dirname(fresh_cache)
+    live = os.path.join(root, ".build-busy-llvm-0123456789abcdef.yyyyyyyy")
+    dead = os.path.join(root, ".build-other-llvm-0123456789abcdef.zzzzzzzz")
+    for d in (live, dead):
+        os.makedirs(os.path.join(d, "x"))
+    holder = _hold_lock(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
+    try:
+        count, freed, busy = commands.clean_cache()
+        assert (count, busy) == (2, 1) and freed > 0
+        assert os.path.isdir(live) and not os.path.exists(dead)
+        assert not os.path.exists(fresh_cache)
+    finally:
+        holder.communicate("", timeout=60)
+    assert commands.clean_cache()[:2] == (1, 0) and os.listdir(root) == []
 
 
 def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):

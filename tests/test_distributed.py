@@ -72,16 +72,18 @@ def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
 
 
 # values per all-reduce in one step of the 2-layer MLP (4 tensors, all split at world
-# sizes 2 and 4): the checks' agreement (4), then one bucket per reduction level
-PER_STEP = {"lamb": [4, 8], "lars": [4, 8], "lamb-skewed": [4, 8],   # ||w||, ||r|| each
-            "centered-nsgd": [4, 4, 4],      # mean(g), then rms(g - mean(g)): two levels
-            "adamw-clip": [4, 2],            # the global norm and the non-finite flag
+# sizes 2 and 4): the step's agreement (5: failed and skipping ranks, the rank count, the
+# fingerprint and its square; every rule, elementwise ones too), then one bucket per
+# reduction level
+PER_STEP = {"lamb": [5, 8], "lars": [5, 8], "lamb-skewed": [5, 8],   # ||w||, ||r|| each
+            "centered-nsgd": [5, 4, 4],      # mean(g), then rms(g - mean(g)): two levels
+            "adamw-clip": [5, 2],            # the global norm and the non-finite flag
             # column means of the (32, 16) and (3, 32) weights (16 + 32), their row
             # statistics' means (1 + 1), the biases' RMS of w and of the update (2 + 2);
             # then the weights' RMS of w and of the update (2 + 2)
-            "adafactor": [4, 54, 4],
+            "adafactor": [5, 54, 4],
             # Muon: ||u|| of the two weights before Newton-Schulz (the biases: AdamW)
-            "muon": [4, 2]}
+            "muon": [5, 2]}
 
 
 def _muon_moved(world: int) -> int:
@@ -148,7 +150,7 @@ def test_matches_single_process(mode, world, single, tmp_path):
                     f"{where}: launches {got[f'{name}/launches']}"
             if split:
                 sent = got[f"{name}/sent"].tolist()
-                assert sent == PER_STEP.get(name, []) * distributed_run.STEPS, \
+                assert sent == PER_STEP.get(name, [5]) * distributed_run.STEPS, \
                     f"{where}: values per all-reduce {sent[:8]}..."
     if split:   # Muon: two all-to-alls per step, each weight moved once each way
         moved = np.array([got["muon/moved"] for got in ranks])
@@ -180,19 +182,19 @@ def test_fsdp2_as_documented(world, single, tmp_path):
 
 def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
     """Rank 1 alone has a NaN gradient, then a float64 one, then none for a parameter
-    the other rank steps: every rank raises (rank 1 its own error, rank 0 one that says
-    another rank failed; the last a ValueError on both), nobody hangs, no parameter
-    changes, and the next good step runs everywhere. Parameters of two meshes in one
+    the other rank steps: every rank raises (the NaN: a FloatingPointError, rank 0's
+    saying another rank has it; the float64 gradient: the same DistributedStepError
+    naming rank 1's TypeError; the last a ValueError on both), nobody hangs, no
+    parameter changes, and the next good step runs everywhere. Parameters of two meshes in one
     optimizer are a ValueError on every rank."""
     ranks = _launch("fsdp-bad", 2, tmp_path)
     for r, got in enumerate(ranks):
         nan, dtype = str(got["nan/raised"]), str(got["dtype/raised"])
         assert nan.startswith("FloatingPointError: lamb: ")
         assert ("gradient 0 has NaN" if r == 1 else "a gradient on another rank") in nan
-        if r == 1:
-            assert dtype.startswith("TypeError: lamb: gradient 0 has dtype float64")
-        else:
-            assert dtype.startswith("RuntimeError: lamb: the step's checks failed on 1 other")
+        assert dtype.startswith("DistributedStepError: lamb: the step failed on 1 of 2 "
+                                "rank(s): rank 1: TypeError: lamb: gradient 0 has dtype "
+                                "float64"), dtype
         assert str(got["layout/raised"]).startswith(
             "ValueError: lamb: the ranks would step different parameters")
         assert got["nan/unchanged"] and got["dtype/unchanged"] and got["layout/unchanged"], \

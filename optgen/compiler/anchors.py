@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from typing import Callable
 
 import numpy as np
@@ -53,7 +52,7 @@ def scripts() -> dict[str, str]:
 
 def library() -> str:
     """The path of the anchors' shared library for this CPU, built on first use."""
-    from .pipeline import _locked, _publish     # the artifacts' publishing protocol
+    from .pipeline import _locked, _publish, _temp_folder   # the artifacts' publishing protocol
     texts = scripts()
     key = hashlib.sha256(json.dumps({
         "scripts": texts, "tvm": cache.tvm_version(), "machine": cache.machine(),
@@ -67,7 +66,7 @@ def library() -> str:
         if os.path.isfile(lib):
             return lib
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym) for sym, text in texts.items()}
-        tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.", dir=cache.cache_dir())
+        tmp = _temp_folder("build", dest)
         try:
             tvm_backend.build_library(funcs, tvm_backend.target_for("llvm"),
                                       os.path.join(tmp, "anchors.so"))

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import BuildError, SpecError
-from optgen.core import cache, formats
+from optgen.core import cache, filelocks, formats
 from optgen.core.manifest import ArtifactError, load_verified, warn_rebuild
 from . import abi, targets, tvm_backend
 from .manifest import name_of, write_artifact, write_sources
@@ -81,8 +81,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         plan = make_plan(spec_path, tg, base, req)                   # 1-5
         funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
                  for sym, text in plan.scripts().items()}
-        tmp = tempfile.mkdtemp(prefix=f".build-{os.path.basename(dest)}.",
-                               dir=os.path.dirname(dest))
+        tmp = _temp_folder("build", dest)
         try:
             with ThreadPoolExecutor(max_workers=1) as native:
                 def written(src: dict[str, str]):     # the sources, written once; the
@@ -140,43 +139,70 @@ def _key_of(path: str, manifest: dict) -> str:
 
 
 # -- publishing -----------------------------------------------------------------------
-# A build writes into a temporary folder beside dest (".build-<dest name>.<8 random>") and
-# renames it into place, under an exclusive lock on "<dest>.lock": readers, which take no
-# lock, see either no dest, the old one or the complete new one, never a partial folder
-# (and a manifest.json only beside the files it records). Replacing a dest swaps the two
+# A build writes into a temporary folder beside dest (".build-<dest name>.k<kernel>-<8
+# random>", ``<kernel>`` this kernel's boot: optgen/core/filelocks.py) and renames it into
+# place, under an exclusive lock on "<dest>.lock": readers, which take no lock, see
+# either no dest, the old one or the complete new one, never a partial folder (and a
+# manifest.json only beside the files it records). Replacing a dest swaps the two
 # folders in one rename (renameat2 RENAME_EXCHANGE, Linux) or, where that is missing,
-# renames the old one aside first (dest is then briefly absent, never partial).
-LEFTOVER_AGE_S = 3600  # another artifact's temporary folder older than this is abandoned
-_LEFTOVER = re.compile(r"\.(?:build|old)-(?:.+\.)?[a-z0-9_]{8}")
+# renames the old one aside first (dest is then briefly absent, never partial). Every
+# temporary folder of a dest exists only while a builder holds dest's lock: whoever
+# holds that lock, where a lock proves it (filelocks.provable), may remove them.
+_LEFTOVER = re.compile(r"\.(?:build|old)-(?:(.+)\.)?(?:k([0-9a-f]{8}|unknown)-)?[a-z0-9_]{8}")
 
 
-@contextlib.contextmanager
-def _locked(path: str):
-    """An exclusive flock on ``path``, removed again on release so lock files do not
-    pile up. A waiter that wakes on a lock file that was removed (or replaced) meanwhile
-    retries on the current one, so two holders never coexist."""
+def _lock(path: str, wait: bool = True) -> int | None:
+    """An open descriptor holding the exclusive flock of lock file ``path`` (created if
+    missing); None if ``wait`` is False and another holds it. A waiter that wakes on a
+    lock file that was removed (or replaced) meanwhile retries on the current one, so
+    two holders never coexist."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return None
             held = os.fstat(fd)
             try:     # (another holder may unlink it at any moment: no exists-then-stat)
                 current = os.stat(path)
             except FileNotFoundError:
                 current = None
         except BaseException:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
             raise
         if current is not None and (held.st_dev, held.st_ino) == (current.st_dev,
                                                                   current.st_ino):
-            break
+            return fd
         os.close(fd)      # the holder before us removed this lock file: lock the new one
+
+
+def _unlock(path: str, fd: int) -> None:
+    """Release ``_lock``'s lock, removing the lock file so lock files do not pile up
+    (still holding the lock: waiters notice and retry)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive flock on ``path`` for the block (``_lock``), removed on release."""
+    fd = _lock(path)
     try:
         yield
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)   # still holding the lock: waiters notice and retry
-        os.close(fd)
+        _unlock(path, fd)
+
+
+def _temp_folder(kind: str, dest: str) -> str:
+    """A new temporary folder (``kind``: build or old) of ``dest``, beside it; only
+    made while holding dest's lock."""
+    tag = filelocks.kernel_tag() or "unknown"
+    return tempfile.mkdtemp(prefix=f".{kind}-{os.path.basename(dest)}.k{tag}-",
+                            dir=os.path.dirname(dest))
 
 
 def _rmtree(path: str) -> None:
@@ -188,21 +214,32 @@ def _rmtree(path: str) -> None:
 
 
 def _remove_leftovers(dest: str) -> None:
-    """Temporary folders a killed build left: dest's own (safe, we hold its lock), and in
-    the cache folder any other artifact's older than LEFTOVER_AGE_S (no live build is
-    that old). A leftover is harmless meanwhile: readers never look at dot-folders."""
+    """Temporary folders that killed builds left (the caller holds dest's lock): dest's
+    own, and in the cache folder any other artifact's whose lock this takes without
+    waiting (no build of it runs), where a lock proves it (filelocks.provable: a local
+    file system, NFS with shared locks, or a folder of this kernel). A live build's
+    folder is never removed; a leftover is harmless meanwhile (readers never look at
+    dot-folders)."""
     parent, name = os.path.split(dest)
-    own = re.compile(rf"\.(?:build|old)-{re.escape(name)}\.[a-z0-9_]{{8}}")
     sweep = parent == cache.cache_dir()
-    now = time.time()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for e in entries:
-            if own.fullmatch(e.name):
+            m = _LEFTOVER.fullmatch(e.name)
+            if m is None or m.group(1) is None or (m.group(1) != name and not sweep):
+                continue
+            tag = None if m.group(2) in (None, "unknown") else m.group(2)
+            if not filelocks.provable(parent, tag):
+                continue
+            if m.group(1) == name:
                 _rmtree(e.path)
-            elif sweep and _LEFTOVER.fullmatch(e.name):
-                with contextlib.suppress(OSError):
-                    if now - e.stat(follow_symlinks=False).st_mtime > LEFTOVER_AGE_S:
-                        _rmtree(e.path)
+                continue
+            lock = os.path.join(parent, m.group(1) + ".lock")
+            fd = _lock(lock, wait=False)
+            if fd is not None:
+                try:
+                    _rmtree(e.path)
+                finally:
+                    _unlock(lock, fd)
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -231,8 +268,7 @@ def _publish(tmp: str, dest: str) -> None:
     elif _exchange(tmp, dest):
         _rmtree(tmp)                         # now the old artifact
     else:
-        aside = tempfile.mkdtemp(prefix=f".old-{os.path.basename(dest)}.",
-                                 dir=os.path.dirname(dest))
+        aside = _temp_folder("old", dest)
         os.rename(dest, os.path.join(aside, "old"))
         os.rename(tmp, dest)
         _rmtree(aside)

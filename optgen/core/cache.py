@@ -64,7 +64,8 @@ KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
 # the catalog, the manifest checks
 NOT_SEMANTIC: dict[str, tuple[str, ...]] = {
     "optgen": ("__init__.py", "benchmark.py", "cli.py", "commands.py", "errors.py", "torch/"),
-    "optgen.core": ("__init__.py", "cache.py", "catalog.py", "manifest.py", "tvm_runtime.py"),
+    "optgen.core": ("__init__.py", "cache.py", "catalog.py", "filelocks.py", "manifest.py",
+                    "tvm_runtime.py"),
 }
 
 

@@ -29,16 +29,21 @@ the Parameter objects stay the same) and gives them ``.grad`` views of a second 
 which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
 then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
 ``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
+Under torch.distributed the ranks agree on each step before it changes anything: a bad
+input on one rank raises ``DistributedStepError`` on every rank (``agree=``:
+optgen/torch/agreement.py, docs/distributed.md).
 """
 from __future__ import annotations
 
 import os
 
 from . import seeds
+from .agreement import DistributedStepError
 from .base import OptgenOptimizer
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
+from .sharded_checkpoint import ShardedCheckpointError
 from optgen.runtime import catalog
 
 globals().update(TORCH_FORMS)
@@ -65,5 +70,6 @@ def __getattr__(attr: str) -> type:
                          f"{', '.join(names)} (or optgen.torch.make(spec))")
 
 
-__all__ = ["CLASSES", "KFACStatistics", "OptgenOptimizer", "TORCH_FORMS", "make", "seeds",
+__all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
+           "TORCH_FORMS", "make", "seeds",
            "AdamOffload", *TORCH_FORMS, *(n for n in CLASSES.values() if n not in TORCH_FORMS)]

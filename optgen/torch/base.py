@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
+from . import agreement as torch_agreement, sharded_checkpoint
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
@@ -63,7 +64,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._target = options.pop("target", "llvm")
         self._options = options
         offload = kwargs.pop("offload", getattr(self, "offload", None))
-        torch_offload.check(os.path.basename(self.spec)[:-3], offload, self._target, flat)
+        name = os.path.basename(self.spec)[:-3]
+        self._agree = torch_agreement.check(name, kwargs.pop("agree", torch_agreement.AUTO))
+        self._agreement: torch_agreement.Agreement | None = None   # (set with the core)
+        torch_offload.check(name, offload, self._target, flat)
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
@@ -166,6 +170,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     i = where[id(p)]
                     core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
+        self._agreement = torch_agreement.choose(self._agree, core.shards)
         return core
 
     def _runtime_tensor(self, p: Any) -> Any:
@@ -204,7 +209,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def refresh_due(self) -> bool:
         """Whether the next step() runs the spec's refresh rule (THOR: it then needs the
         statistics, which ``KFACStatistics`` collects only on such steps)."""
-        self._sync()
+        try:
+            self._sync()
+        except (TypeError, ValueError):   # the step raises it, on every rank at once
+            pass                          # (agreement.py): not here, on this rank alone
         return self._core.refresh_due
 
     @torch.no_grad()
@@ -233,16 +241,24 @@ class OptgenOptimizer(torch.optim.Optimizer):
     step._wrapped_by_lr_sched = True
 
     def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
+        """Everything that may refuse the step (pending hyperparameter changes, the
+        runtime's checks) on every rank, the ranks' agreement (optgen/torch/agreement.py:
+        every rank steps or none does), then the step."""
         self._opt_called = True   # what torch's lr schedulers check (see after step)
+        checked, skip = torch_agreement.run(self._agreement, self._artifact.name,
+                                            lambda: self._checked(grads, statistics), grads)
+        if self._core.run_step(checked, skip) and self._offload is not None:
+            self._offload.finish()   # (buckets go back as they are stepped)
+        self._mirror()
+
+    def _checked(self, grads: list, statistics: dict[str, Any]):
         self._sync()
         grads = self._kernel_grads(grads)
         if self._offload is None:
-            self._core.step([torch_shards.local(g) for g in grads], **statistics)
-        elif self._core.step(self._offload.grads_to_host(
-                self._params, grads, wait_all=bool(self._core.clip_global_norm or
-                                                   self._core.nonfinite)), **statistics):
-            self._offload.finish()   # (buckets go back as they are stepped)
-        self._mirror()
+            return self._core.check_step([torch_shards.local(g) for g in grads], **statistics)
+        return self._core.check_step(self._offload.grads_to_host(
+            self._params, grads, wait_all=bool(self._core.clip_global_norm or
+                                               self._core.nonfinite)), **statistics)
 
     def _kernel_grads(self, grads: list) -> list:
         """The gradients as the runtime takes them (SparseAdam: row-sparse)."""
@@ -283,18 +299,22 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of
         states, step counts and hyperparameters. With parameters sharded across ranks
         (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
-        ``load`` then reads it at any world size (optgen/torch/shards.py)."""
-        self._sync()
-        if any(torch_shards.is_dtensor(p) for p in self._params):
-            torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
+        ``load`` then reads it at any world size (optgen/torch/sharded_checkpoint.py)."""
+        if any(torch_shards.is_dtensor(p) for p in self._params):   # (alike on every rank)
+            sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path),
+                                    prepare=self._sync)
         else:
+            self._sync()
             self._core.save(path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
-        become the checkpoint's, in ``param_groups`` too."""
-        if os.path.isdir(path):
-            torch_shards.load(self._core, self._params, self._kinds(), os.fspath(path))
+        become the checkpoint's, in ``param_groups`` too. With DTensor parameters a
+        collective, a folder or a file alike: every rank loads or none does."""
+        split = any(torch_shards.is_dtensor(p) for p in self._params)
+        if split or os.path.isdir(path):
+            sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path),
+                                    collective=split)
         else:
             self._core.load(path)
         if self._offload is not None:

@@ -24,17 +24,13 @@ Replicated DTensors are whole on every rank and take any rule.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any
-
-import numpy as np
 
 import torch
 
-from optgen.runtime import checkpoint, exchange, shards
-from optgen.core import formats, views
+from optgen.runtime import exchange, shards
+from optgen.core import views
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -223,7 +219,7 @@ def shown(p: Any, state: Any, kind: str = "param") -> Any:
                               shape=torch.Size(shape), stride=stride)
 
 
-# -- sharded checkpoints without DCP (opt.save / opt.load with DTensor parameters) -----
+# -- for sharded checkpoints (optgen/torch/sharded_checkpoint.py) ----------------------
 def rows(p: Any) -> tuple[int, int] | None:
     """This rank's rows ``[start, stop)`` of a parameter split on its first dimension
     (torch.chunk's split, as DTensor's Shard(0)); None for a parameter held whole."""
@@ -234,102 +230,3 @@ def rows(p: Any) -> tuple[int, int] | None:
     size = -(-n // k)
     start = min(p.device_mesh.get_local_rank(d) * size, n)
     return start, min(start + size, n)
-
-
-def _split_state(p: Any, kind: str) -> bool:
-    """Whether a state of ``kind`` is split like its parameter (see ``shown``)."""
-    return kind not in ("row", "col") or \
-        shards.axis_of_dim0(p.ndim) in ("br" if kind == "row" else "bc")
-
-
-def save(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
-    """Each rank writes its shards' states (``rank-<r>.npz``, runtime/checkpoint.py's
-    format) with the rows it holds; rank 0 then writes ``index.json`` (the world size).
-    Collective: every rank calls it."""
-    import torch.distributed as dist
-    for i, p in enumerate(params):   # (alike on every rank: before any file or barrier)
-        if sharded(p) and rows(p) is None:
-            raise ValueError(f"{core.name}: parameter {i} is split "
-                             f"({', '.join(map(str, p.placements))}); opt.save writes "
-                             "splits of the first dimension only (use DCP for others)")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    os.makedirs(folder, exist_ok=True)
-    sd = core.state_dict()
-    sd["rows"] = [rows(p) for p in params]
-    checkpoint.save(os.path.join(folder, f"rank-{rank}.npz"), sd)
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(folder, "index.json"), "w") as f:
-            json.dump({"world": world, "format": 1}, f)
-    dist.barrier()
-
-
-def load(core: Any, params: list, kinds: dict[str, str], folder: str) -> None:
-    """Read a folder written by ``save`` at any world size: each rank takes, for every
-    split state, the rows it holds now from the files that hold them, and every other
-    value from rank 0's file; then the runtime's checked load (nothing changes on a
-    mismatch)."""
-    try:
-        with open(os.path.join(folder, "index.json")) as f:
-            world = int(json.load(f)["world"])
-        parts = [checkpoint.load(os.path.join(folder, f"rank-{r}.npz")) for r in range(world)]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{core.name}: {folder} is not a sharded optgen checkpoint ({e})") \
-            from None
-    sd = dict(parts[0], state=[dict(st) for st in parts[0]["state"]],
-              params=[dict(e) for e in parts[0]["params"]])
-    if any(len(part.get("rows", ())) != len(params) for part in parts):
-        raise ValueError(f"{core.name}: {folder} holds {len(parts[0].get('rows', ()))} "
-                         f"parameters' rows, this optimizer has {len(params)}")
-    for i, p in enumerate(params):
-        if sharded(p) and rows(p) is None:
-            raise ValueError(f"{core.name}: parameter {i} is split "
-                             f"({', '.join(map(str, p.placements))}); opt.load reads "
-                             "splits of the first dimension only")
-        if not is_dtensor(p) or (rows(p) is None and parts[0]["rows"][i] is None):
-            continue        # whole here and in the checkpoint: rank 0's file has it
-        whole = (0, p.shape[0])
-        mine = rows(p) or whole
-        # the rows each file holds (a file of a whole parameter: rank 0's only)
-        held = [(part, part["rows"][i]) for part in parts if part["rows"][i] is not None] \
-            or [(parts[0], whole)]
-        sd["params"][i]["shape"] = list(local(p).shape)
-        blocked = _blocked_rows(sd, i, p, held, mine)
-        for n, v in sd["state"][i].items():
-            if n in blocked or n.endswith(formats.ABSMAX):
-                continue     # (per-shard blocks: taken by _blocked_rows)
-            if isinstance(v, np.ndarray) and _split_state(p, kinds.get(n, "param")):
-                sd["state"][i][n] = np.concatenate(
-                    [part["state"][i][n][max(mine[0], a) - a:min(mine[1], b) - a]
-                     for part, (a, b) in held if min(mine[1], b) > max(mine[0], a)]
-                    or [v[:0]])
-    core.load_state_dict(sd)
-
-
-def _blocked_rows(sd: dict, i: int, p: Any, held: list, mine: tuple[int, int]) -> set[str]:
-    """Parameter ``i``'s q8/q4 states (per-shard blocks) for rows ``mine``: the codes
-    and block scales as saved when one file held exactly these rows; otherwise each
-    file's rows dequantized with its own blocks, and the float32 rows given to the
-    runtime's load, which quantizes them in this rank's blocks (and warns that it
-    converted them)."""
-    st = sd["state"][i]
-    blocked = {n for n in st if n + formats.ABSMAX in st}
-    for n in blocked:
-        same = [part for part, rows_ in held if tuple(rows_) == tuple(mine)]
-        if same:
-            st[n], st[n + formats.ABSMAX] = (same[0]["state"][i][n],
-                                             same[0]["state"][i][n + formats.ABSMAX])
-            continue
-        parts = []
-        for part, (a, b) in held:
-            if min(mine[1], b) <= max(mine[0], a):
-                continue
-            fmt = formats.from_stored(part["stored"][i][n])
-            rows_ = fmt.dequantize((part["state"][i][n], part["state"][i][n + formats.ABSMAX]),
-                                   (b - a, *p.shape[1:]))
-            parts.append(rows_[max(mine[0], a) - a:min(mine[1], b) - a])
-        st[n] = np.concatenate(parts) if parts else \
-            np.zeros((0, *p.shape[1:]), np.float32)
-        del st[n + formats.ABSMAX]
-        sd["stored"][i].pop(n, None)
-    return blocked

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from ..launch import Launcher
 from ..slots import ParamSlot
-from .base import StepInputs, Strategy
+from .base import Checked, StepInputs, Strategy
 from .multi import MultiTensor, find as find_multi
 from .runs import FlatRun, SegmentedRun, find as find_runs
 from .single import Lazy, PerTensor, Split
@@ -54,5 +54,5 @@ def find_launches(launcher: Launcher, slots: Sequence[ParamSlot],
     return runs
 
 
-__all__ = ["FlatRun", "Lazy", "MultiTensor", "PerTensor", "SegmentedRun", "Split",
+__all__ = ["Checked", "FlatRun", "Lazy", "MultiTensor", "PerTensor", "SegmentedRun", "Split",
            "StepInputs", "Strategy", "choose", "find_launches", "find_multi", "find_runs"]

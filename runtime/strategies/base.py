@@ -19,6 +19,21 @@ from ..slots import ParamSlot
 
 
 @dataclass
+class Checked:
+    """A step that ``Optimizer.check_step`` checked, for ``run_step``: the gradients
+    and extra inputs as checked, the due statistics, each used group's lr; the grad
+    scale and global norm where the check computed them (``skips``: a non-finite
+    gradient under ``nonfinite="skip"``)."""
+    grads: list[Any]
+    extra: list[dict[str, Any]]
+    due: Mapping[int, dict[str, np.ndarray]]
+    lrs: Mapping[int, float | None]
+    scale: float | None = None
+    norm: float | None = None
+    skips: bool = False
+
+
+@dataclass
 class StepInputs:
     """One step's inputs, as the strategies read them: gradients and extra inputs by
     parameter, the statistics of the parameters whose refresh rule is due, each used
