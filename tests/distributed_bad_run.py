@@ -33,7 +33,9 @@ CASES = ("hyper", "dtype", "nan")
 
 def options(mode: str) -> dict:
     clip = {} if mode == "zero" else {"clip_global_norm": 1.0}   # (ZeRO-1: a partition's)
-    return dict(lr=1e-2, weight_decay=0.01, nonfinite="raise", **clip)
+    # DDP and ZeRO-1 steps have no collective of their own: they agree when asked to
+    agree = {"agree": torch.distributed.group.WORLD} if mode in ("ddp", "zero") else {}
+    return dict(lr=1e-2, weight_decay=0.01, nonfinite="raise", **clip, **agree)
 
 
 def build(mode: str) -> tuple:
@@ -99,6 +101,12 @@ def bad_steps(mode: str) -> dict[str, np.ndarray]:
         backward(net, opt, x, y)
         opt.step()
     out = {}
+    if mode == "ddp":     # whole parameters, the default agree: the step sends nothing
+        w = torch.nn.Parameter(torch.ones(3))
+        plain = ot.seeds.LAMB([w], lr=1e-2)
+        w.grad = torch.ones(3) * (1 + torch.distributed.get_rank())
+        plain.step()
+        out["default-agrees"] = plain._agreement is not None
     for case in CASES:
         backward(net, opt, x, y)
         if rank == 1:

@@ -91,6 +91,8 @@ def test_a_bad_input_on_one_rank_raises_on_every_rank_at_once(mode, single, runs
             assert bool(got[f"{case}/unchanged"]), f"{mode} {case}: rank {r} changed"
     for r, got in enumerate(ranks):
         assert str(got["good/raised"]) == "", f"{mode} rank {r}: {got['good/raised']}"
+        if mode == "ddp":   # whole parameters: the default agree sends nothing
+            assert not bool(got["default-agrees"]), f"rank {r}: a default DDP step agreed"
         for i, want in enumerate(single):
             have = got[f"good/{i}"]
             if mode == "fsdp":   # (sums across shards: float32 rounding)

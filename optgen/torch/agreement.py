@@ -17,11 +17,12 @@ same ``DistributedStepError`` naming each failing rank and what it raised, with
 parameters and states unchanged on every rank. When any rank skips, every rank skips.
 
 Which ranks agree (``agree=`` of the drop-ins): ``"auto"`` (the default) is the mesh
-dimension FSDP2's parameters are split on, else torch.distributed's default group when
-one is initialized with more than one rank (DDP, ZeRO-1), else nobody (one process:
-no collective, no cost); a ``ProcessGroup`` names the group; ``None`` turns the
-agreement off (an optimizer that steps on some ranks only must say so, or the ranks that
-step would wait for the others).
+dimension FSDP2's parameters are split on, whose steps communicate anyway, else nobody:
+a step whose parameters are whole (one process, DDP, ZeRO-1's partitions) sends
+nothing unless asked, as torch.optim's does not, so an optimizer that steps on some
+ranks only never waits for the others. A ``ProcessGroup`` names the ranks that agree
+(DDP and ZeRO-1: ``torch.distributed.group.WORLD`` or a subgroup); ``None`` turns the
+agreement off.
 """
 from __future__ import annotations
 
@@ -76,10 +77,11 @@ def choose(agree: Any, shards: Any) -> Agreement | None:
     dist = _dist()
     if agree is None or not (dist.is_available() and dist.is_initialized()):
         return None
-    auto = isinstance(agree, str)
-    if auto and shards is not None:
+    if isinstance(agree, str):          # "auto": where the step communicates anyway
+        if shards is None:
+            return None
         return Agreement(shards.collective.group, shards.collective.device, shards)
-    group = None if auto else agree
+    group = agree
     if dist.get_world_size(group) < 2:
         return None
     cuda = "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available()
