@@ -29,8 +29,9 @@ the Parameter objects stay the same) and gives them ``.grad`` views of a second 
 which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
 then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
 ``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
-Under torch.distributed the ranks agree on each step before it changes anything: a bad
-input on one rank raises ``DistributedStepError`` on every rank (``agree=``:
+Under FSDP2 (and DDP or ZeRO-1 with ``agree=group``) the ranks agree on each step before
+it changes anything: a bad input on one rank raises ``DistributedStepError`` on every
+rank (``agree=``:
 optgen/torch/agreement.py, docs/distributed.md).
 """
 from __future__ import annotations
