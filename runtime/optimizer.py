@@ -247,7 +247,7 @@ class Optimizer(RecordTable):
         ``refresh_due``) are passed by name. Kernels are found before anything changes."""
         art, slots = self.artifact, self._slots
         with shards_.agreed(self._shards, self.name, grads):   # all ranks passed, or none
-            self._follow()                                  # parameters' data that moved
+            self.follow()                                  # parameters' data that moved
             stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
             grads = self._check_grads(grads, "grads", remember=True)       # check
             extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
@@ -285,7 +285,7 @@ class Optimizer(RecordTable):
         finally:
             self._rows.staging = self._launch.dry = False
 
-    def _follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
+    def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
         if self._storage.follow(self._rows is not None and self._rows.staging):
             self._runs = None
 
@@ -366,12 +366,12 @@ class Optimizer(RecordTable):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs, as plain values and numpy copies (states, step counts,
         groups, multipliers, spec hash; an lr schedule resumes as the new one's, at ``t``)."""
-        self._follow()
+        self.follow()
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        self._follow()                       # (then the checkpoint's master copies win)
+        self.follow()                       # (then the checkpoint's master copies win)
         plan = checkpoint.check(self, sd)
         checkpoint.restore_states(self._slots, plan["states"])
         self._defaults = plan["defaults"]

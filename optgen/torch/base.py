@@ -166,12 +166,27 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     i = where[id(p)]
                     core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
+        self._standins = type(self)._runtime_tensor is not OptgenOptimizer._runtime_tensor \
+            or any(torch_shards.is_dtensor(p) for p in self._params)
         return core
 
     def _runtime_tensor(self, p: Any) -> Any:
         """What the runtime steps for parameter ``p`` (the same object at every call):
         its host copy (offload), its local shard (DTensor), or ``p``."""
         return self._offload.master(p) if self._offload else torch_shards.local(p)
+
+    def _follow(self) -> None:
+        """Parameters whose data moved (``p.data = new``) are followed, as torch.optim
+        does: the runtime follows its own arrays (runtime/storage.py); here, where the
+        runtime steps a stand-in, it gets the new one (an FSDP2 local shard replaced,
+        SparseAdam's numpy view) or the host copy is taken again (offload)."""
+        if self._offload is not None:
+            self._offload.follow(self._params)
+        elif self._standins:
+            for i, (p, x) in enumerate(zip(self._params, self._core.params)):
+                if self._runtime_tensor(p) is not x:
+                    self._core.repoint(i, self._runtime_tensor(p))
+        self._core.follow()
 
     def _sync(self) -> None:
         """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
@@ -235,6 +250,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
         self._opt_called = True   # what torch's lr schedulers check (see after step)
         self._sync()
+        self._follow()
         grads = self._kernel_grads(grads)
         if self._offload is None:
             self._core.step([torch_shards.local(g) for g in grads], **statistics)
@@ -273,6 +289,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                              "keeps q8/q4 states in per-shard blocks, which state_dict (and "
                              "torch.distributed.checkpoint) cannot describe; save them with "
                              "opt.save(folder), which reshards at load")
+        self._follow()
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
@@ -285,6 +302,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
         ``load`` then reads it at any world size (optgen/torch/shards.py)."""
         self._sync()
+        self._follow()
         if any(torch_shards.is_dtensor(p) for p in self._params):
             torch_shards.save(self._core, self._params, self._kinds(), os.fspath(path))
         else:
@@ -293,6 +311,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def load(self, path: str | os.PathLike) -> None:
         """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
         become the checkpoint's, in ``param_groups`` too."""
+        self._follow()   # (then the checkpoint's master copies win)
         if os.path.isdir(path):
             torch_shards.load(self._core, self._params, self._kinds(), os.fspath(path))
         else:
@@ -323,6 +342,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
         torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
+        self._follow()   # (data moved before the load: the checkpoint's master copies win)
         state_dict = self._optgen_form(state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
         if len(saved_groups) != len(self.param_groups) or any(

@@ -235,15 +235,17 @@ class SparseAdam(TorchForm):
 
     # optgen's lazy row-sparse kernels step numpy arrays: the runtime sees numpy views of
     # the (CPU) parameters, opt.state shows its states as tensors over the same memory
+    # (made again when p's data moved: p.data = new; the runtime checks the new view)
     def _runtime_tensor(self, p: Any) -> Any:
         views = self.__dict__.setdefault("_views", {})
-        if id(p) not in views:
+        at = views.get(id(p))
+        if at is None or at[0] != (p.data_ptr(), p.shape, p.dtype):
             if p.device.type != "cpu" or self._offload is not None or self._flat:
                 raise ValueError("SparseAdam: optgen steps sparse gradients of CPU parameters "
                                  f"(got {p.device}{', offload' if self._offload else ''}"
                                  f"{', flat' if self._flat else ''})")
-            views[id(p)] = p.detach().numpy()
-        return views[id(p)]
+            at = views[id(p)] = ((p.data_ptr(), p.shape, p.dtype), p.detach().numpy())
+        return at[1]
 
     def _mirror(self) -> None:
         super()._mirror()
