@@ -137,3 +137,38 @@ def test_stage_without_a_captured_step_is_an_error():
     rows.staging = True
     with pytest.raises(CaptureError, match="no captured step launches parameters"):
         rows.place(("p",), scalars(1), None, "numpy")
+
+
+# -- capturable=True on the torch forms (optgen/torch/torchform.py) ------------------------
+CAPTURABLE = ["Adam", "AdamW", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD",
+              "Rprop"]
+
+
+@pytest.mark.parametrize("name", CAPTURABLE)
+def test_torch_forms_check_capturable_as_torch(name):
+    """CPU parameters with capturable=True: torch.optim raises its AssertionError at
+    the first step; so does the drop-in (the same message), before anything changes."""
+    torch = pytest.importorskip("torch")
+    import optgen.torch as ot
+
+    def first_step(cls):
+        p = torch.nn.Parameter(torch.arange(4.0))
+        p.grad = torch.ones(4)
+        opt = cls([p], lr=0.1, capturable=True)
+        with pytest.raises(AssertionError) as err:
+            opt.step()
+        assert torch.equal(p, torch.arange(4.0))
+        return str(err.value), opt
+    theirs, _ = first_step(getattr(torch.optim, name))
+    ours, opt = first_step(getattr(ot, name))
+    assert ours == theirs and "capturable=True" in ours
+    assert all(float(st["step"]) == 0 for st in opt.state.values())
+
+
+def test_torch_form_stage_needs_capturable():
+    torch = pytest.importorskip("torch")
+    import optgen.torch as ot
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    with pytest.raises(ValueError, match=r"stage\(\) is for optimizers made with capturable"):
+        ot.Adam([p]).stage()

@@ -153,8 +153,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         host = self._runtime_tensor
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
+        capturable = any(g.get("capturable") for g in self.param_groups)   # (torch forms)
         core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
-                     **self._options)
+                     **self._options, **({"capturable": True} if capturable else {}))
         if self._offload is not None:
             core.watch(self._offload.ready, self._offload.done)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
@@ -176,10 +177,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         return self._offload.master(p) if self._offload else torch_shards.local(p)
 
     def _follow(self) -> None:
-        """Parameters whose data moved (``p.data = new``) are followed, as torch.optim
-        does: the runtime follows its own arrays (runtime/storage.py); here, where the
-        runtime steps a stand-in, it gets the new one (an FSDP2 local shard replaced,
-        SparseAdam's numpy view) or the host copy is taken again (offload)."""
+        """Follow moved data (``p.data = new``) as torch.optim does: the runtime's own
+        arrays (runtime/storage.py), its stand-ins (FSDP2 local shards, SparseAdam's
+        numpy views: new ones) and offload's host copies (taken again)."""
         if self._offload is not None:
             self._offload.follow(self._params)
         elif self._standins:
@@ -241,6 +241,18 @@ class OptgenOptimizer(torch.optim.Optimizer):
             return loss
         self._step_now([p.grad for p in self._params], statistics)
         return loss
+
+    @torch.no_grad()
+    def stage(self) -> None:
+        """``capturable=True``: the host half of the next step (step count, lr, every
+        launch's scalars into the pinned buffers a captured graph copies), reading each
+        ``.grad`` as ``step()`` does; call it before each replay of a CUDA graph that
+        captured ``step()`` (runtime/capture.py)."""
+        self._opt_called = True
+        self._sync()
+        self._follow()
+        self._core.stage(self._kernel_grads([torch_shards.local(p.grad) for p in self._params]))
+        self._mirror()
 
     # torch's lr schedulers wrap an optimizer's step (to record _opt_called, which
     # _step_now sets) unless it says it is wrapped already; dynamo skips their wrapper (it

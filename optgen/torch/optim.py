@@ -5,9 +5,11 @@ Each class is torch.optim's class of the same name: its constructor signature
 constructor checks the arguments), ``param_groups`` keys, update rule (the
 ``specs/torch_<name>.py`` spec: torch's algorithm box, ``maximize``/``amsgrad``/...
 compiled into the kernels as flags) and ``state_dict`` (torch's state names; torch.optim
-loads it, and these load torch.optim's). ``foreach``, ``fused`` and ``capturable`` are
-accepted and change nothing: optgen always steps each parameter with one fused kernel.
-``differentiable=True`` is refused. A one-element tensor ``lr`` is read at each step (an
+loads it, and these load torch.optim's). ``foreach`` and ``fused`` are accepted and
+change nothing: optgen always steps each parameter with one fused kernel.
+``capturable=True`` is checked as torch checks it (CPU parameters: torch's
+AssertionError at step) and on CUDA steps through the runtime's capturable mode
+(``opt.stage()`` before each graph replay). ``differentiable=True`` is refused. A one-element tensor ``lr`` is read at each step (an
 in-place change takes effect; under torch.compile it is no graph input: no recompile).
 optgen's runtime options go with the arguments: ``Adam(params, lr=1e-3, target="cuda",
 flat=True, offload="cpu", state_format="bf16", ...)``.
