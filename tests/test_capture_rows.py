@@ -140,8 +140,7 @@ def test_stage_without_a_captured_step_is_an_error():
 
 
 # -- capturable=True on the torch forms (optgen/torch/torchform.py) ------------------------
-CAPTURABLE = ["Adam", "AdamW", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD",
-              "Rprop"]
+CAPTURABLE = ["Adam", "NAdam", "ASGD", "Adadelta"]   # (each with its own torch message)
 
 
 @pytest.mark.parametrize("name", CAPTURABLE)
