@@ -109,6 +109,8 @@ class Storage:
         """The new data of each ``moved`` record can take its place (else the typed
         error, before anything changes)."""
         names = [s.name for s in self.slots]
+        taken = [(tensors.address_range(a, o.lib), o, a is o.array) for o in self.slots
+                 for a in [o.array, *state.arrays(o.state)] if tensors.library(a) == o.lib]
         for s in moved:
             x, lib, what = s.array, s.lib, f"{self.owner}: {label(s.index, names)}"
             old_dtype, new_dtype = tensors.dtype_name(s.karg, lib), tensors.dtype_name(x, lib)
@@ -138,14 +140,12 @@ class Storage:
                 raise ValueError(f"{what}: its new data is not C-contiguous "
                                  "(p.data = new.contiguous())")
             r = tensors.address_range(x, lib)
-            for o in self.slots:
-                arrays = state.arrays(o.state) + ([] if o is s else [o.array])
-                if any(tensors.overlaps(r, tensors.address_range(a, lib)) for a in arrays
-                       if tensors.library(a) == lib):
-                    raise ValueError(f"{what}: its new data shares memory with "
-                                     f"{label(o.index, names)}"
-                                     f"{'' if o is s else ' or its states'}; give each "
-                                     "parameter its own memory")
+            for q, o, is_param in taken:
+                if not (o is s and is_param) and tensors.overlaps(r, q):
+                    whose = "its own states" if o is s else label(o.index, names) + (
+                        "" if is_param else "'s states")
+                    raise ValueError(f"{what}: its new data shares memory with {whose}; "
+                                     "give each parameter its own memory")
 
 
 __all__ = ["Storage", "where"]
