@@ -176,17 +176,18 @@ class OptgenOptimizer(torch.optim.Optimizer):
         its host copy (offload), its local shard (DTensor), or ``p``."""
         return self._offload.master(p) if self._offload else torch_shards.local(p)
 
-    def _follow(self) -> None:
-        """Follow moved data (``p.data = new``) as torch.optim does: the runtime's own
-        arrays (runtime/storage.py), its stand-ins (FSDP2 local shards, SparseAdam's
-        numpy views: new ones) and offload's host copies (taken again)."""
+    def _follow(self, runtime: bool = True) -> None:
+        """Follow moved data (``p.data = new``) as torch.optim does: the runtime stand-ins
+        (FSDP2 local shards, SparseAdam's numpy views: new ones), offload's host copies
+        (taken again), the runtime's arrays (storage.py; its step does it: ``runtime``)."""
         if self._offload is not None:
             self._offload.follow(self._params)
         elif self._standins:
             for i, (p, x) in enumerate(zip(self._params, self._core.params)):
                 if self._runtime_tensor(p) is not x:
                     self._core.repoint(i, self._runtime_tensor(p))
-        self._core.follow()
+        if runtime:   # (else the runtime's step follows)
+            self._core.follow()
 
     def _sync(self) -> None:
         """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
@@ -244,13 +245,12 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def stage(self) -> None:
-        """``capturable=True``: the host half of the next step (step count, lr, every
-        launch's scalars into the pinned buffers a captured graph copies), reading each
-        ``.grad`` as ``step()`` does; call it before each replay of a CUDA graph that
-        captured ``step()`` (runtime/capture.py)."""
+        """``capturable=True``: the host half of the next step (each ``.grad`` read as
+        ``step()`` reads it) before each replay of a graph that captured ``step()``
+        (runtime/capture.py)."""
         self._opt_called = True
         self._sync()
-        self._follow()
+        self._follow(runtime=False)
         self._core.stage(self._kernel_grads([torch_shards.local(p.grad) for p in self._params]))
         self._mirror()
 
@@ -262,7 +262,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
         self._opt_called = True   # what torch's lr schedulers check (see after step)
         self._sync()
-        self._follow()
+        self._follow(runtime=False)
         grads = self._kernel_grads(grads)
         if self._offload is None:
             self._core.step([torch_shards.local(g) for g in grads], **statistics)
