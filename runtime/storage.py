@@ -24,9 +24,9 @@ anything changes: another shape (its states have the old one: ValueError), dtype
 device (TypeError), non-contiguous data or data overlapping another parameter or a
 state (ValueError), or a capturable optimizer staging a captured step (CaptureError:
 the graph writes the old memory). numpy and CuPy arrays cannot be re-pointed (their
-data is fixed for the object's life), so only torch parameters are watched: about
-0.4 us per parameter per step, the cost the gradient check no longer pays for the
-parameter's address (inputs.py). The torch layer hands over a new object where its
+data is fixed for the object's life), so only torch parameters are watched: one
+tuple per parameter per step, less than the gradient check no longer pays for the
+parameter's layout (inputs.py: storage clears its verdict when the parameter moves). The torch layer hands over a new object where its
 runtime array is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
 
 May import: numpy, capture, flat, inputs (labels), state, tensors.
