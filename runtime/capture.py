@@ -1,12 +1,11 @@
-"""Capturable steps (issue 31): the scalars that change every step (lr, bias corrections,
-step counts) reach the kernels through fixed device buffers, so a CUDA graph can
-capture the launches of a step and replay them.
+"""Capturable steps: the scalars that change every step (lr, bias corrections, step
+counts) reach the kernels through fixed device buffers, so a CUDA graph can capture
+the launches of a step and replay them.
 
 With ``capturable=True`` every launch (one per parameter, flat run or multi-tensor
-list) owns a *row*: a pinned host buffer and a device buffer of its kernel's scalars,
-made on its first step and kept. A step writes the host row and copies it to the
-device row (one asynchronous copy on the launch's stream, which a graph captures as a
-memcpy node), and the kernel reads the device row. ``Optimizer.stage()`` runs a step's
+list) owns a *row* of its kernel's scalars: one device buffer the kernel reads, fixed
+for the optimizer's life (a graph holds its address), fed from pinned host buffers
+by asynchronous copies on the launch's stream. ``Optimizer.stage()`` runs a step's
 host half only: it counts the step and writes the rows, launching nothing; a replay of
 the captured graph then copies and launches:
 
@@ -18,13 +17,36 @@ the captured graph then copies and launches:
     g.replay()                   # ... which runs here
     for _ in range(n):
         ...                      # new gradients into the same tensors
-        opt.stage(grads)         # the next step's scalars into the pinned rows
+        opt.stage(grads)         # the next step's scalars into the captured pinned rows
         g.replay()
 
-A row never moves once made (the graph holds its addresses): a launch that needs a new
-row during ``stage`` is an error, and so are gradients that moved since the last step
-(the graph holds those addresses too). On the CPU the rows are the numpy arrays
-themselves (no copy): the same bookkeeping, testable without a GPU.
+When may the host overwrite a pinned buffer? Only once the copy that reads it has run,
+and the host runs ahead of the GPU: an eager step k queues "copy row to device,
+kernel" and returns, and step k+1 must not write the buffer copy k has yet to read
+(the kernel of step k would see step k+1's lr). So each launch has a ring of ``RING``
+pinned buffers, each with an event recorded after its copy; a step writes the next
+buffer of the ring, waiting first for that buffer's event if its copy has not run
+(with three buffers that happens only when the host is two steps ahead). The device
+row needs no ring: copies and kernels are ordered on the launch's stream (steps run on
+one stream), so copy k+1 lands after kernel k has read the row.
+
+A captured graph copies from one fixed pinned buffer, the one its capture wrote:
+that buffer leaves the ring (eager steps after a capture never touch it) and
+``stage()`` writes it. Before writing, stage waits for the device to finish what it
+was given (the previous replay's copy among it): an event recorded inside a graph
+fires at each replay only as an external event node, which not every library and
+version records, so a device synchronize is the one wait that holds wherever the
+replay ran; it costs the overlap of the host's staging with that replay. While a graph
+is being captured no event is queried or waited on (a capture forbids it); a capture
+starts after the device is synchronized (``torch.cuda.graph`` does it; with CuPy,
+synchronize before ``begin_capture``), so the buffer it writes is free.
+
+A row never moves once made: a launch that needs a new row during ``stage`` is an
+error, and so are gradients that moved since the last step (the graph holds those
+addresses too). On the CPU the rows are the numpy arrays themselves: the kernels
+run when called, so there is nothing to wait for and no copy; the same bookkeeping,
+testable without a GPU. The ordering above is tested on the CPU with a device that
+runs its copies late (``transfers``: tests/test_capture_rows.py).
 
 May import: numpy, tensors.
 """
@@ -36,36 +58,79 @@ import numpy as np
 
 from . import tensors
 
+RING = 3    # pinned buffers per launch for eager steps
+
 
 class CaptureError(RuntimeError):
     """A capturable optimizer cannot replay this step with the captured addresses."""
 
 
-class ScalarRows:
-    """The rows of one optimizer's launches, by launch key."""
+class Row:
+    """One launch's scalars: the device row and the pinned ring that feeds it."""
 
-    def __init__(self, owner: str):
-        self.owner = owner
-        self.rows: dict[Hashable, tuple[np.ndarray, Any, Any]] = {}   # host, device, host
-        self.staging = False          # (torch: the pinned tensor the copy reads)
+    def __init__(self, transfers: Any, packed: np.ndarray):
+        self.transfers = transfers
+        self.dev = transfers.device_row(packed)
+        self.ring = [[*transfers.alloc(packed), None] for _ in range(RING)]  # host, pinned, event
+        self.next = 0                 # the ring's buffer the next eager step writes
+        self.graph: int | None = None   # the buffer a captured graph copies from
+
+    def fits(self, packed: np.ndarray) -> bool:
+        return self.ring[0][0].shape == packed.shape and self.ring[0][0].dtype == packed.dtype
+
+    def write(self, packed: np.ndarray, staging: bool) -> None:
+        """This step's scalars into a pinned buffer free to write, and (eager) its copy."""
+        t = self.transfers
+        if staging:                   # (stage_ready waited for the replay's copy)
+            self.ring[self.graph][0][...] = packed
+            return
+        capturing = t.capturing()
+        j = self.next if self.next != self.graph else (self.next + 1) % RING
+        self.next = (j + 1) % RING
+        host, pinned, event = self.ring[j]
+        if event is not None and not capturing and not t.done(event):
+            t.wait(event)             # (its copy has not run: the host is ahead)
+        host[...] = packed
+        t.copy(self.dev, pinned)
+        if capturing:                 # the graph reads this buffer from now on
+            self.graph, self.ring[j][2] = j, None
+        else:
+            self.ring[j][2] = t.record(event)
+
+
+class ScalarRows:
+    """The rows of one optimizer's launches, by launch key. ``transfers``: how rows
+    reach the device (default: by the parameter's library and device; None on the CPU)."""
+
+    def __init__(self, owner: str, transfers: Any = None):
+        self.owner, self.transfers = owner, transfers
+        self.rows: dict[Hashable, Row | np.ndarray] = {}
+        self.staging = False
         self.grads: list[int] | None = None
 
     def place(self, key: Hashable, packed: np.ndarray, like: Any, lib: str) -> Any:
         """Launch ``key``'s scalars ``packed`` in its row: the device row the kernel
-        reads (written and copied now unless staging: then the graph copies it)."""
+        reads (written, and copied now unless staging: then the graph copies it)."""
         row = self.rows.get(key)
-        if row is None or row[0].shape != packed.shape or row[0].dtype != packed.dtype:
+        fits = row is not None and (row.fits(packed) if isinstance(row, Row) else
+                                    row.shape == packed.shape and row.dtype == packed.dtype)
+        if not fits:
             if self.staging:
                 raise CaptureError(f"{self.owner}: a launch of parameters {key[0]} needs new "
                                    "scalar buffers, which the captured graph does not hold; "
                                    "run eager steps (and capture again) after changing flags, "
                                    "groups or multipliers")
-            row = self.rows[key] = _alloc(like, lib, packed)
-        host, dev, pinned = row
-        host[...] = packed
-        if not self.staging and dev is not host:
-            _copy(dev, pinned, lib)
-        return dev
+            t = self.transfers or transfers_for(like, lib)
+            row = self.rows[key] = packed.copy() if t is None else Row(t, packed)
+        if not isinstance(row, Row):  # (CPU: the kernel reads the host row itself)
+            row[...] = packed
+            return row
+        if self.staging and row.graph is None:
+            raise CaptureError(f"{self.owner}: stage() writes the scalars a captured step "
+                               f"copies, and no captured step launches parameters {key[0]}; "
+                               "capture opt.step() in a graph first")
+        row.write(packed, self.staging)
+        return row.dev
 
     def check_grads(self, grads: Sequence[Any], libs: Sequence[str]) -> None:
         """Staging: the gradients must lie where the captured step read them; eager
@@ -79,15 +144,95 @@ class ScalarRows:
                                "the same tensors before stage()")
         self.grads = where
 
-    def wait(self, like: Any, lib: str) -> None:
-        """Before a stage writes the pinned rows: the previous replay's copies have read
-        them (the stream is idle)."""
-        if lib == "torch" and like.device.type == "cuda":
-            import torch
-            torch.cuda.current_stream(like.device).synchronize()
-        elif lib == "cupy":
-            import cupy
-            cupy.cuda.get_current_stream().synchronize()
+    def wait(self) -> None:
+        """Before a stage writes the captured buffers: the device has run what it was
+        given, the previous replay's copies among it (see the module doc)."""
+        for t in {id(r.transfers): r.transfers for r in self.rows.values()
+                  if isinstance(r, Row)}.values():
+            t.idle()
+
+
+def transfers_for(like: Any, lib: str) -> Any:
+    """How rows reach ``like``'s device: None on the CPU (the kernels read the host rows)."""
+    if tensors.device(like, lib) == "cpu":
+        return None
+    return TorchCuda(like.device) if lib == "torch" else CupyCuda(like.device)
+
+
+class TorchCuda:
+    """Rows of torch CUDA tensors: pinned host tensors, copies and events on the current
+    stream."""
+
+    def __init__(self, device: Any):
+        self.device = device
+
+    def alloc(self, packed: np.ndarray) -> tuple[np.ndarray, Any]:
+        import torch
+        pinned = torch.from_numpy(packed.copy()).pin_memory()
+        return pinned.numpy(), pinned
+
+    def device_row(self, packed: np.ndarray) -> Any:
+        import torch
+        return torch.from_numpy(packed.copy()).to(self.device)
+
+    def copy(self, dev: Any, pinned: Any) -> None:
+        dev.copy_(pinned, non_blocking=True)
+
+    def record(self, event: Any) -> Any:
+        import torch
+        event = event or torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def done(self, event: Any) -> bool:
+        return event.query()
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def capturing(self) -> bool:
+        import torch
+        return torch.cuda.is_current_stream_capturing()
+
+    def idle(self) -> None:
+        import torch
+        torch.cuda.synchronize(self.device)
+
+
+class CupyCuda(TorchCuda):
+    """Rows of CuPy arrays: pinned host arrays, copies and events on the current stream."""
+
+    def alloc(self, packed: np.ndarray) -> tuple[np.ndarray, Any]:
+        import cupyx
+        with self.device:
+            host = cupyx.empty_pinned(packed.shape, packed.dtype)
+        host[...] = packed
+        return host, host
+
+    def device_row(self, packed: np.ndarray) -> Any:
+        import cupy
+        with self.device:
+            return cupy.asarray(packed)
+
+    def copy(self, dev: Any, pinned: Any) -> None:
+        import cupy
+        dev.set(pinned, stream=cupy.cuda.get_current_stream())
+
+    def record(self, event: Any) -> Any:
+        import cupy
+        event = event or cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.get_current_stream())
+        return event
+
+    def done(self, event: Any) -> bool:
+        return event.done
+
+    def capturing(self) -> bool:
+        import cupy
+        return cupy.cuda.get_current_stream().is_capturing()
+
+    def idle(self) -> None:
+        self.device.synchronize()
 
 
 def rows(owner: str, capturable: bool, shards: Any, host_reads: Any) -> ScalarRows | None:
@@ -109,34 +254,8 @@ def stage_ready(owner: str, rows: ScalarRows | None, slots: Sequence[Any],
     if centralized:
         raise ValueError(f"{owner}: stage() cannot run gradient centralization outside "
                          "the graph; centralize inside the captured region instead")
-    if slots:
-        rows.wait(slots[0].array, slots[0].lib)
+    rows.wait()
 
 
-def _alloc(like: Any, lib: str, packed: np.ndarray) -> tuple[np.ndarray, Any, Any]:
-    """(host row as numpy, device row, what the copy reads) for ``like``'s device."""
-    where = tensors.device(like, lib)
-    if where == "cpu":
-        host = packed.copy()
-        return host, host, host
-    if lib == "torch":
-        import torch
-        pinned = torch.from_numpy(packed.copy()).pin_memory()
-        return pinned.numpy(), torch.empty_like(pinned, device=like.device), pinned
-    import cupy
-    import cupyx
-    with like.device:
-        host = cupyx.empty_pinned(packed.shape, packed.dtype)
-        return host, cupy.empty(packed.shape, packed.dtype), host
-
-
-def _copy(dev: Any, pinned: Any, lib: str) -> None:
-    """One asynchronous host-to-device copy on the current stream (graph-capturable)."""
-    if lib == "torch":
-        dev.copy_(pinned, non_blocking=True)
-    else:
-        import cupy
-        dev.set(pinned, stream=cupy.cuda.get_current_stream())
-
-
-__all__ = ["CaptureError", "ScalarRows", "rows", "stage_ready"]
+__all__ = ["CaptureError", "RING", "Row", "ScalarRows", "rows", "stage_ready",
+           "transfers_for"]

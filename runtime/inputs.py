@@ -206,9 +206,10 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
     parameter (``slots``: their records; a gradient must not overlap the parameter's
     state arrays either). With ``remember`` (gradients only) a slot's ``checked``
-    keeps the array that passed: (weakref, shape, dtype, strides), so the same array
-    in the same form is not checked again; ``row_sparse(slot, g)`` checks a RowSparse
-    gradient."""
+    keeps the array that passed: (weakref, shape, dtype, strides; torch and CuPy: its
+    address too), so the same array in the same form and place is not checked again
+    (runtime/storage.py clears it when the parameter's data moves); ``row_sparse(slot,
+    g)`` checks a RowSparse gradient."""
     params = [s.array for s in slots]
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
@@ -218,9 +219,6 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
                          f"{len(params)} parameters")
     label_ = "gradient" if what == "grads" else what
-
-    def layout_p(i: int) -> tuple:
-        return tensors.layout(params[i], slots[i].lib)[:1]   # (the parameter's address)
     for i, (p, g) in enumerate(zip(params, grads)):
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             continue
@@ -231,7 +229,7 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
         seen = slots[i].checked if remember else None
         if seen is not None and seen[0]() is g and (
                 seen[1:] == (g.shape, g.dtype, g.strides) and g.flags.writeable
-                if lib == "numpy" else seen[1] == tensors.layout(g, lib) + layout_p(i)):
+                if lib == "numpy" else seen[1] == tensors.layout(g, lib)):
             continue        # the array checked last step, still in that form and place
         if type(g) is not type(p) and tensors.library(g) != lib:
             kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
@@ -274,8 +272,8 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
             shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
                 tensors.overlaps(r, tensors.address_range(s, lib))
                 for s in state.arrays(slots[i].state))
-            if not shared and remember:   # (skipped while g and p stay put)
-                slots[i].checked = (weakref.ref(g), tensors.layout(g, lib) + layout_p(i))
+            if not shared and remember:   # (skipped while g stays put, and p: storage.py
+                slots[i].checked = (weakref.ref(g), tensors.layout(g, lib))  # clears it)
         if shared:
             raise ValueError(f"{owner}: {label_} {i} shares memory with parameter {i} "
                              "or its state; pass a separate gradient array")

@@ -16,8 +16,8 @@ It reads and fills the optimizer's records (runtime/slots.py, the same objects):
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
 May import: numpy, artifact, exchange, flat (its GRAD slot), formats, reference, rounding,
-shards,
-slots, sparse, tensors, views.
+shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
+when runtime/storage.py says its data is where it is now.
 """
 from __future__ import annotations
 
@@ -42,15 +42,19 @@ class Launcher:
     def __init__(self, owner: str, artifact: Any, backend: str, slots: Sequence[ParamSlot]):
         self.owner, self.artifact, self.slots = owner, artifact, slots
         self.compiled = backend == "compiled"
-        for s in slots:         # (the kernel argument of each parameter, made once)
-            s.karg = tensors.kernel_arg(s.array, s.lib)
-            s.numel = int(np.prod(tuple(s.array.shape), dtype=np.int64))
-            s.bf16_numpy = s.lib == "numpy" and s.array.dtype.name == "bfloat16"
         self.kernels: dict[tuple, KernelInfo] = {}
         self.hooks: tuple[Callable[[int], None], Callable[[int], None]] | None = None
         self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
         self.dry = False        # capturable stage(): host half only, no kernel calls
         self.regions: dict[str, exchange.Region | None] = {}  # (matrix kernels on shards)
+
+    def bind(self, s: ParamSlot) -> None:
+        """Parameter ``s``'s kernel argument, made from its data as it lies now (kept
+        until its data moves: runtime/storage.py) and no plan (made when prepared)."""
+        s.karg = tensors.kernel_arg(s.array, s.lib)
+        s.numel = int(np.prod(tuple(s.array.shape), dtype=np.int64))
+        s.bf16_numpy = s.lib == "numpy" and s.array.dtype.name == "bfloat16"
+        s.plan = None
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """Call ``ready(i)`` before parameter ``i``'s kernels and ``done(i)`` after them

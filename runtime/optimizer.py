@@ -1,8 +1,9 @@
 """The trainer-side optimizer: the public ``Optimizer`` class, which ties the runtime's
 rooms together. A step is:
 
-    check       gradients, extra inputs, statistics; with parameters split across
-                ranks, every rank passed them          (inputs.py, refresh.py, shards.py)
+    check       parameters whose data moved (followed), gradients, extra inputs,
+                statistics; with parameters split across ranks, every rank passed them
+                                           (storage.py, inputs.py, refresh.py, shards.py)
     preprocess  lr of each group (schedules), loss scale, global norm / non-finite
                 check, gradient centralization                  (groups.py, preprocess.py)
     launch      each parameter's (or flat run's) launch strategy, chosen when its
@@ -21,12 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import capture, checkpoint, flat, launch, preprocess, refresh, scalars, state, strategies
+from . import capture, checkpoint, launch, preprocess, refresh, scalars, state, storage, strategies
 from optgen.core import formats, scalar_expr, views
-from . import shards as shards_
-from . import groups as grouping
-from . import inputs as checks
-from . import tensors
+from . import groups as grouping, inputs as checks, shards as shards_, tensors
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
@@ -111,9 +109,6 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         grouping.decay_filter(name, decay_filter, self._slots, self._groups)
 
         # states, kernels and launches
-        for s in self._slots:
-            s.mixed = self.multi_precision and \
-                tensors.dtype_name(s.array, s.lib) in tensors.LOW_PRECISION
         self.state_format = formats.rounded(name, formats.request(name, state_format),
                                             stochastic_rounding)
         self.seed = checks.check_seed(name, seed)    # of stochastic rounding
@@ -126,15 +121,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
             if mults:
                 setter(mults)
-        for s in self._slots:
-            if s.mixed:   # the float32 master copy the kernel updates
-                s.state[state.MASTER] = state.master_copy(s.array, s.lib)
-        # flat chains (runtime/flat.py): parameters back to back get back-to-back states
-        self._chains = flat.chains(arrays, libs, [   # (split ones step alone)
-            not s.mixed and s.split is None for s in self._slots])
-        for a, b in self._chains:
-            for s in self._slots[a:b]:
-                s.chain = (a, b)
+        # kernel arguments, master copies, flat chains (back to back: so are the states)
+        self._storage = storage.Storage(name, self._slots, self._launch, self.multi_precision)
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         checks.check_kernels(name, artifact, self._slots, flags_of=self._flags,
                              multi_precision=self.multi_precision)
@@ -271,6 +259,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         kernels, lr schedules; without split parameters also the global norm and the
         non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
         art, slots = self.artifact, self._slots
+        self.follow()                                  # parameters' data that moved
         stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
         grads = self._check_grads(grads, "grads", remember=True)
         extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
@@ -319,6 +308,15 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         finally:
             self._rows.staging = self._launch.dry = False
 
+    def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
+        if self._storage.follow(self._rows is not None and self._rows.staging):
+            self._runs = None
+
+    def repoint(self, i: int, array: Any) -> None:
+        """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard
+        or numpy view of a moved tensor); checked as moved data at the next step."""
+        self._storage.repoint(i, array)
+
     def _check_grads(self, grads: Any, what: str, remember: bool = False) -> list[Any]:
         return checks.check_grads(self.name, self._slots, grads, what, remember=remember,
                                   row_sparse=self._row_sparse)
@@ -352,14 +350,14 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     def _current_runs(self) -> dict[int, strategies.Strategy]:
         """The flat runs and multi-tensor launches under the current kernels (found again
-        after a flag, state or multiplier change); none for the reference backend."""
+        after a flag, state, multiplier or storage change); none for the reference backend."""
         if self._runs is None:
             self._runs = {}
-            if self.backend == "compiled" and (self._chains or self.multi_tensor):
+            if self.backend == "compiled" and (self._storage.chains or self.multi_tensor):
                 for i in range(len(self._slots)):
                     self._param_kernel(i)
                 self._runs = strategies.find_launches(
-                    self._launch, self._slots, self._chains, bool(self.artifact.inputs),
+                    self._launch, self._slots, self._storage.chains, bool(self.artifact.inputs),
                     self.multi_tensor)
         return self._runs
 
@@ -367,10 +365,12 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs, as plain values and numpy copies (states, step counts,
         groups, multipliers, spec hash; an lr schedule resumes as the new one's, at ``t``)."""
+        self.follow()
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
+        self.follow()                       # (then the checkpoint's master copies win)
         plan = checkpoint.check(self, sd)
         checkpoint.restore_states(self._slots, plan["states"])
         self._defaults = plan["defaults"]

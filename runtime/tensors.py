@@ -198,6 +198,26 @@ def copy_into(dst: Any, lib: str, src: np.ndarray) -> None:
         dst[...] = cupy.asarray(src)
 
 
+def equal(a: Any, b: Any, lib: str) -> bool:
+    """Whether two arrays of one library, shape and dtype hold the same values."""
+    if lib == "torch":
+        import torch
+        return torch.equal(a.detach(), b.detach())
+    if lib == "numpy":
+        return bool(np.array_equal(a, b))
+    return bool((a == b).all())
+
+
+def copy_cast(dst: Any, src: Any, lib: str) -> None:
+    """``dst[...] = src`` converted to ``dst``'s dtype (a master copy taken again)."""
+    if lib == "torch":
+        import torch
+        with torch.no_grad():
+            dst.copy_(src.detach())
+    else:
+        dst[...] = src
+
+
 def cast_copy(x: Any, lib: str, dtype: str) -> Any:
     """A new array of ``x`` converted to ``dtype`` (the float32 master copy)."""
     if lib == "numpy":

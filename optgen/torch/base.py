@@ -157,8 +157,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         host = self._runtime_tensor
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
+        capturable = any(g.get("capturable") for g in self.param_groups)   # (torch forms)
         core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
-                     **self._options)
+                     **self._options, **({"capturable": True} if capturable else {}))
         if self._offload is not None:
             core.watch(self._offload.ready, self._offload.done)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
@@ -171,12 +172,27 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._agreement = torch_agreement.choose(self._agree, core.shards)
+        self._standins = type(self)._runtime_tensor is not OptgenOptimizer._runtime_tensor \
+            or any(torch_shards.is_dtensor(p) for p in self._params)
         return core
 
     def _runtime_tensor(self, p: Any) -> Any:
         """What the runtime steps for parameter ``p`` (the same object at every call):
         its host copy (offload), its local shard (DTensor), or ``p``."""
         return self._offload.master(p) if self._offload else torch_shards.local(p)
+
+    def _follow(self, runtime: bool = True) -> None:
+        """Follow moved data (``p.data = new``) as torch.optim does: the runtime stand-ins
+        (FSDP2 local shards, SparseAdam's numpy views: new ones), offload's host copies
+        (taken again), the runtime's arrays (storage.py; its step does it: ``runtime``)."""
+        if self._offload is not None:
+            self._offload.follow(self._params)
+        elif self._standins:
+            for i, (p, x) in enumerate(zip(self._params, self._core.params)):
+                if self._runtime_tensor(p) is not x:
+                    self._core.repoint(i, self._runtime_tensor(p))
+        if runtime:   # (else the runtime's step follows)
+            self._core.follow()
 
     def _sync(self) -> None:
         """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
@@ -235,6 +251,17 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._step_now([p.grad for p in self._params], statistics)
         return loss
 
+    @torch.no_grad()
+    def stage(self) -> None:
+        """``capturable=True``: the host half of the next step (each ``.grad`` read as
+        ``step()`` reads it) before each replay of a graph that captured ``step()``
+        (runtime/capture.py)."""
+        self._opt_called = True
+        self._sync()
+        self._follow(runtime=False)
+        self._core.stage(self._kernel_grads([torch_shards.local(p.grad) for p in self._params]))
+        self._mirror()
+
     # torch's lr schedulers wrap an optimizer's step (to record _opt_called, which
     # _step_now sets) unless it says it is wrapped already; dynamo skips their wrapper (it
     # lives in torch/optim/lr_scheduler.py), which would break a compiled step's graph.
@@ -253,6 +280,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _checked(self, grads: list, statistics: dict[str, Any]):
         self._sync()
+        self._follow(runtime=False)
         grads = self._kernel_grads(grads)
         if self._offload is None:
             return self._core.check_step([torch_shards.local(g) for g in grads], **statistics)
@@ -289,6 +317,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                              "keeps q8/q4 states in per-shard blocks, which state_dict (and "
                              "torch.distributed.checkpoint) cannot describe; save them with "
                              "opt.save(folder), which reshards at load")
+        self._follow()
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
@@ -302,15 +331,17 @@ class OptgenOptimizer(torch.optim.Optimizer):
         ``load`` then reads it at any world size (optgen/torch/sharded_checkpoint.py)."""
         if any(torch_shards.is_dtensor(p) for p in self._params):   # (alike on every rank)
             sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path),
-                                    prepare=self._sync)
+                                    prepare=lambda: (self._sync(), self._follow()))
         else:
             self._sync()
+            self._follow()
             self._core.save(path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore what ``save`` wrote (checked whole first); the groups' hyperparameters
         become the checkpoint's, in ``param_groups`` too. With DTensor parameters a
         collective, a folder or a file alike: every rank loads or none does."""
+        self._follow()   # (then the checkpoint's master copies win)
         split = any(torch_shards.is_dtensor(p) for p in self._params)
         if split or os.path.isdir(path):
             sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path),
@@ -343,6 +374,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
         torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
+        self._follow()   # (data moved before the load: the checkpoint's master copies win)
         state_dict = self._optgen_form(state_dict)
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
         if len(saved_groups) != len(self.param_groups) or any(

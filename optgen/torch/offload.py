@@ -21,6 +21,10 @@ and bucket k-1's parameters already go back. A global-norm clip or a non-finite 
 reads every gradient before any kernel runs: then the step waits for all copies first.
 With CPU tensors as the "device" (what CI runs) the same code runs, with synchronous
 copies between separate buffers; ``log`` records the order of a step's bucket events.
+
+A device parameter whose data the trainer replaces (``p.data = new``, same shape, dtype
+and device) is followed as torch.optim follows it: before the step, its host copy is
+taken again from the new values (``follow``).
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ class HostCopies:
     def __init__(self, owner: str):
         self.owner = owner
         self._master: dict[int, torch.Tensor] = {}
+        self._where: dict[int, tuple] = {}     # each device parameter's data, as copied
         self._grad: dict[int, torch.Tensor] = {}
         self.copies = {"grads_to_host": 0, "params_to_device": 0}
         self._params: list = []
@@ -81,7 +86,33 @@ class HostCopies:
                 host.copy_(p.detach())
             self._master[key] = host
             self._grad[key] = torch.empty_like(host, pin_memory=pin)
+            self._where[key] = _where(p)
         return self._master[key]
+
+    @torch.no_grad()
+    def follow(self, params: list) -> None:
+        """Device parameters whose data moved (``p.data = new``) since their host copy
+        was taken: checked (the parameter's shape, dtype and device, else the error
+        before anything changes), then the copy is taken again from the new values
+        unless they are what it rounds to (nothing lost then). Without this the step
+        would send the old copy's update over the new values."""
+        moved = [(i, p) for i, p in enumerate(params) if _where(p) != self._where[id(p)]]
+        for i, p in moved:
+            old = self._where[id(p)]
+            what = f"{self.owner}: parameter {i}'s data was replaced by"
+            if p.dtype != old[3] or p.device != old[4]:
+                raise TypeError(f"{what} {p.dtype} data on {p.device}; its host copy is for "
+                                f"{old[3]} on {old[4]}: assign data of that dtype and "
+                                "device, or make a new optimizer")
+            if p.shape != old[1]:
+                raise ValueError(f"{what} data of shape {tuple(p.shape)}; its host copy and "
+                                 f"states have shape {tuple(old[1])}: assign data of that "
+                                 "shape, or make a new optimizer for the new shape")
+        for i, p in moved:
+            host = self._master[id(p)]
+            if not torch.equal(p.detach().cpu(), host.to(p.dtype)):
+                host.copy_(p.detach())
+            self._where[id(p)] = _where(p)
 
     def grads_to_host(self, params: list, grads: list, wait_all: bool = False) -> list:
         """Each device gradient copied into its host buffer (None stays None), in
@@ -163,6 +194,12 @@ class HostCopies:
         a trainer loads the model's weights, then the optimizer's state)."""
         for p in params:
             self.master(p).copy_(p.detach())
+            self._where[id(p)] = _where(p)
+
+
+def _where(p: torch.Tensor) -> tuple:
+    """A device parameter's data: address, shape, strides, dtype, device."""
+    return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
 
 
 def seed_class(adam: type) -> type:

@@ -5,9 +5,11 @@ Each class is torch.optim's class of the same name: its constructor signature
 constructor checks the arguments), ``param_groups`` keys, update rule (the
 ``specs/torch_<name>.py`` spec: torch's algorithm box, ``maximize``/``amsgrad``/...
 compiled into the kernels as flags) and ``state_dict`` (torch's state names; torch.optim
-loads it, and these load torch.optim's). ``foreach``, ``fused`` and ``capturable`` are
-accepted and change nothing: optgen always steps each parameter with one fused kernel.
-``differentiable=True`` is refused. A one-element tensor ``lr`` is read at each step (an
+loads it, and these load torch.optim's). ``foreach`` and ``fused`` are accepted and
+change nothing: optgen always steps each parameter with one fused kernel.
+``capturable=True`` is checked as torch checks it (CPU parameters: torch's
+AssertionError at step) and on CUDA steps through the runtime's capturable mode
+(``opt.stage()`` before each graph replay). ``differentiable=True`` is refused. A one-element tensor ``lr`` is read at each step (an
 in-place change takes effect; under torch.compile it is no graph input: no recompile).
 optgen's runtime options go with the arguments: ``Adam(params, lr=1e-3, target="cuda",
 flat=True, offload="cpu", state_format="bf16", ...)``.
@@ -235,15 +237,17 @@ class SparseAdam(TorchForm):
 
     # optgen's lazy row-sparse kernels step numpy arrays: the runtime sees numpy views of
     # the (CPU) parameters, opt.state shows its states as tensors over the same memory
+    # (made again when p's data moved: p.data = new; the runtime checks the new view)
     def _runtime_tensor(self, p: Any) -> Any:
         views = self.__dict__.setdefault("_views", {})
-        if id(p) not in views:
+        at = views.get(id(p))
+        if at is None or at[0] != (p.data_ptr(), p.shape, p.dtype):
             if p.device.type != "cpu" or self._offload is not None or self._flat:
                 raise ValueError("SparseAdam: optgen steps sparse gradients of CPU parameters "
                                  f"(got {p.device}{', offload' if self._offload else ''}"
                                  f"{', flat' if self._flat else ''})")
-            views[id(p)] = p.detach().numpy()
-        return views[id(p)]
+            at = views[id(p)] = ((p.data_ptr(), p.shape, p.dtype), p.detach().numpy())
+        return at[1]
 
     def _mirror(self) -> None:
         super()._mirror()

@@ -5,8 +5,14 @@ optimizer of the same name, stepped by the fused kernels of a ``torch_<name>`` s
   constructor on a one-element probe (so every bad argument raises torch's exception
   with torch's message), and torch's ``defaults`` become the group keys: ``betas`` as a
   tuple, ``foreach``, ``fused``, ``capturable``, ``differentiable``, ``maximize``, ...
-  ``foreach``/``fused``/``capturable`` are accepted and change nothing (optgen always
-  runs one fused kernel per parameter); ``differentiable=True`` is refused.
+  ``foreach``/``fused`` are accepted and change nothing (optgen always runs one fused
+  kernel per parameter); ``differentiable=True`` is refused. ``capturable=True`` is
+  torch's: parameters off a capturable device (the CPU) fail torch's check at the first
+  step (torch's AssertionError, from torch's optimizer on a probe). On CUDA a captured
+  torch step replays by itself (its step count lives on the device); optgen's replays
+  after ``opt.stage()`` (runtime/capture.py), so capturable CUDA parameters need
+  ``staged_capture=True`` as well (a ValueError at the first step says so otherwise):
+  the runtime's capturable mode, scalars through fixed device buffers.
 * optgen's runtime options (``target``, ``flat``, ``offload``, ``state_format``, ...)
   are taken by the class call before torch's constructor sees the arguments, so
   ``inspect.signature(optgen.torch.Adam)`` is torch's.
@@ -43,6 +49,7 @@ class TakesRuntimeOptions(type):
     def __call__(cls, *args: Any, **kwargs: Any):
         obj = cls.__new__(cls)
         obj._runtime_options = {k: kwargs.pop(k) for k in TAKEN_BY_CALL if k in kwargs}
+        obj._staged_capture = bool(kwargs.pop("staged_capture", False))
         obj.__init__(*args, **kwargs)
         return obj
 
@@ -95,6 +102,36 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
                              "twice; torch.optim warns (as above) and steps it twice per "
                              "step, optgen refuses it")
         super().add_param_group(param_group)
+
+    def _step_now(self, grads: list, statistics: dict[str, Any]) -> None:
+        self._capturable_devices()
+        super()._step_now(grads, statistics)
+
+    def stage(self) -> None:
+        self._capturable_devices()
+        super().stage()
+
+    def _capturable_devices(self) -> None:
+        """torch's check of ``capturable=True`` (params on a device a graph can capture:
+        CUDA, ...), made at the first step on each device by torch's own optimizer on a
+        one-element probe there, so the error is torch's (an AssertionError at step)."""
+        ok = self.__dict__.setdefault("_capturable_ok", set())
+        for group in self.param_groups:
+            for dev in {p.device for p in group["params"]} - ok if group.get("capturable") \
+                    else ():
+                probe = torch.zeros(1, device=dev, requires_grad=True)
+                probe.grad = torch.zeros(1, device=dev)
+                self.torch_cls([probe], capturable=True).step()   # (raises off CUDA)
+                if not self.__dict__.get("_staged_capture"):
+                    raise ValueError(
+                        f"{type(self).__name__}: capturable=True on {dev}: torch's captured "
+                        "step advances its step count on the device at every replay; "
+                        "optgen's advances it on the host, so a replay without "
+                        "opt.stage() before it would repeat the captured step's learning "
+                        "rate and bias corrections. Pass staged_capture=True and call "
+                        "opt.stage() before each replay (docs/runtime.md), or leave "
+                        "capturable off")
+                ok.add(dev)
 
     # -- torch's group keys <-> the spec's hyperparameters ------------------------------
     def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Host overhead of a step over many small tensors: BERT-base's 199 tensors (names and
+ranks kept, every dimension divided by ``--shrink``), so that the kernels are short and
+the step's Python work (checks, caches, host scalars, launches) is what is timed.
+
+    python bench/host_overhead.py                  # 300 interleaved reps, shrink 32
+    python bench/host_overhead.py --reps 500 --shrink 64
+
+Rows: ``optgen.torch.AdamW`` (the default multi-tensor launch), the same with
+``multi_tensor=False`` and with ``flat=True``, ``optgen.create("adam")`` on numpy arrays,
+and ``torch.optim.AdamW(foreach=True)`` for scale. Each sample is one ``step()``;
+medians in microseconds. A script, not a test: it asserts no timing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from params import bert_base_shapes  # noqa: E402
+
+
+def rows(shrink: int) -> dict:
+    import torch
+    import optgen
+    import optgen.torch as ot
+    shapes = [tuple(max(1, d // shrink) for d in s) for _, s in bert_base_shapes(12, 30522)]
+    rng = np.random.default_rng(0)
+
+    def tensors():
+        ps = [torch.nn.Parameter(torch.from_numpy(rng.standard_normal(s, dtype=np.float32)))
+              for s in shapes]
+        for p in ps:
+            p.grad = torch.from_numpy(rng.standard_normal(p.shape, dtype=np.float32))
+        return ps
+
+    out = {}
+    for name, kw in (("optgen.torch AdamW (multi-tensor)", {}),
+                     ("optgen.torch AdamW (per tensor)", {"multi_tensor": False}),
+                     ("optgen.torch AdamW (flat=True)", {"flat": True})):
+        opt = ot.AdamW(tensors(), lr=1e-4, **kw)
+        out[name] = opt.step
+    ws = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+    gs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+    numpy_opt = optgen.create("adam", ws, lr=1e-4)
+    out["optgen.create adam (numpy)"] = lambda: numpy_opt.step(gs)
+    out["torch AdamW foreach"] = torch.optim.AdamW(tensors(), lr=1e-4, foreach=True).step
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--shrink", type=int, default=32)
+    args = ap.parse_args()
+    fns = rows(args.shrink)
+    names = list(fns)
+    for fn in fns.values():            # warm up: kernels, tables, caches
+        for _ in range(5):
+            fn()
+    times = {n: [] for n in names}
+    for r in range(args.reps):         # interleaved, starting at row r mod k
+        for j in range(len(names)):
+            n = names[(r + j) % len(names)]
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t)
+    print(f"199 BERT-shaped tensors (dims / {args.shrink}), median us per step, "
+          f"{args.reps} reps")
+    for n in names:
+        print(f"  {n:36s} {statistics.median(times[n]) * 1e6:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
