@@ -16,6 +16,26 @@ OCLGRIND_LOG = os.environ.setdefault(
     "OCLGRIND_LOG", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "oclgrind.log"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the cases the default run samples out of the large "
+                          "cross-products (marked 'exhaustive'; tests/run_exhaustive.sh)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default run leaves out the cases marked ``exhaustive``: the rest of a sampled
+    cross-product (helpers.sampled), which ``--exhaustive`` (or OPTGEN_EXHAUSTIVE=1)
+    runs too."""
+    if config.getoption("--exhaustive") or os.environ.get("OPTGEN_EXHAUSTIVE") == "1":
+        return
+    keep, left = [], []
+    for item in items:
+        (left if item.get_closest_marker("exhaustive") else keep).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = keep
+
+
 def pytest_sessionstart(session):
     """Every kernel the suite builds is linked into kernels.so by a C compiler (TVM's
     export_library); without one, stop at once with the cause instead of failing each test."""

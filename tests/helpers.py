@@ -2,10 +2,14 @@
 cuda): tolerances, and the "busy" hyperparameter setting found from the constraints."""
 import functools
 import importlib.util
+import itertools
 import os
 import sys
+import zlib
+from typing import Sequence
 
 import numpy as np
+import pytest
 
 from optgen.core.hyper import busy_hypers, valid  # noqa: F401  (shared with optgen check)
 
@@ -134,3 +138,46 @@ def cupy_gpu():
     if shutil.which("nvcc") is None:
         pytest.skip("building for cuda needs nvcc")
     return cp
+
+
+# -- sampling large cross-products --------------------------------------------------------
+EXHAUSTIVE = pytest.mark.exhaustive
+
+
+def pairwise(sizes: Sequence[int], rotate: int = 0) -> list[tuple[int, ...]]:
+    """Index tuples over factors of ``sizes`` levels that hold every pair of levels of
+    every two factors at least once (a greedy covering array: for 4x2x2x2, 8 tuples of
+    32). ``rotate`` changes which tuples win ties, so rows of a larger table (one per
+    spec, say) cover different triples while each covers every pair."""
+    full = list(itertools.product(*(range(n) for n in sizes)))
+    if len(sizes) < 3:
+        return full
+    k = len(sizes)
+    todo = {(a, b, x, y) for a in range(k) for b in range(a + 1, k)
+            for x in range(sizes[a]) for y in range(sizes[b])}
+    order = full[rotate % len(full):] + full[:rotate % len(full)]
+    out = []
+    while todo:
+        best = max(order, key=lambda t: sum((a, b, t[a], t[b]) in todo
+                                            for a in range(k) for b in range(a + 1, k)))
+        out.append(best)
+        todo -= {(a, b, best[a], best[b]) for a in range(k) for b in range(a + 1, k)}
+    return sorted(out)
+
+
+def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
+                    head_ids: Sequence[str], factor_ids: Sequence[Sequence[str]]) -> list:
+    """``pytest.param``s of head x factors (each head row: a tuple of arguments, followed
+    by one value of each factor): every head row runs a pairwise covering of the factors
+    (rotated per row), and the other combinations carry the ``exhaustive`` mark (run by
+    ``--exhaustive``)."""
+    sizes = [len(f) for f in factors]
+    out = []
+    for r, (row, rid) in enumerate(zip(head, head_ids)):
+        keep = set(pairwise(sizes, rotate=zlib.crc32(rid.encode())))
+        for combo in itertools.product(*(range(n) for n in sizes)):
+            values = tuple(f[i] for f, i in zip(factors, combo))
+            ident = "-".join([rid, *(ids[i] for ids, i in zip(factor_ids, combo))])
+            out.append(pytest.param(*row, *values, id=ident,
+                                    marks=() if combo in keep else (EXHAUSTIVE,)))
+    return out

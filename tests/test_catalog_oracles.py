@@ -34,9 +34,10 @@ import pytest
 import optgen
 from catalog_oracles import (DEFAULTS, LARS_DEFAULT_BASE, PREPROC_DEFAULTS, densify,
                              make_oracle, preprocess)
-from test_oracles import (CHECK_AT, PREPROC, PREPROC_IDS, SHAPE_IDS, SHAPES, STEPS,
-                          TORCH_PREPROC, TORCH_PREPROC_IDS, TORCH_REASON, make_problem,
-                          seed_for, tol)
+from helpers import sampled_product
+from test_oracles import (CHECK_AT, CLIP, PREPROC, PREPROC_IDS, RESCALE, SHAPE_IDS, SHAPES,
+                          STEPS, TORCH_PREPROC, TORCH_PREPROC_IDS, TORCH_REASON, WD,
+                          make_problem, seed_for, tol)
 
 MAX_AMBIGUOUS = 0.01     # fraction of elements a sign-based rule may leave out
 
@@ -236,9 +237,14 @@ def test_table_covers_the_catalog():
     assert {cfg["base"] for cfg in CASES["lars"].values()} == {"momentum", "sgd"}
 
 
-@pytest.mark.parametrize("rescale_grad,clip_gradient,weight_decay", PREPROC, ids=PREPROC_IDS)
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("spec,cid,cfg", GRID, ids=GRID_IDS)
+# every configuration x a pairwise covering of shape x rescale x clip x weight decay (8 of
+# 32: every two of those axes meet in every combination of their values, rotated per
+# configuration); --exhaustive runs all 32 (tests/run_exhaustive.sh)
+@pytest.mark.parametrize("spec,cid,cfg,shape,rescale_grad,clip_gradient,weight_decay",
+                         sampled_product(GRID, [SHAPES, RESCALE, CLIP, WD], head_ids=GRID_IDS,
+                                         factor_ids=[SHAPE_IDS, [f"rs{r}" for r in RESCALE],
+                                                     [f"clip{c}" for c in CLIP],
+                                                     [f"wd{w}" for w in WD]]))
 def test_spec_vs_oracle(spec, cid, cfg, shape, rescale_grad, clip_gradient, weight_decay):
     hyper = dict(cfg, rescale_grad=rescale_grad, clip_gradient=clip_gradient,
                  weight_decay=weight_decay)
