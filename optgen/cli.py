@@ -185,11 +185,14 @@ def _cmd_check(args) -> int:
             if r.skipped:
                 print(f"{art.name} {r.dtype} {r.setting} {flags}: skipped ({r.skipped})")
                 continue
-            verdict = "ok" if r.ok else f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e})"
+            verdict = "ok" if r.ok else (
+                f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e} exceeded in "
+                + ", ".join(commands.describe(n) for n in r.failed) + ")")
             note = (f" (warning: the reference interpreter itself gives {r.nonfinite} NaN/inf "
                     "values on random data: check the spec)" if r.nonfinite else "")
             print(f"{art.name} {r.dtype} {r.setting} {flags}: max error {r.max_rel:.2e} "
-                  f"(absolute {r.max_abs:.2e}) over {commands.STEPS} steps: {verdict}{note}")
+                  f"in {commands.describe(r.worst)} (absolute {r.max_abs:.2e}) over "
+                  f"{commands.STEPS} steps: {verdict}{note}")
             failed += not r.ok
     if failed:
         print(f"optgen: check failed: {failed} kernel(s) differ from the reference "
