@@ -4,7 +4,8 @@
 - ``stage_text``: a spec's pipeline stages as text (spec source, IR, TVMScript, kernel
   source) read back from its artifact;
 - ``check``: every (dtype, flags) kernel of a spec stepped side by side with the
-  reference interpreter on random data; the largest error against the tolerance;
+  reference interpreter on random data; the largest error of the parameters and of
+  every state against the tolerance, and where it is;
 - ``bench``: one spec's step time and achieved bandwidth next to the memory-bandwidth
   anchors (copy, triad, axpy) on this CPU;
 - ``cache_entries`` / ``clean_cache``: what the artifact cache holds.

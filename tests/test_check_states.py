@@ -88,8 +88,8 @@ def test_a_state_only_the_reference_gets_wrong_fails_and_is_named(arts, monkeypa
 def test_the_cli_fails_and_names_the_state(arts, monkeypatch, capsys):
     path, _ = arts["tracker"]
     assert cli.main(["check", path]) == 0
-    ok = capsys.readouterr().out
-    assert "max error 0.00e+00 in the parameters" in ok or " in state avg " in ok
+    ok = capsys.readouterr().out.strip().splitlines()
+    assert ok and all(ln.endswith(": ok") for ln in ok), ok
     _wrong_state(monkeypatch, "avg", 1e-3)
     assert cli.main(["check", path]) == 1
     out, err = capsys.readouterr()
