@@ -175,4 +175,3 @@ def busy_hypers(art, flags: Mapping[str, bool]) -> dict[str, Any]:
             if not info.is_flag and valid(art, trial):
                 return trial
     return values
-
