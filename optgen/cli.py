@@ -101,9 +101,12 @@ def _parser() -> argparse.ArgumentParser:
                         "its compiled kernels and the reference interpreter side by side on "
                         "random data (5 steps; shapes (37, 23), (1009,), (16,), (1,)) for "
                         "every dtype and flag combination, with default and with 'busy' "
-                        "hyperparameters (each moved off its default), and print the largest "
-                        "error. Exit 1 if an error exceeds the tolerance (float32 1e-5, "
-                        "float64 1e-12, relative to max(1, the tensor's largest value)).")
+                        "hyperparameters (each moved off its default: floats and integers to "
+                        "another number, optional ones between None and a value), compare the "
+                        "parameters and every state, and print the largest error and where it "
+                        "is. Exit 1 if an error exceeds the tolerance (float32 1e-5, float64 "
+                        "1e-12, relative to max(1, the array's largest value)), naming the "
+                        "parameters or states that do.")
     ch.add_argument("specs", nargs="+", help="spec file or catalog name")
     ch.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
     ch.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -185,11 +188,14 @@ def _cmd_check(args) -> int:
             if r.skipped:
                 print(f"{art.name} {r.dtype} {r.setting} {flags}: skipped ({r.skipped})")
                 continue
-            verdict = "ok" if r.ok else f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e})"
+            verdict = "ok" if r.ok else (
+                f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e} exceeded in "
+                + ", ".join(commands.describe(n) for n in r.failed) + ")")
             note = (f" (warning: the reference interpreter itself gives {r.nonfinite} NaN/inf "
                     "values on random data: check the spec)" if r.nonfinite else "")
             print(f"{art.name} {r.dtype} {r.setting} {flags}: max error {r.max_rel:.2e} "
-                  f"(absolute {r.max_abs:.2e}) over {commands.STEPS} steps: {verdict}{note}")
+                  f"in {commands.describe(r.worst)} (absolute {r.max_abs:.2e}) over "
+                  f"{commands.STEPS} steps: {verdict}{note}")
             failed += not r.ok
     if failed:
         print(f"optgen: check failed: {failed} kernel(s) differ from the reference "

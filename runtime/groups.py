@@ -10,7 +10,8 @@
 
 Hyperparameters may be given by their spec names or by the aliases of MXNet
 (``learning_rate``, ``wd``, ``lr_scheduler``), MindSpore (``learning_rate``,
-``weight_decay``) and torch (``betas=(b1, b2)``, ``eps``/``epsilon``, ``nesterov``/
+``weight_decay``) and torch (``betas=(b1, b2)``, one entry per ``beta<k>`` of the spec:
+``(b1, b2, b3)`` for Adan, ``eps``/``epsilon``, ``nesterov``/
 ``use_nesterov``). ``alias`` maps them to the spec's names.
 
 Once parsed, a group is a ``RuntimeGroup``: its validated hyperparameters (``resolve``,
@@ -37,6 +38,19 @@ ALIASES = {"learning_rate": "lr", "lr_scheduler": "lr", "wd": "weight_decay",
 GROUP_KEYS = ("params", "grad_centralization")
 
 
+TUPLES = {2: "pair", 3: "triple"}
+
+
+def beta_names(hypers: Mapping[str, Any]) -> list[str]:
+    """The hyperparameters a torch-style ``betas`` tuple sets, in order: ``beta1``,
+    ``beta2``, ... as far as the spec declares them without a gap (Adan: three); none
+    unless the spec has ``beta1`` and ``beta2`` and no ``betas`` of its own."""
+    names: list[str] = []
+    while f"beta{len(names) + 1}" in hypers:
+        names.append(f"beta{len(names) + 1}")
+    return names if len(names) >= 2 and "betas" not in hypers else []
+
+
 def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],
           where: str = "") -> dict[str, Any]:
     """``given`` with every key renamed to the spec's hyperparameter name."""
@@ -49,14 +63,14 @@ def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],
                             f"hyperparameter {name}")
         out[name], came_from[name] = value, key
 
+    betas = beta_names(hypers)
     for key, value in given.items():
-        if key == "betas" and "betas" not in hypers and "beta1" in hypers and "beta2" in hypers:
-            names = ["beta1", "beta2"] + (["beta3"] if "beta3" in hypers else [])  # Adan
-            if not isinstance(value, (tuple, list)) or len(value) != len(names):
+        if key == "betas" and betas:
+            if not isinstance(value, (tuple, list)) or len(value) != len(betas):
                 raise TypeError(f"{owner}: {where}betas must be a "
-                                f"{'pair' if len(names) == 2 else 'triple'} "
-                                f"({', '.join(names)}), got {value!r}")
-            for name, v in zip(names, value):
+                                f"{TUPLES.get(len(betas), f'{len(betas)}-tuple')} "
+                                f"({', '.join(betas)}), got {value!r}")
+            for name, v in zip(betas, value):
                 put(key, name, v)
         elif key in hypers:
             put(key, key, value)
@@ -65,7 +79,7 @@ def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],
         else:
             known = ", ".join(hypers)
             usable = sorted([a for a, n in ALIASES.items() if n in hypers and a not in hypers]
-                            + (["betas"] if "beta1" in hypers and "beta2" in hypers else []))
+                            + (["betas"] if betas else []))
             raise TypeError(f"{owner}: {where}unknown hyperparameter {key!r}; known: {known}"
                             + (f" (aliases: {', '.join(usable)})" if usable else ""))
     return out
@@ -178,7 +192,7 @@ def _parse_groups(owner: str, items: list[Mapping], hypers: Mapping[str, Any]
 def is_hyper_key(key: str, hypers: Mapping[str, Any]) -> bool:
     """Whether ``key`` names a hyperparameter, directly or as an alias."""
     return key in hypers or (key in ALIASES and ALIASES[key] in hypers) or \
-        (key == "betas" and "beta1" in hypers)
+        (key == "betas" and bool(beta_names(hypers)))
 
 
 def _reorder(owner: str, entries: list[Entry], gi: int, order: Any) -> list[Entry]:

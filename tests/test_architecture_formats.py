@@ -14,15 +14,42 @@ from pathlib import Path
 
 import pytest
 
+from optgen.core.formats import registry
+
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("optgen", "runtime")
 REGISTRY = ROOT / "optgen" / "core" / "formats"   # the one package that reads the texts
-FORMAT_NAMES = {"q8", "q4", "bf16", "bf16sr"}
-TEXT_PREFIXES = ("q8@", "q4@", "q8:", "q4:", "_qmap_", "_qmid_", "_qtab_")
-PREFIX_LENGTHS = {2, 3, 6}   # "q8", "q8@", "_qmap_": the slices that decoded format texts
+
+
+def registered_texts() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The names of every registered format and the prefixes of the texts the registry
+    prints for them: requests with a block ("q8@", "fp8@"), stored texts ("q8:",
+    "fp8:") and table buffer names without their map ("_qmap_"), read from the
+    registry's own output (a family registered later is scanned for with no change here)."""
+    names, prefixes = set(), set()
+    for family in registry.FAMILIES:
+        for name in family.names:
+            names.add(name)
+            fmt = registry.of(name)
+            texts = [str(fmt), fmt.stored]
+            for m in (m for m, owner in family.maps.items() if owner == name):
+                mapped = fmt.with_map(m)
+                other = registry.Format(name, family, fmt.dtype, 2 * mapped.block, m)
+                texts += [str(other), mapped.stored, other.stored]
+                prefixes.update(t[:-len(m)] for t in mapped.tables() if t.endswith(m))
+            prefixes.update(t[:len(name) + 1] for t in texts
+                            if t.startswith(name) and len(t) > len(name))
+    return frozenset(names), tuple(sorted(prefixes))
+
+
+FORMAT_NAMES, TEXT_PREFIXES = registered_texts()
+# the slices that decode a format text: by a name's or a prefix's length ("q8"[:2],
+# "q8@64"[3:], "_qmap_signed"[6:], "fp8@64"[4:])
+PREFIX_LENGTHS = {len(t) for t in (*FORMAT_NAMES, *TEXT_PREFIXES)}
 # slices by those lengths that are not of format texts, each with its reason
 ALLOWED = {("runtime/device_abi.py", "a[3:]"): "CUDA architecture names ('sm_90a')",
-           ("runtime/schedules/kinds.py", "v[:3]"): "the first values of an lr sequence"}
+           ("runtime/schedules/kinds.py", "v[:3]"): "the first values of an lr sequence",
+           ("optgen/compiler/targets/rocm.py", "data[:4]"): "an ELF file's magic bytes"}
 
 
 def _format_literal(node: ast.AST) -> bool:
@@ -78,9 +105,10 @@ def test_no_format_text_is_read_outside_the_registry():
 # the templates ask the kernel (k.blocked, k.tables, k.companions, k.packed: the
 # registry's FormattedKernel) rather than testing names: no comparison with a format
 # name and no prefix/suffix test of a buffer name against a format's
+_NAMES = "|".join(map(re.escape, sorted(FORMAT_NAMES, key=len, reverse=True)))
 TEMPLATE_TESTS = re.compile(
-    r'(==|!=|\bin)\s*\(?\s*"(q8|q4|bf16|bf16sr)"'
-    r'|\.(startswith|endswith)\(\(?\s*"(_q|q8|q4|bf16|[0-9]"|__absmax)')
+    rf'(==|!=|\bin)\s*\(?\s*"({_NAMES})"'
+    rf'|\.(startswith|endswith)\(\(?\s*"(_q|{_NAMES}|[0-9]"|__absmax)')
 
 
 def test_no_template_tests_a_format_name():
@@ -125,6 +153,30 @@ BEFORE = [
     ("runtime/checkpoint.py", "converted.add(f'{kind[:2]} -> {want}')"),
     ("runtime/shards.py", "flat = launch['view'] in ('flat', 'q8')"),
 ]
+
+
+def test_the_names_come_from_the_registry_fp8_included():
+    """Every registered family is scanned for: fp8's texts as much as q8's."""
+    assert {"q8", "q4", "bf16", "bf16sr", "fp8"} <= FORMAT_NAMES
+    assert {"q8@", "q4@", "fp8@", "q8:", "q4:", "fp8:", "_qmap_", "_qmid_",
+            "_qtab_"} <= set(TEXT_PREFIXES)
+    assert FORMAT_NAMES == {n for f in registry.FAMILIES for n in f.names}
+
+
+@pytest.mark.parametrize("path,line", [   # fp8 read as q8 was before the registry
+    ("runtime/checkpoint.py", "if kind == 'fp8': pass"),
+    ("optgen/compiler/lower.py", "scaled = fmt in ('q8', 'fp8')"),
+    ("runtime/launch.py", "block = int(text[4:]) if text.startswith('fp8@') else 256"),
+    ("optgen/torch/format.py", "e4m3 = stored.startswith('fp8:')"),
+    ("optgen/core/quant.py", "BITS = {'fp8': 8}"),
+])
+def test_the_checker_flags_fp8_texts(path, line):
+    assert violations(line, path), f"not flagged: {line}"
+
+
+def test_the_template_checker_flags_fp8():
+    assert TEMPLATE_TESTS.search('{%- elif k.view == "fp8" %}')
+    assert TEMPLATE_TESTS.search('{%- if b.name.startswith("fp8") %}')
 
 
 @pytest.mark.parametrize("path,line", BEFORE)

@@ -4,7 +4,8 @@ rest of optgen asks it (``tg.family``, ``tg.vector``, ``backend.device``...) ins
 comparing its name.
 
 The scan reads every module of optgen/ and runtime/ (ast) outside those two folders and
-reports a target name ("llvm", "c", "cuda", "rocm", "opencl", "metal", "webgpu") that is
+reports a target name (every name the two registries hold: "llvm", "c", "cuda", "rocm",
+"opencl", "metal", "webgpu", and any target registered later) that is
   * compared (==, !=, in, not in, is) or matched (match/case),
   * a key of a dict literal that lists two or more targets (a table switched by name),
   * a subscript (``sources["opencl"]``: data kept per target name),
@@ -27,18 +28,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("optgen", "runtime")
 REGISTRIES = ("optgen/compiler/targets/", "runtime/backends/")
-NAMES = frozenset({"llvm", "c", "cuda", "rocm", "opencl", "metal", "webgpu"})
 AMBIGUOUS = frozenset({"c"})            # also an axis name
 TARGETISH = re.compile(r"\b(target|tg|kind|backend)\b|_target\b|\.target\b")
 
 
-def _names_in(node: ast.AST) -> set[str]:
+def target_names() -> frozenset[str]:
+    """Every target name the registries hold now: the compiler's targets and the
+    runtime's backends (a target registered later is scanned for with no change here)."""
+    from optgen.compiler import targets
+    from optgen.runtime import backends
+    return frozenset(targets.TARGETS) | frozenset(backends.BACKENDS)
+
+
+def _names_in(node: ast.AST, names: frozenset[str]) -> set[str]:
     """Target names a constant or a literal collection of constants holds."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value} & NAMES
+        return {node.value} & names
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return {e.value for e in node.elts
-                if isinstance(e, ast.Constant) and isinstance(e.value, str)} & NAMES
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)} & names
     return set()
 
 
@@ -54,6 +62,7 @@ def switches(source: str, path: str = "<string>") -> list[str]:
     """Every target switch in ``source``: "path:line: what"."""
     tree = ast.parse(source)
     out = []
+    names = target_names()          # (the registries as they are now)
 
     def hit(node: ast.AST, what: str) -> None:
         out.append(f"{path}:{node.lineno}: {what}: {ast.unparse(node)[:90]}")
@@ -62,23 +71,23 @@ def switches(source: str, path: str = "<string>") -> list[str]:
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             for i, op in enumerate(operands):
-                found = _names_in(op)
+                found = _names_in(op, names)
                 rest = " ".join(ast.unparse(o) for j, o in enumerate(operands) if j != i)
                 if found and not _clear(found, rest):
                     hit(node, "compares a target name")
                     break
         elif isinstance(node, ast.match_case) and any(
-                _names_in(p.value) for p in ast.walk(node.pattern)
+                _names_in(p.value, names) for p in ast.walk(node.pattern)
                 if isinstance(p, ast.MatchValue)):
             hit(node.pattern, "matches a target name")
         elif isinstance(node, ast.Dict):
-            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} & NAMES
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} & names
             if len(keys) >= 2 and keys - AMBIGUOUS:
                 hit(node, "a table keyed by target name")
-        elif isinstance(node, ast.Subscript) and _names_in(node.slice) - AMBIGUOUS:
+        elif isinstance(node, ast.Subscript) and _names_in(node.slice, names) - AMBIGUOUS:
             hit(node, "indexes by a target name")
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            found = _names_in(node)
+            found = _names_in(node, names)
             if len(found) >= 2 and found - AMBIGUOUS:
                 hit(node, "a list of target names")
     return out
@@ -131,6 +140,19 @@ def test_scanner_finds_the_switches_of_before(code):
 ])
 def test_scanner_allows_what_is_no_switch(code):
     assert not switches(code), switches(code)
+
+
+def test_the_names_come_from_the_registries(monkeypatch):
+    """The scanner reads its names from the registries: every registered target, and a
+    target registered later, with no list here to update."""
+    from optgen.compiler import targets
+    from optgen.runtime import backends
+    assert target_names() == set(targets.TARGETS) | set(backends.BACKENDS)
+    assert {"llvm", "c", "cuda", "rocm", "opencl", "metal", "webgpu"} <= target_names()
+    code = 'if target == "vulkan": pass\nKINDS = ("vulkan", "cuda")'
+    assert not switches(code.split("\n")[0])
+    monkeypatch.setitem(targets.TARGETS, "vulkan", targets.get("metal"))
+    assert len(switches(code)) == 2, switches(code)
 
 
 # -- the two registries agree ------------------------------------------------------------

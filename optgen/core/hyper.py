@@ -126,7 +126,10 @@ def resolve(owner: str, infos: Mapping[str, HyperInfo], reqs, current: Mapping[s
 
 
 # -- a setting that exercises a spec: optgen check and the kernel-vs-reference tests ------
-EXERCISE_CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0]
+EXERCISE_CANDIDATES = [0.5, 0.9, 0.1, 0.03, 0.7, 1e-3, 2.0, -0.5, -2.0]   # (< 0: x <= 0)
+# integers: small counts, so that a refresh interval or an iteration count runs within
+# the few steps a check takes (and stays cheap)
+INT_CANDIDATES = [2, 3, 1, 4, 0]
 
 
 def valid(art, hyper: Mapping[str, Any]) -> bool:
@@ -139,18 +142,28 @@ def valid(art, hyper: Mapping[str, Any]) -> bool:
         return False
 
 
+def candidates(info: HyperInfo) -> list[Any]:
+    """Values off ``info``'s default to try, by its kind: an optional hyperparameter
+    with a value goes to None first (the path its ``none_value`` takes); one at None,
+    an int or a float takes a number of its type. Flags have none: a caller runs both
+    values (``optgen check`` steps every combination)."""
+    if info.is_flag:
+        return []
+    pool = INT_CANDIDATES if info.type == "int" else EXERCISE_CANDIDATES
+    first = [None] if info.optional and info.default is not None else []
+    return first + [c for c in pool if c != info.default]
+
+
 def busy_hypers(art, flags: Mapping[str, bool]) -> dict[str, Any]:
-    """Every numeric hyperparameter moved off its default to a valid value (so momentum,
-    weight decay and clipping are exercised), found generically from the constraints;
-    ``flags`` as given."""
+    """Every hyperparameter moved off its default to a valid value, found generically
+    from the constraints: floats and ints to another number (so momentum, weight decay,
+    clipping and refresh intervals are exercised), optional ones between None and a
+    value; ``flags`` as given (``optgen check`` runs each flag at both values). Where a
+    requirement rejects the mix, one change is undone."""
     values = {n: h.default for n, h in art.hypers.items()}
     values.update(flags)
     for name, info in art.hypers.items():
-        if info.is_flag:
-            continue
-        for c in EXERCISE_CANDIDATES:
-            if c == info.default:
-                continue
+        for c in candidates(info):
             try:
                 values = resolve(art.name, art.hypers, [], values, {name: c})
                 break

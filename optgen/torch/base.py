@@ -22,10 +22,12 @@ RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_nor
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
-    """Spec-named hyperparameters as a torch group holds them (betas as a pair)."""
+    """Spec-named hyperparameters as a torch group holds them: ``beta1``, ``beta2``, ...
+    as one ``betas`` tuple (a pair, Adan's triple), the tuple ``alias`` splits back."""
     out = dict(hyper)
-    if "beta1" in out and "beta2" in out and "betas" not in art.hypers:
-        out["betas"] = (out.pop("beta1"), out.pop("beta2"))
+    names = grouping.beta_names(art.hypers)
+    if names and all(n in out for n in names):
+        out["betas"] = tuple(out.pop(n) for n in names)
     return out
 
 
