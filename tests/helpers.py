@@ -36,6 +36,21 @@ def assert_close(actual, expected, dtype, msg):
                                err_msg=msg)
 
 
+def assert_states_close(got, want, dtype, msg):
+    """Every state of every parameter of optimizer ``got`` (tensor states and host
+    scalar states) against ``want``'s, and their step counts: the same state names on
+    both sides, each value within ``assert_close``'s tolerance, the state named in the
+    message. (The parameters are the caller's to compare.)"""
+    assert len(got.state) == len(want.state), f"{msg}: {len(got.state)} != {len(want.state)} parameters"
+    for i, (sg, sw) in enumerate(zip(got.state, want.state)):
+        where = msg if len(got.state) == 1 else f"{msg}, parameter {i}"
+        assert sorted(sg) == sorted(sw), f"{where}: states {sorted(sg)} != {sorted(sw)}"
+        for name in sorted(sw):
+            kind = "state" if getattr(sw[name], "ndim", 0) else "scalar state"
+            assert_close(sg[name], sw[name], dtype, f"{where}: {kind} {name}")
+    assert got._steps == want._steps, f"{msg}: step counts {got._steps} != {want._steps}"
+
+
 def default_hypers(art, flags):
     return {n: h.default for n, h in art.hypers.items() if not h.is_flag} | flags
 

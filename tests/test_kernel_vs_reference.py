@@ -14,8 +14,8 @@ from optgen.runtime import artifact
 from optgen.core import catalog
 from optgen.core import reference, scalar_expr, views
 from conftest import offset_array
-from helpers import (TOL, assert_close, busy_hypers, default_hypers, matrix_specs, statistics,
-                     valid as _valid)
+from helpers import (TOL, assert_close, assert_states_close, busy_hypers, default_hypers,
+                     matrix_specs, statistics, valid as _valid)
 
 SHAPES = [0, 1, 15, 16, 17, 1000, 1_000_003, (31, 17), (8, 3, 3, 3), (2, 0, 5)]
 DTYPES = ["float32", "float64"]
@@ -58,8 +58,7 @@ def test_compiled_matches_reference(name, flags, setting, dtype, rng):
                                        err_msg=f"{name} w, shape {shape} (float16 states)")
         else:
             assert_close(w_c, w_r, dtype, f"{name} w, shape {shape}")
-        for sname, value in comp.state[0].items():
-            assert_close(value, ref.state[0][sname], dtype, f"{name} state {sname}, shape {shape}")
+        assert_states_close(comp, ref, dtype, f"{name} {setting}, shape {shape}")
 
 
 RAW_SHAPES = [(1009,), (7, 13, 11), (13, 11), (11, 13)]   # (matrix rules: tall and wide)
@@ -156,10 +155,15 @@ def test_lazy_rows_match_dense_rows(name, dtype, rng):
         assert np.array_equal(w[others], w0[others]), f"{name}: untouched rows changed"
         np.testing.assert_allclose(w[uniq], dense_w, **TOL[dtype])
         for sname, value in opt.state[0].items():
-            if isinstance(value, np.ndarray):
+            if isinstance(value, np.ndarray) and value.ndim:
                 init = optgen.create(art, [w0.copy()], **hyper).state[0][sname]
                 assert np.array_equal(value[others], init[others]), f"{name}: {sname} rows"
-                np.testing.assert_allclose(value[uniq], dense.state[0][sname], **TOL[dtype])
+                np.testing.assert_allclose(value[uniq], dense.state[0][sname], **TOL[dtype],
+                                           err_msg=f"{name} {backend}: state {sname}")
+            else:                         # a scalar state: as the dense update's
+                assert_close(value, dense.state[0][sname], dtype,
+                             f"{name} {backend}: scalar state {sname}")
+        assert sorted(opt.state[0]) == sorted(dense.state[0]), name
 
 
 # -- mixed precision (multi_precision): float32 master, low-precision parameter copy ------
