@@ -29,6 +29,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
                 allow_module_level=True)
 
 import distributed_run  # noqa: E402  (tests/ is on sys.path)
+from helpers import EXHAUSTIVE  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -110,8 +111,11 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b) / (np.abs(b) + 1e-3)))
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("mode", ["ddp", "zero", "fsdp"])
+# sampled: each mode at world 2, FSDP2 and ZeRO-1 (uneven partitions) at 4, FSDP2 at 1;
+# --exhaustive adds DDP and ZeRO-1 at world 1 (the one-process run itself) and DDP at 4
+@pytest.mark.parametrize("mode,world", [
+    ("ddp", 2), ("zero", 2), ("fsdp", 2), ("zero", 4), ("fsdp", 4), ("fsdp", 1),
+    *(pytest.param(m, w, marks=EXHAUSTIVE) for m, w in [("ddp", 1), ("zero", 1), ("ddp", 4)])])
 def test_matches_single_process(mode, world, single, tmp_path):
     ranks = _launch(mode, world, tmp_path)
     split = mode == "fsdp" and world > 1
@@ -160,7 +164,7 @@ def test_matches_single_process(mode, world, single, tmp_path):
         assert set(steps.tolist()) == {_muon_moved(world)}, steps
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [pytest.param(2, marks=EXHAUSTIVE), 4])
 def test_fsdp2_as_documented(world, single, tmp_path):
     """torch's FSDP2 snippet as written (``fully_shard(layer)`` per layer, then
     ``fully_shard(model)``, no mesh: every call makes its own, equal mesh), one optimizer
@@ -210,8 +214,10 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
             "ValueError: torch_adamw: DTensor parameters with flat=True are not built"
 
 
-@pytest.mark.parametrize("how", ["dcp", "optgen"])
-@pytest.mark.parametrize("saved,loaded", [(2, 1), (2, 4), (4, 2)])
+# sampled: both ways to 1 rank, optgen's 2 -> 4 and DCP's 4 -> 2 (--exhaustive: the others)
+@pytest.mark.parametrize("saved,loaded,how", [
+    (2, 1, "dcp"), (2, 1, "optgen"), (2, 4, "optgen"), (4, 2, "dcp"),
+    pytest.param(2, 4, "dcp", marks=EXHAUSTIVE), pytest.param(4, 2, "optgen", marks=EXHAUSTIVE)])
 def test_checkpoint_reshards(how, saved, loaded, tmp_path):
     """Half the run under FSDP2 at one world size, saved, loaded at another world size,
     the other half: every rank's parameters equal the uninterrupted single-process run.
