@@ -45,24 +45,26 @@ def single():
     return {name: distributed_run.train(name) for name in distributed_run.OPTIMIZERS}
 
 
-def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
+def launch(script: str, mode: str, world: int, tmp_path, timeout: int = 300
+           ) -> list[dict[str, np.ndarray]]:
+    """Run ``script`` (tests/<script>: argv mode, world, rank, port, output file) as
+    ``world`` processes of one gloo group and read what each rank saved."""
     port = _free_port()
     outs = [str(tmp_path / f"{mode}-{world}-{r}.npz") for r in range(world)]
-    # (dcp-save/dcp-load keep their checkpoint in tmp_path/dcp)
     env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
-                               os.path.join(HERE, "distributed_run.py"),
+                               os.path.join(HERE, script),
                                mode, str(world), str(r), port, outs[r]], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     logs = []
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=300)[0])
+            logs.append(p.communicate(timeout=timeout)[0])
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{mode} at world size {world}: a rank hung past 300 s")
+            pytest.fail(f"{mode} at world size {world}: a rank hung past {timeout} s")
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"{mode} rank {r} of {world} failed:\n{logs[r][-3000:]}"
     results = []
@@ -70,6 +72,11 @@ def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
         with np.load(o) as z:
             results.append({k: z[k] for k in z.files})
     return results
+
+
+def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
+    # (dcp-save/dcp-load keep their checkpoint in tmp_path/dcp)
+    return launch("distributed_run.py", mode, world, tmp_path)
 
 
 # values per all-reduce in one step of the 2-layer MLP (4 tensors, all split at world

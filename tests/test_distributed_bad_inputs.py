@@ -6,9 +6,6 @@ float64 gradient, then a NaN gradient with ``nonfinite="raise"``. Every rank rai
 same error naming rank 1 and its cause within seconds (no rank waits in a collective for
 a rank that left), no rank's parameters or states change, and one more good step makes
 every rank's parameters those of the single-process run."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,9 +16,8 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
                 allow_module_level=True)
 
 import distributed_bad_run  # noqa: E402  (tests/ is on sys.path)
-from test_distributed import _free_port  # noqa: E402
+from test_distributed import launch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
 # what rank 1's bad input raises there, as the other ranks name it
 CAUSES = {"hyper": "ValueError: lamb: invalid lr=-1.0",
@@ -30,29 +26,7 @@ CAUSES = {"hyper": "ValueError: lamb: invalid lr=-1.0",
 
 
 def _launch(modes: str, tmp_path) -> list[dict[str, np.ndarray]]:
-    port = _free_port()
-    outs = [str(tmp_path / f"bad-{r}.npz") for r in range(WORLD)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
-                               os.path.join(HERE, "distributed_bad_run.py"),
-                               modes, str(WORLD), str(r), port, outs[r]], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=150)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"{modes}: a rank hung past 150 s")
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"{modes} rank {r} failed:\n{logs[r][-3000:]}"
-    results = []
-    for o in outs:
-        with np.load(o) as z:
-            results.append({k: z[k] for k in z.files})
-    return results
+    return launch("distributed_bad_run.py", modes, WORLD, tmp_path, timeout=150)
 
 
 MODES = ("ddp", "zero", "fsdp")

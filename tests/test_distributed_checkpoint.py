@@ -13,8 +13,6 @@ when four ranks' shards are loaded on two; a folder of the earlier layout loads 
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,35 +22,12 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("this torch has no torch.distributed with the gloo backend",
                 allow_module_level=True)
 
-from test_distributed import _free_port  # noqa: E402  (tests/ is on sys.path)
+from test_distributed import launch  # noqa: E402  (tests/ is on sys.path)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _launch(mode: str, world: int, tmp_path) -> list[dict[str, np.ndarray]]:
-    port = _free_port()
-    outs = [str(tmp_path / f"{mode}-{world}-{r}.npz") for r in range(world)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
-                               os.path.join(HERE, "distributed_ckpt_run.py"),
-                               mode, str(world), str(r), port, outs[r]], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"{mode} at world size {world}: a rank hung past 300 s")
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"{mode} rank {r} of {world} failed:\n{logs[r][-3000:]}"
-    results = []
-    for o in outs:
-        with np.load(o) as z:
-            results.append({k: z[k] for k in z.files})
-    return results
+    return launch("distributed_ckpt_run.py", mode, world, tmp_path)
 
 
 def test_a_save_failing_on_one_rank_raises_on_every_rank_at_once(tmp_path):
