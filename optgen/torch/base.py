@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
-from . import agreement as torch_agreement, sharded_checkpoint
+from . import agreement as torch_agreement, sharded_checkpoint, state_load
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups as grouping
 from optgen.core import hyper as hyper_rules
@@ -378,41 +378,13 @@ class OptgenOptimizer(torch.optim.Optimizer):
         torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
         self._follow()   # (data moved before the load: the checkpoint's master copies win)
         state_dict = self._optgen_form(state_dict)
-        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
-        if len(saved_groups) != len(self.param_groups) or any(
-                len(a["params"]) != len(b["params"])
-                for a, b in zip(saved_groups, self.param_groups)):
-            raise ValueError(f"{self._artifact.name}: state_dict has another group layout "
-                             "(number of groups or parameters per group)")
-        core, states = self._core, self._core.state
-        index = {id(p): i for i, p in enumerate(self._params)}
-        plan = []
-        for sg, g in zip(saved_groups, self.param_groups):
-            for pid, p in zip(sg["params"], g["params"]):
-                if pid not in saved_state:
-                    continue
-                i, rec = index[id(p)], saved_state[pid]
-                want = set(states[i]) | {"step"}
-                if set(rec) != want:
-                    raise ValueError(f"{self._artifact.name}: state_dict state of parameter "
-                                     f"{i} has {sorted(rec)}, expected {sorted(want)}")
-                for n, v in states[i].items():   # (a DTensor state: its local shard)
-                    got = None if isinstance(v, np.floating) else torch_shards.local(rec[n])
-                    if got is not None and tuple(got.shape) != tuple(v.shape):
-                        raise ValueError(f"{self._artifact.name}: state_dict state {i}.{n} has "
-                                         f"shape {tuple(got.shape)}, expected {tuple(v.shape)}")
-                plan.append((i, rec))
+        core = self._core
+        plan = state_load.plan(self._artifact.name, state_dict, self.param_groups,
+                               self._params, core.state)
         super().load_state_dict(state_dict)
         if self._offload is not None:   # the model's weights may have been loaded before
             self._offload.refresh(self._params)
-        for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
-            for n, v in states[i].items():
-                if isinstance(v, np.floating):
-                    states[i][n] = np.float64(float(rec[n]))
-                elif isinstance(v, np.ndarray):   # (SparseAdam steps numpy views)
-                    np.copyto(v, torch.as_tensor(rec[n]).detach().cpu().numpy())
-                else:
-                    v.copy_(torch_shards.local(rec[n]))
+        state_load.copy_in(core.state, plan)
         core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
         core.restore_refreshes([i for i, _ in plan])
         core.t = max((s.steps for s in core.records), default=0)
