@@ -1,4 +1,4 @@
-"""The CPU kernels' parallel loops on the OpenMP runtime torch has loaded (issue 36).
+"""The CPU kernels' parallel loops on the OpenMP runtime torch has loaded.
 
 Why: torch's CPU ops run on libgomp, whose worker threads spin for a few milliseconds
 after every parallel region (``OMP_WAIT_POLICY`` unset). TVM's own thread pool then
@@ -56,7 +56,7 @@ FORKED = ("a forked child of the process that loaded optgen: libgomp's threads a
 CHOSEN = "OPTGEN_CPU_POOL or set_cpu_pool chose tvm"
 # "auto" steps on TVM's pool while more threads are runnable in the system than the cores
 # plus this many: OpenMP only where the machine is otherwise idle, the trainer case of
-# issue 36. Measured on the 2-core VM: at load 6-18 the OpenMP route was 1.0-2.2x TVM's
+# a trainer. Measured on the 2-core VM: at load 6-18 the OpenMP route was 1.0-2.2x TVM's
 # pool (its waits spin; TVM's yield), never clearly faster (docs/performance.md).
 BUSY_SLACK = 1
 
