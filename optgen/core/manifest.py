@@ -4,7 +4,9 @@ size and sha256 of every file the runtime reads (``runtime_files``). A failure i
 ArtifactError naming the file, what is wrong and the rebuild command (``rebuild_hint``).
 
 Both sides read it: the compiler checks a cached artifact before reusing it, the
-runtime before loading it. Imports: cache, catalog, _version; nothing that loads a kernel.
+runtime before loading it. What they need to know of the artifact's target (device ABI,
+TVM's runtime, the files its runtime reads) is the core's own registry's (targets.py).
+Imports: cache, catalog, targets, _version; nothing that loads a kernel.
 """
 from __future__ import annotations
 
@@ -14,26 +16,17 @@ import re
 import sys
 import warnings
 import json
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ._version import __version__
 
-from . import cache, catalog
+from . import cache, catalog, targets
 from .cache import FORMAT
+from .targets import TargetFacts
 
-
-class TargetFacts(Protocol):
-    """What the checks need to know of an artifact's target. The core names no target:
-    its caller passes ``facts(target name) -> TargetFacts`` from its own registry (the
-    compiler's optgen/compiler/targets/, the runtime's runtime/backends/; a test checks
-    that the two agree)."""
-    device_abi: bool     # launched through the manifest's device ABI (device_kernels)
-    needs_tvm: bool      # its kernels load through TVM's runtime
-
-    def files(self, manifest: dict) -> list[str]:
-        """Files it reads beyond the library and binaries (OpenCL: its source)."""
-
-
+# target name -> its facts: the core's registry (targets.get) unless a caller passes its
+# own registry's lookup (the compiler's Target and the runtime's Backend show the same
+# facts, read from targets.py)
 Facts = Callable[[str], TargetFacts]
 
 
@@ -63,7 +56,7 @@ MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_versi
                  "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
 
 
-def runtime_files(manifest: dict, facts: Facts) -> list[str]:
+def runtime_files(manifest: dict, facts: Facts = targets.get) -> list[str]:
     """The files of an artifact the runtime reads, which the manifest's ``files`` records
     (size, sha256): the library, spec.py (checkpoints hash it), the PTX and cubin files
     (cuda) and what the target's runtime backend reads besides (the OpenCL source). The
@@ -128,7 +121,7 @@ def _running_tvm() -> str | None:
         return None
 
 
-def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
+def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> None:
     """The manifest's format, keys and versions; ArtifactError naming what is wrong."""
     mpath = os.path.join(path, "manifest.json")
 
@@ -138,8 +131,11 @@ def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
         fail(f"the manifest is a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
         fail(f"manifest format {manifest.get('format')!r}, this optgen reads format {FORMAT}")
-    backend = facts(manifest["target"]) if isinstance(manifest.get("target"), str) \
-        else None
+    target = manifest.get("target")
+    if isinstance(target, str) and target not in targets.FACTS:
+        fail(f"built for target {target!r}, which this optgen does not know "
+             f"(targets: {', '.join(targets.FACTS)})")
+    backend = facts(target) if isinstance(target, str) else None
     missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if backend is not None and
                                             backend.device_abi else ()) if k not in manifest]
     if missing:
@@ -154,7 +150,7 @@ def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
         fail(f"built with TVM {manifest['tvm_version']}, this is TVM {tvm}")
 
 
-def verify_files(path: str, manifest: dict, facts: Facts) -> None:
+def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
     """Every file the runtime reads exists with the size and sha256 the manifest records.
     Hashes are computed once per process per file version (cache.file_record)."""
     mpath = os.path.join(path, "manifest.json")
@@ -197,7 +193,8 @@ def verify_files(path: str, manifest: dict, facts: Facts) -> None:
 T = TypeVar("T")
 
 
-def load_verified(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
+def load_verified(path: str, make: Callable[[str, dict], T],
+                  facts: Facts = targets.get) -> T:
     """``make(path, manifest)`` for the verified manifest of the artifact at ``path``
     (absolute): its format, keys, versions and the files the runtime reads; a manifest
     ``make`` cannot read (KeyError, TypeError, ...) is a malformed one. Runs no code of
