@@ -275,7 +275,7 @@ def test_registry_errors():
     for get in (core_targets.get, backends.get):
         with pytest.raises(ValueError, match=r"unknown target 'vulkan'; targets: llvm, c"):
             get("vulkan")
-    with pytest.raises(ValueError, match=r"target facts 'llvm' are registered twice"):
+    with pytest.raises(ValueError, match=r"TargetFacts 'llvm' is registered twice"):
         core_targets.register(core_targets.get("llvm"))
     with pytest.raises(ValueError, match=r"target 'x': family 'tpu' is not 'cpu' or 'gpu'"):
         core_targets.TargetFacts("x", "tpu", "tpu", "x")

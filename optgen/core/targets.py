@@ -74,15 +74,21 @@ def fact(name: str) -> property:
                     doc=f"optgen.core.targets.TargetFacts.{name}")
 
 
+def add(table: dict, name: str, entry, what: str):
+    """``table[name] = entry`` for a target registry (the core's, the compiler's, the
+    runtime's): ``entry`` back, or a ValueError if ``name`` is registered already."""
+    if name in table:
+        raise ValueError(f"{what} {name!r} is registered twice")
+    table[name] = entry
+    return entry
+
+
 FACTS: dict[str, TargetFacts] = {}
 
 
 def register(facts: TargetFacts) -> TargetFacts:
     """Add ``facts`` under its name (a name registered twice is a ValueError)."""
-    if facts.name in FACTS:
-        raise ValueError(f"target facts {facts.name!r} are registered twice")
-    FACTS[facts.name] = facts
-    return facts
+    return add(FACTS, facts.name, facts, "TargetFacts")
 
 
 def get(name: str) -> TargetFacts:

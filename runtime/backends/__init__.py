@@ -9,6 +9,7 @@ it below (docs/targets.md, "Adding a target").
 """
 from __future__ import annotations
 
+from optgen.core import targets as core_targets
 from . import cpu, cuda, opencl
 from .base import Backend, source_only
 
@@ -16,10 +17,8 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
-    if backend.target in BACKENDS:
-        raise ValueError(f"runtime backend {backend.target!r} is registered twice")
-    BACKENDS[backend.target] = backend
-    return backend
+    """Add ``backend`` under its target's name (registered twice: a ValueError)."""
+    return core_targets.add(BACKENDS, backend.target, backend, "runtime backend")
 
 
 for _b in (*cpu.BACKENDS, cuda.BACKEND, opencl.BACKEND):

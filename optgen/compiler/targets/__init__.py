@@ -11,6 +11,7 @@ optgen/core/targets.py, then write ``<name>.py`` here and list it in ``_MODULES`
 """
 from __future__ import annotations
 
+from optgen.core import targets as core_targets
 from . import c, cuda, llvm, metal, opencl, rocm, webgpu
 from .base import Signature, Target
 from .. import nvcc as _nvcc
@@ -22,10 +23,7 @@ DEFAULT = "llvm"    # the target of `optgen build` and optgen.create without one
 
 def register(target: Target) -> Target:
     """Add ``target`` under its name (a name registered twice is a ValueError)."""
-    if target.name in TARGETS:
-        raise ValueError(f"target {target.name!r} is registered twice")
-    TARGETS[target.name] = target
-    return target
+    return core_targets.add(TARGETS, target.name, target, "target")
 
 
 for _m in _MODULES:
