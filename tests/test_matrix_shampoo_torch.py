@@ -68,14 +68,15 @@ def test_torch_checkpoint_resumes_the_run(name, tmp_path):
     _train(whole, opt, batches)
     first = _model(1)
     opt1 = cls(first.parameters(), **HYPER[name])
-    _train(first, opt1, batches[:4])           # stops between two refreshes (1, 4, 7)
+    _train(first, opt1, batches[:4])   # Shampoo stops between refreshes (steps 1, 4, 7);
+    assert opt1.refresh_due == (name == "soap")   # SOAP's next step refreshes (2, 5, 8)
     torch.save({"model": first.state_dict(), "opt": opt1.state_dict()}, tmp_path / "ck.pt")
     ck = torch.load(tmp_path / "ck.pt", weights_only=False)
     resumed = _model(2)
     resumed.load_state_dict(ck["model"])
     opt2 = cls(resumed.parameters(), **HYPER[name])
     opt2.load_state_dict(ck["opt"])
-    assert not opt2.refresh_due
+    assert opt2.refresh_due == opt1.refresh_due
     _train(resumed, opt2, batches[4:])
     for p, q in zip(resumed.parameters(), whole.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)

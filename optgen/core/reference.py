@@ -9,8 +9,8 @@ mixed-precision kernel) are read cast to the kernel dtype.
 
 Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel dtype and
 ``repeat`` as a Python loop over the body's nodes; the refresh rule's ``inverse`` is
-``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr`` (it is
-evaluated in float64). Statistics are arrays like the states.
+``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr``,
+``eigen_order`` a sort by Rayleigh quotient (it is evaluated in float64). Statistics are arrays like the states.
 """
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = inverse_root(a[0], float(a[1]))
         elif op == "power_qr":
             v = power_qr(a[0], a[1])
+        elif op == "eigen_order":
+            v = eigen_order(a[0], a[1])
         elif op == "loop":
             count = rec["value"]
             count = int(round(float(scalars[count]))) if isinstance(count, str) else count
@@ -150,17 +152,27 @@ def inverse_root(x: np.ndarray, root: float) -> np.ndarray:
 
 def power_qr(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     """One QR power iteration Q = qr(x @ q) per matrix of the stack (float64); a basis
-    never fit (q zero or the identity) is x's eigenvectors by descending eigenvalue, and a
-    zero x gives the identity."""
+    never fit (q zero, a state's initial value) is x's eigenvectors by descending
+    eigenvalue (eigh)."""
+    x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
+    out = np.empty(np.broadcast_shapes(x.shape, q.shape))
+    for b in range(out.shape[0]):
+        xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
+        if not qb.any():
+            out[b] = np.linalg.eigh((xb + xb.T) / 2)[1][:, ::-1]
+        else:
+            out[b] = np.linalg.qr(xb @ qb)[0]
+    return out
+
+
+def eigen_order(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The permutation matrix P per matrix of the stack that orders the columns of q by
+    descending estimated eigenvalue q_j^T x q_j (q @ P is sorted; ties keep their order)."""
     x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
     out = np.empty(np.broadcast_shapes(x.shape, q.shape))
     eye = np.eye(x.shape[-1])
     for b in range(out.shape[0]):
         xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
-        if not xb.any():
-            out[b] = eye
-        elif not qb.any() or np.array_equal(qb, eye):
-            out[b] = np.linalg.eigh((xb + xb.T) / 2)[1][:, ::-1]
-        else:
-            out[b] = np.linalg.qr(xb @ qb)[0]
+        estimate = np.einsum("ij,ij->j", qb, xb @ qb)
+        out[b] = eye[:, np.argsort(-estimate, kind="stable")]
     return out
