@@ -49,14 +49,17 @@ def authors_class(path: str) -> type:
 
 
 # -- 1. a regression whose eigenbases are unique ---------------------------------------
-def regression_data(seed: int, steps: int):
-    """Initial weights, and per step each layer's batch (x, y): y = A x + noise with
-    A = W0 + U S V^T (S = 1..2), 4 C samples (8 for the wide layer); biases b - a."""
+def regression_data(seed: int, steps: int, shapes=UNIQUE_SHAPES, dtype: str = "float32"):
+    """Initial weights and per step each layer's batch (x, y): y = A x + 0.1 noise with
+    A = W0 + U S V^T (S = 1..2), 4 C samples of x ~ N(0, I) (8 for a layer over 100
+    wide); a bias's batch is (None, a + 0.3 noise). Every statistic SOAP gathers is full
+    rank, with eigenvalues apart, when the layers are square or one side is over 10000.
+    (tests/test_matrix_soap.py runs its oracle on this problem.)"""
     rng = np.random.default_rng(seed)
     w0, targets = [], []
-    for s in UNIQUE_SHAPES:
+    for s in shapes:
         w = 0.3 * rng.standard_normal(s)
-        w0.append(w.astype(np.float32))
+        w0.append(w.astype(dtype))
         if len(s) == 1:
             targets.append(rng.standard_normal(s))
             continue
@@ -67,7 +70,7 @@ def regression_data(seed: int, steps: int):
     batches = []
     for _ in range(steps):
         step = []
-        for s, a in zip(UNIQUE_SHAPES, targets):
+        for s, a in zip(shapes, targets):
             if len(s) == 1:
                 step.append((None, a + 0.3 * rng.standard_normal(s)))
                 continue
@@ -78,11 +81,16 @@ def regression_data(seed: int, steps: int):
     return w0, batches
 
 
+def gradient(w: np.ndarray, batch) -> np.ndarray:
+    """The gradient of 0.5 mean ||W x - y||^2 (a bias: of 0.5 ||b - y||^2), float64."""
+    x, y = batch
+    w = np.asarray(w, np.float64)
+    return w - y if x is None else (w @ x - y) @ x.T / x.shape[1]
+
+
 def regression_grads(params, step) -> None:
-    for p, (x, y) in zip(params, step):
-        w = p.detach().double().numpy()
-        g = w - y if x is None else (w @ x - y) @ x.T / x.shape[1]
-        p.grad = torch.from_numpy(g.astype(np.float32))
+    for p, batch in zip(params, step):
+        p.grad = torch.from_numpy(gradient(p.detach().numpy(), batch).astype(np.float32))
 
 
 def unique_basis(cls: type, seed: int, steps: int) -> list[float]:

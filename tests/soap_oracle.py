@@ -44,17 +44,11 @@ class SoapOracle:
 
     # -- the eigenbasis: Q[d] for dimension d, None where not preconditioned -------------
     @staticmethod
-    def project(x, Q):
+    def project(x, Q, back: bool = False):
+        """x in the basis (Q_0^T x Q_1), or back from it (Q_0 x Q_1^T)."""
         for d, q in enumerate(Q):
             if q is not None:
-                x = np.moveaxis(np.tensordot(x, q, axes=([d], [0])), -1, d)
-        return x
-
-    @staticmethod
-    def project_back(x, Q):
-        for d, q in enumerate(Q):
-            if q is not None:
-                x = np.moveaxis(np.tensordot(x, q, axes=([d], [1])), -1, d)
+                x = np.moveaxis(np.tensordot(x, q, axes=([d], [int(back)])), -1, d)
         return x
 
     def accumulate(self, st, g):
@@ -105,7 +99,7 @@ class SoapOracle:
             g_rot = self.project(g, Q)
             st["m"] = self.b1 * st["m"] + (1 - self.b1) * g_rot
             st["v"] = self.b2 * st["v"] + (1 - self.b2) * g_rot * g_rot
-            n = self.project_back(st["m"] / (np.sqrt(st["v"]) + self.eps), Q)
+            n = self.project(st["m"] / (np.sqrt(st["v"]) + self.eps), Q, back=True)
             if self.normalize:
                 n = n / (1e-30 + np.sqrt(np.mean(n * n)))
             size = self.lr
@@ -113,7 +107,7 @@ class SoapOracle:
                 size = size * np.sqrt(1 - self.b2 ** t) / (1 - self.b1 ** t)
             self.w[i] = self.w[i] - size * n
             self.w[i] = self.w[i] - self.lr * self.wd * self.w[i]
-            st["m"] = self.project_back(st["m"], Q)
+            st["m"] = self.project(st["m"], Q, back=True)
             self.accumulate(st, g)
             if t % self.f == 0:
                 self.power_iteration(st)
