@@ -152,7 +152,8 @@ REFUSED = [
     (dict(max_precond_dim=4096), r"max_precond_dim=4096 is not built.*10000"),
     (dict(merge_dims=True), r"merge_dims=True is not built"),
     (dict(precondition_1d=True), r"precondition_1d=True is not built"),
-    (dict(data_format="NHWC"), r"data_format='NHWC' is not built; it is one of"),
+    (dict(data_format="NHWC"), r"data_format must be one of channels_first, channels_last, "
+                               r"got 'NHWC'"),
     (dict(conv=True), r"shape \(4, 3, 3, 3\) has 4 dimensions"),
 ]
 

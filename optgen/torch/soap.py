@@ -43,7 +43,8 @@ class SOAP(OptgenOptimizer):
                  normalize_grads: bool = False, data_format: str = "channels_first",
                  correct_bias: bool = True, **options: Any) -> None:
         if data_format not in DATA_FORMATS:
-            _refuse("data_format", data_format, f"it is one of {', '.join(DATA_FORMATS)}")
+            raise ValueError(f"SOAP: data_format must be one of {', '.join(DATA_FORMATS)}, "
+                             f"got {data_format!r}")
         if max_precond_dim != MAX_PRECOND_DIM:
             _refuse("max_precond_dim", max_precond_dim,
                     f"optgen's SOAP compiles the authors' default {MAX_PRECOND_DIM} (a side "
