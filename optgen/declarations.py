@@ -49,12 +49,14 @@ class State:
 
 @dataclass
 class Refresh:
-    """``@spec.refresh(every=k)``: new values of some states, computed on the host every k
-    steps of a parameter (its steps 1, 1 + k, 1 + 2k, ...) from statistics the trainer
-    passes to step() (``spec.statistic``)."""
+    """``@spec.refresh(every=k, start=s)``: new values of some states, computed on the
+    host every k steps of a parameter (its steps s, s + k, s + 2k, ...; s = 1 unless
+    given) from its states and statistics the trainer passes to step()
+    (``spec.statistic``)."""
     rule: Callable
     every: str | int            # an int hyperparameter's name, or a number
     loc: Loc | None
+    start: int = 1              # the parameter's step of the first refresh
 
 
 @dataclass
@@ -307,11 +309,15 @@ class Spec:
         self._new_name(name, "option", loc)
         self.accepted[name] = doc
 
-    def refresh(self, every: Any) -> Callable:
+    def refresh(self, every: Any, start: int = 1) -> Callable:
         """Decorator: ``fn(w, flags)`` returns ``{state: new value}``, evaluated on the host
-        in float64 (numpy, with ``inverse``) on a parameter's steps 1, 1 + every, ...;
-        ``every`` is an int hyperparameter or an int."""
+        in float64 (numpy, with ``inverse``) before a parameter's steps start,
+        start + every, ...; ``every`` is an int hyperparameter or an int, ``start`` an
+        int >= 1 (SOAP: 2, its first step only gathers statistics)."""
         loc = caller_loc()
+        if not (isinstance(start, int) and not isinstance(start, bool) and start >= 1):
+            raise SpecError(f"refresh(start=...) must be an int >= 1, got {start!r}", loc,
+                            hint="spec.refresh(every=frequency, start=2)")
         if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers \
                 and self.hypers[every.name].info.type == "int":
             every = every.name
@@ -323,7 +329,7 @@ class Spec:
             if self.refresh_rule is not None:
                 raise SpecError("the spec has two refresh functions", loc,
                                 hint="decorate one function with @spec.refresh")
-            self.refresh_rule = Refresh(fn, every, loc)
+            self.refresh_rule = Refresh(fn, every, loc, start)
             return fn
         return decorate
 

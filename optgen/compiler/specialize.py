@@ -193,7 +193,8 @@ def _refresh(spec: Spec, trace: Trace) -> dict | None:
         return None
     ir, _ = serialize(trace.refresh)
     reads = sorted({n.name for n in walk(trace.refresh.values()) if n.op == "stat"})
-    return {"every": spec.refresh_rule.every, "ir": ir, "reads": reads}
+    return {"every": spec.refresh_rule.every, "start": spec.refresh_rule.start, "ir": ir,
+            "reads": reads}
 
 
 def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
