@@ -180,18 +180,14 @@ def _step_oracles(model, oracles, lr):
         o.step(p.grad.numpy())
 
 
-def run_optgen_vs_oracle(spec, hyper, oracle_cls):
-    """optgen's class on the model (checkpointed at step 50), the oracle of the
-    authors' rule fed the same gradients."""
-    def make(params):
-        return otorch.make(spec)(params, **hyper)
-
-    model = net()
-    opt = make(model.parameters())
+def beside_oracles(model, opt, oracle_cls, hyper, make=None):
+    """``opt`` trains ``model`` for STEPS steps under the scheduler, rebuilt from a
+    checkpoint at CHECKPOINT_AT where ``make`` is given; an oracle per tensor is fed the
+    same gradients. Returns the model, the optimizer and the oracles at the end."""
     sched = schedule(opt)
     oracles = _oracles(model, oracle_cls, hyper)
     for step in range(STEPS):
-        if step == CHECKPOINT_AT:
+        if step == CHECKPOINT_AT and make is not None:
             model, opt, sched = rebuilt(model, opt, sched, make)
         backward(model, step)
         lr = opt.param_groups[0]["lr"]
@@ -199,25 +195,23 @@ def run_optgen_vs_oracle(spec, hyper, oracle_cls):
         _step_oracles(model, oracles, lr)
         sched.step()
     for (name, p), o in zip(model.named_parameters(), oracles):
-        assert_near(p.detach(), o.w, f"{spec} {name}")
+        assert_near(p.detach(), o.w, f"{type(opt).__name__} {name}")
+    return model, opt, oracles
+
+
+def run_optgen_vs_oracle(spec, hyper, oracle_cls):
+    """optgen's class on the model (checkpointed at step 50), the oracle of the
+    authors' rule fed the same gradients: parameters and states."""
+    def make(params):
+        return otorch.make(spec)(params, **hyper)
+
+    model = net()
+    model, opt, oracles = beside_oracles(model, make(model.parameters()), oracle_cls, hyper,
+                                         make)
+    for (name, p), o in zip(model.named_parameters(), oracles):
         for state, value in o.s.items():
             assert_near(opt.state[p][state], value, f"{spec} {name}: {state}")
         assert o.ambiguous.mean() == 0, f"{spec} {name}: a mask element within round-off"
-
-
-def run_package_vs_oracle(opt, model, oracle_cls, hyper):
-    """The package's optimizer on the model; the oracle (its departures switched on) fed
-    the same gradients."""
-    sched = schedule(opt)
-    oracles = _oracles(model, oracle_cls, hyper)
-    for step in range(STEPS):
-        backward(model, step)
-        lr = opt.param_groups[0]["lr"]
-        opt.step()
-        _step_oracles(model, oracles, lr)
-        sched.step()
-    for (name, p), o in zip(model.named_parameters(), oracles):
-        assert_near(p.detach(), o.w, f"{type(opt).__name__} {name}")
 
 
 MARS_HYPER = dict(lr=0.01, beta1=0.9, beta2=0.99, gamma=0.05, weight_decay=0.01,
@@ -238,7 +232,7 @@ def test_mars_oracle_matches_pytorch_optimizer(optimize_1d):
         mars_type="adamw", optimize_1d=optimize_1d, lr_1d=h["lr"] * 0.5,
         betas_1d=(h["beta1_1d"], h["beta2_1d"]), weight_decay=h["weight_decay"],
         weight_decay_1d=h["weight_decay_1d"], eps=h["eps"])
-    run_package_vs_oracle(opt, model, PyOptMARS, dict(h, lr_1d_factor=0.5))
+    beside_oracles(model, opt, PyOptMARS, dict(h, lr_1d_factor=0.5))
 
 
 CAUTIOUS_HYPER = dict(lr=0.01, beta1=0.85, beta2=0.99, eps=1e-5, weight_decay=0.01)
@@ -257,7 +251,7 @@ def test_cautious_oracle_matches_pytorch_optimizer():
                                      betas=(h["beta1"], h["beta2"], 0.999), alpha=0.0,
                                      weight_decay=h["weight_decay"], weight_decouple=True,
                                      eps=h["eps"], cautious=True)
-    run_package_vs_oracle(opt, model, PyOptCautious, h)
+    beside_oracles(model, opt, PyOptCautious, h)
 
 
 def test_cautious_mask_mean_is_clamped_per_tensor():
