@@ -9,8 +9,9 @@ and every state named in the contract compared after the CHECK_AT steps of 100.
 The grid: every spec x its configurations (``CASES``, below: every flag value, and
 non-default hyperparameters wherever a default would hide a term) x 4 shapes x
 rescale_grad {1, 0.14} x clip_gradient {None, 0.5} x weight_decay {0, 0.03}. For the
-decoupled specs (adamweightdecay, adamw, lion, lamb, adafactor) the weight-decay axis is
-their own weight_decay; for lars it is the base's weight_decay that enters lambda.
+decoupled specs (adamweightdecay, adamw, lion, lamb, adafactor, cautious_adamw, mars_adamw,
+schedule_free_adamw) the weight-decay axis is their own weight_decay; for lars it is the
+base's weight_decay that enters lambda.
 
 Sign-based rules (signum, lion): ``sign(c)`` jumps at c = 0, so an element whose c lies
 within float32 round-off of 0 may legitimately take the other sign in a float32 kernel

@@ -39,6 +39,17 @@ class AdamWScheduleFree(OptgenOptimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         param_group.setdefault("train_mode", False)   # a new group starts in eval mode
         super().add_param_group(param_group)
+        self._note_modes()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)   # (the groups' train_mode is the checkpoint's)
+        self._note_modes()
+
+    def _note_modes(self) -> None:
+        """The first group in eval mode, or None: what ``step`` checks (one attribute, so
+        that a compiled step does not guard on every group value, lr included)."""
+        self._idle_group = next((i for i, g in enumerate(self.param_groups)
+                                 if not g["train_mode"]), None)
 
     @torch.no_grad()
     def train(self) -> None:
@@ -65,14 +76,14 @@ class AdamWScheduleFree(OptgenOptimizer):
                 if held is not p:
                     p.copy_(held)
             group["train_mode"] = train
+        self._note_modes()
 
     @torch.no_grad()
     def step(self, closure=None, **statistics):
         """One step at y (train mode only); returns the closure's loss."""
-        idle = [i for i, g in enumerate(self.param_groups) if not g["train_mode"]]
-        if idle:
-            raise RuntimeError(f"{self._artifact.name}: parameter group {idle[0]} is in eval "
-                               "mode; call optimizer.train() before step() (and "
+        if self._idle_group is not None:
+            raise RuntimeError(f"{self._artifact.name}: parameter group {self._idle_group} is "
+                               "in eval mode; call optimizer.train() before step() (and "
                                "optimizer.eval() before evaluating or saving)")
         return super().step(closure, **statistics)
 
