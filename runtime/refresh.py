@@ -27,7 +27,10 @@ def every(k: Any, hyper: Mapping[str, Any]) -> int:
 def due(k: Any, refreshed: int | None, step: int, hyper: Mapping[str, Any]) -> bool:
     """Whether a parameter's next step runs kernel ``k``'s refresh rule: its first step
     (``refreshed`` None), and then every ``every`` steps (its steps 1, 1 + every, ...);
-    ``step`` is its step count so far."""
+    ``step`` is its step count so far. A rule that reads the step's gradient (Shampoo's
+    ``fresh_roots``) runs on its steps every, 2 every, ... instead."""
+    if k.refresh is not None and k.refresh.get("grad"):
+        return (step + 1) % every(k, hyper) == 0
     return k.refresh is not None and (refreshed is None or step % every(k, hyper) == 0)
 
 
@@ -59,7 +62,7 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
         if not is_due(i, k):
             continue
         d = slots[i].dims
-        out[i] = {}
+        out[i] = {"grad": g} if k.refresh.get("grad") else {}   # (read when it runs)
         reads = k.refresh["reads"]
         for name in reads:
             m = d[1] if kinds[name] == "rr" else d[2]
@@ -78,8 +81,8 @@ def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarra
     arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
               if not isinstance(v, np.floating)}
     arrays["w"] = tensors.to_numpy(w, lib)
-    arrays.update(stats)
-    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats}}
+    arrays.update({n: tensors.to_numpy(v, lib) if n == "grad" else v for n, v in stats.items()})
+    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats if n != "grad"}}
     scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
                "rows": d[1], "cols": d[2]}
     new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)
