@@ -332,7 +332,7 @@ class Spec:
                                 hint="decorate one function with @spec.refresh")
             n = len(inspect.signature(fn).parameters)
             if n not in (2, 3):
-                raise SpecError(f"the refresh function takes {n} arguments", loc,
+                raise SpecError(f"the refresh function has {n} parameters", loc,
                                 hint="def refresh(w, flags) or def refresh(w, grad, flags)")
             self.refresh_rule = Refresh(fn, every, loc, reads_grad=n == 3)
             return fn

@@ -83,3 +83,11 @@ def test_default_timing_differs_from_distributed_shampoo():
     err = max(float(np.abs(p.detach().numpy() - w).max())
               for p, w in zip(net.parameters(), oracle.w))
     assert err > 1e-4 * max(float(np.abs(w).max()) for w in oracle.w)
+
+
+def test_fresh_roots_refuse_a_start_before_the_first_roots():
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    with pytest.raises(ValueError, match="start_preconditioning_step must not come before"):
+        otorch.Shampoo([p], fresh_roots=True, precondition_frequency=5,
+                       start_preconditioning_step=3)
+    assert torch.equal(p, torch.ones(3, 2))
