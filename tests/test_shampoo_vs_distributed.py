@@ -45,44 +45,38 @@ def _grads(net, x, y) -> list:
     return [p.grad for p in net.parameters()]
 
 
-def test_optgen_shampoo_follows_distributed_shampoo():
+def _off(steps: int, **options) -> tuple[float, float, list]:
+    """The largest weight difference between optgen.torch.Shampoo (OPTGEN and
+    ``options``) and the oracle after ``steps`` steps, the largest weight, the weights."""
     net = _model()
-    opt = otorch.Shampoo(net.parameters(), **OPTGEN)
+    opt = otorch.Shampoo(net.parameters(), **{**OPTGEN, **options})
     ref_net = _model(torch.float64)
     oracle = DistributedShampooOracle([p.detach().numpy() for p in ref_net.parameters()], **DS)
-    for x, y in _batches():
+    for x, y in _batches()[:steps]:
         _grads(net, x, y)
         opt.step()
         oracle.step([g.numpy() for g in _grads(ref_net, x, y)])
         with torch.no_grad():
             for p, w in zip(ref_net.parameters(), oracle.w):
                 p.copy_(torch.from_numpy(w))
-    scale = max(float(np.abs(w).max()) for w in oracle.w)
     err = max(float(np.abs(p.detach().numpy() - w).max())
               for p, w in zip(net.parameters(), oracle.w))
+    return err, max(float(np.abs(w).max()) for w in oracle.w), oracle.w
+
+
+def test_optgen_shampoo_follows_distributed_shampoo():
+    err, scale, w = _off(STEPS)
     assert err <= 1e-5 * scale, (err, scale)
-    moved = max(float(np.abs(w - p.detach().numpy()).max())
-                for w, p in zip(oracle.w, _model().parameters()))
+    moved = max(float(np.abs(a - p.detach().numpy()).max())
+                for a, p in zip(w, _model().parameters()))
     assert moved > 1e-2 * scale         # the 50 steps moved the weights
 
 
 def test_default_timing_differs_from_distributed_shampoo():
     """Without fresh_roots the roots lag one step behind Distributed Shampoo's on the
     steps that refresh: the check above can fail."""
-    net = _model()
-    opt = otorch.Shampoo(net.parameters(), **{**OPTGEN, "fresh_roots": False})
-    ref_net = _model(torch.float64)
-    oracle = DistributedShampooOracle([p.detach().numpy() for p in ref_net.parameters()], **DS)
-    for x, y in _batches()[:20]:
-        _grads(net, x, y)
-        opt.step()
-        oracle.step([g.numpy() for g in _grads(ref_net, x, y)])
-        with torch.no_grad():
-            for p, w in zip(ref_net.parameters(), oracle.w):
-                p.copy_(torch.from_numpy(w))
-    err = max(float(np.abs(p.detach().numpy() - w).max())
-              for p, w in zip(net.parameters(), oracle.w))
-    assert err > 1e-4 * max(float(np.abs(w).max()) for w in oracle.w)
+    err, scale, _ = _off(20, fresh_roots=False)
+    assert err > 1e-4 * scale
 
 
 def test_fresh_roots_refuse_a_start_before_the_first_roots():
