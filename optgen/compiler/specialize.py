@@ -194,7 +194,8 @@ def _refresh(spec: Spec, trace: Trace) -> dict | None:
     ir, _ = serialize(trace.refresh)
     nodes = list(walk(trace.refresh.values()))
     reads = sorted({n.name for n in nodes if n.op == "stat"})
-    out = {"every": spec.refresh_rule.every, "ir": ir, "reads": reads}
+    out = {"every": spec.refresh_rule.every, "start": spec.refresh_rule.start, "ir": ir,
+           "reads": reads}
     if any(n.op == "grad" for n in nodes):
         out["grad"] = True     # reads the step's gradient: runs on steps every, 2 every, ...
     return out

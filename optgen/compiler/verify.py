@@ -124,7 +124,8 @@ def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
 
 
 HOST_ONLY = {"stat": "a statistic", "inverse": "inverse()", "identity": "eye()",
-             "inverse_root": "inverse_root()", "power_qr": "power_qr()"}
+             "inverse_root": "inverse_root()", "power_qr": "power_qr()",
+             "eigen_order": "eigen_order()"}
 
 
 def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:
