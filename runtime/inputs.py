@@ -193,10 +193,10 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
             raise TypeError(f"{owner}: {label(i, names)} has dtype {dt}; its rule (flags "
                             f"{flags}) has kernels for "
                             f"{', '.join(sorted({x.param_dtype for x in have}))} only{matrix}")
-        if k.matrix and len(p.shape) != 2:
+        if k.matrix and len(p.shape) not in (1, 2):   # (1-D: a 1 x n row)
             raise ValueError(f"{owner}: {label(i, names)} has shape {tuple(p.shape)}; "
                              f"its rule (flags {k.flags}) multiplies matrices and needs a "
-                             "2-D parameter")
+                             "2-D parameter (or a 1-D one, a row)")
 
 
 # -- gradients and extra inputs ----------------------------------------------------------
