@@ -39,10 +39,13 @@ NONE = ("none",)   # the layout of a parameter without a dense gradient this ste
 
 def layout(g: Any, lib: str) -> tuple:
     """What a gradient's cached verdicts depend on besides the object: where and how it
-    lies (a numpy array's memory is fixed for its life: its form and writeability)."""
+    lies (address, shape, strides, dtype, device; a numpy array's memory is fixed for
+    its life: its form and writeability)."""
+    if lib == "torch":
+        return g.data_ptr(), g.shape, g.stride(), g.dtype, g.device
     if lib == "numpy":
         return g.shape, g.dtype, g.strides, g.flags.writeable
-    return tensors.layout(g, lib)
+    return g.data.ptr, g.shape, g.strides, g.dtype, g.device.id
 
 
 class GradCache:
@@ -55,11 +58,20 @@ class GradCache:
         self.gens = [0] * n
         self.version = 0
 
-    def seen(self, i: int, g: Any, lib: str) -> bool:
-        """Whether ``g`` is the gradient parameter ``i`` was given last and passed the
-        checks with, in the same place and form."""
-        r = self.refs[i]
-        return r is not None and r() is g and self.layouts[i] == layout(g, lib)
+    def unseen(self, grads: Sequence[Any], slots: Sequence[Any]) -> list[int]:
+        """The parameters whose gradient in ``grads`` is not the one they were given
+        last, in the same place and form (``slots``: their records): the ones to check
+        and note; a missing gradient that was missing last time is seen."""
+        refs, layouts, out = self.refs, self.layouts, []
+        for i, g in enumerate(grads):
+            if g is None:
+                if layouts[i] is not NONE:
+                    out.append(i)
+                continue
+            r = refs[i]
+            if r is None or r() is not g or layouts[i] != layout(g, slots[i].lib):
+                out.append(i)
+        return out
 
     def note(self, i: int, g: Any, lib: str, where: tuple[int, int] | None = None) -> None:
         """Parameter ``i``'s gradient is ``g`` (checked, or made from one that was;
@@ -110,21 +122,23 @@ class GradCache:
 
 
 class Verdict:
-    """A run's verdict on its members' gradients: ``make(step)``'s value (None: the run
-    declines), made again only on a step where one of their generations changed."""
+    """A run's verdict on its members' gradients: ``make(step)``'s ``value`` (None: the
+    run declines), made again by ``update`` only on a step where one of their
+    generations changed. Current while ``version`` is the cache's (one comparison:
+    ``verdict.version == cache.version``, the runs' fast path)."""
 
     def __init__(self, cache: GradCache, indices: Sequence[int],
                  make: Callable[[Any], Any]):
         self.cache, self.indices, self.make = cache, list(indices), make
         self.version, self.gens, self.value = -1, None, None
 
-    def get(self, step: Any) -> Any:
+    def update(self, step: Any) -> Any:
+        """The verdict for this step (made again if a member's generation changed)."""
         c = self.cache
-        if c.version != self.version:
-            gens = [c.gens[i] for i in self.indices]
-            if gens != self.gens:
-                self.value, self.gens = self.make(step), gens
-            self.version = c.version
+        gens = [c.gens[i] for i in self.indices]
+        if gens != self.gens:
+            self.value, self.gens = self.make(step), gens
+        self.version = c.version
         return self.value
 
 

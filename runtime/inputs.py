@@ -204,9 +204,9 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                 row_sparse: Callable[[Any, RowSparse], Any] | None = None) -> list[Any]:
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
     parameter (``slots``: their records; a gradient must not overlap the parameter's
-    state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) each
-    gradient is noted there, and one it holds as seen, in the same form and place, is
-    not checked again; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
+    state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) only
+    the gradients it has not seen, in this form and place, are checked, and noted
+    there; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
     params = [s.array for s in slots]
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
@@ -216,8 +216,9 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
                          f"{len(params)} parameters")
     label_ = "gradient" if what == "grads" else what
-    for i, (p, g) in enumerate(zip(params, grads)):
-        lib = slots[i].lib
+    # (with a cache: the gradients not given, checked and noted last step as they lie now)
+    for i in range(len(grads)) if cache is None else cache.unseen(grads, slots):
+        p, g, lib = params[i], grads[i], slots[i].lib
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             if cache is not None:
                 cache.none(i)
@@ -229,8 +230,6 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
             elif cache is not None:   # (dense: a new array, made from the checked rows)
                 cache.note(i, g, lib)
             continue
-        if cache is not None and cache.seen(i, g, lib):
-            continue        # the array checked last step, still in that form and place
         if type(g) is not type(p) and tensors.library(g) != lib:
             kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
                     "cupy": "cupy.ndarray"}[lib]

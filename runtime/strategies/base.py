@@ -124,7 +124,8 @@ class Fused:
         return self.bind(step)
 
     def run(self, step: StepInputs) -> bool:
-        bound = self.verdict.get(step)
+        v = self.verdict
+        bound = v.value if v.version == self.cache.version else v.update(step)
         if bound is None:
             return False
         first, rest = self.slots[0], self.slots[1:]
