@@ -19,7 +19,7 @@ from .kernel_ir import KernelIR
 from .loader import load_spec
 from .lower import LoweredKernel, lower
 from .schedule_llvm import RED_SCALAR_SIZE
-from .variants import kernel_irs, symbol_for, variants
+from .variants import default_variants, kernel_irs, symbol_for, variant_name, variants
 from .verify import verify
 
 
@@ -50,18 +50,20 @@ _SLOT = {"seg": "seg_symbol", "mt": "mt_symbol"}   # a launch's variants, by pas
 
 @dataclass
 class KernelPlan:
-    """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype."""
+    """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype, in the
+    library of its variant (optgen.compiler.variants.variant_name)."""
     kir: KernelIR
     dtype: str
     param_dtype: str
     symbol: str
     passes: list[PassPlan]
+    variant: str
 
     def manifest_entry(self) -> dict:
         """The manifest's record of the kernel: its IR, and each launch (and lazy pass)
         with the symbol that runs it."""
         entry = {"symbol": self.symbol, "dtype": self.dtype, "param_dtype": self.param_dtype,
-                 **self.kir.to_json()}
+                 "variant": self.variant, **self.kir.to_json()}
         for p in self.passes:
             role, j = p.lowered.role, p.lowered.launch
             if role == "lazy":
@@ -75,22 +77,30 @@ class KernelPlan:
 
 @dataclass
 class BuildPlan:
-    """What the front end decided for one (spec, target, base, state format)."""
+    """What the front end decided for one (spec, target, base, state format): every
+    kernel, or with ``make_plan(only=...)`` the kernels of those variants."""
     spec: Spec
     target: targets.Target
     base: str | None
     state_format: str | dict[str, str] | None   # the request (optgen.core.formats.request)
     kirs: list[KernelIR]
     kernels: list[KernelPlan]
+    made: dict[str, tuple[str, dict]]   # every variant -> (parameter dtype, its flags)
 
     @property
     def passes(self) -> list[PassPlan]:
         return [p for k in self.kernels for p in k.passes]
 
-    def scripts(self) -> dict[str, str]:
-        """symbol -> TVMScript of every function the library exports, in plan order."""
-        return {p.symbol: p.script for p in self.passes
-                if p.compiled_as == p.symbol and not p.library}
+    @property
+    def defaults(self) -> list[str]:
+        """The variants ``optgen build`` makes by default (variants.default_variants)."""
+        return default_variants(self.spec, self.target, self.made)
+
+    def scripts(self, variant: str | None = None) -> dict[str, str]:
+        """symbol -> TVMScript of every function a library exports (that of ``variant``,
+        or all of them), in plan order."""
+        return {p.symbol: p.script for k in self.kernels if variant in (None, k.variant)
+                for p in k.passes if p.compiled_as == p.symbol and not p.library}
 
 
 def _debug(stage: str, text: str) -> None:
@@ -107,15 +117,21 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
 
 
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
-              state_format: str | dict[str, str] | None = None) -> BuildPlan:
+              state_format: str | dict[str, str] | None = None,
+              only: set[str] | None = None) -> BuildPlan:
     """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
-    their TVMScript (and GPU grids and shape variables)."""
+    their TVMScript (and GPU grids and shape variables); with ``only``, the kernels of
+    those variants only (stages 4-5 are most of the front end's time)."""
     spec = load_spec(spec_path, base)                                # 1 load
     traces = verify(spec)                                            # 2 verify
     kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
     _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-    kernels = []
+    kernels, made = [], {}
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
+        variant = variant_name(pdt, kir.flags, spec.flags)
+        made.setdefault(variant, (pdt, {f: kir.flags[f] for f in spec.flags}))
+        if only is not None and variant not in only:
+            continue
         symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         passes = []
         cpu = tg.family == "cpu"
@@ -127,10 +143,11 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
             text, grids = schedule(k, tg)                            # 5 schedule
             dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
             passes.append(PassPlan(k, text, grids, dims, k.symbol))
-        kernels.append(KernelPlan(kir, dt, pdt, symbol, passes))
-    plan = BuildPlan(spec, tg, base, state_format, kirs, kernels)
+        kernels.append(KernelPlan(kir, dt, pdt, symbol, passes, variant))
+    plan = BuildPlan(spec, tg, base, state_format, kirs, kernels, made)
     if tg.family != "gpu":      # GPU passes keep their own symbols: each has device kernels
-        _share_functions(plan.passes)
+        for v in made:          # (within a variant: each is a library of its own)
+            _share_functions([p for k in kernels if k.variant == v for p in k.passes])
     _debug("schedule", "\n\n".join(p.script for p in plan.passes))
     return plan
 

@@ -20,8 +20,8 @@ import platform
 # both read it here (they cannot import each other)
 DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")
 
-FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
-#              "refresh"); 5: "files", "base"
+FORMAT = 8   # 8: a folder per variant (its library and variant.json); 7: "state_format";
+#              6: matrix rules ("statistics", "accepted", kernels' "refresh"); 5: "files"
 
 
 def cache_dir() -> str:
