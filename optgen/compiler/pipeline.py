@@ -56,6 +56,8 @@ class BuildResult:
     seconds: float
     name: str
     built: list[str] = field(default_factory=list)   # the variants built now
+    have: list[str] = field(default_factory=list)    # the variants the artifact holds
+    variants: list[str] = field(default_factory=list)   # every variant it can hold
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
@@ -109,8 +111,10 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
             for v in todo:
                 _build_variant(dest, plan, v, key, archs)                # 6-7
                 BUILD_COUNT += 1
+    every = list(manifest["variants"])
     return BuildResult(dest, not fresh and not todo, time.perf_counter() - start,
-                       manifest["name"], todo)
+                       manifest["name"], todo,
+                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
 
 
 def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
