@@ -258,6 +258,14 @@ class Artifact:
                                                   merged)
             return got
 
+    def ready(self, kernel: KernelInfo) -> None:
+        """Load the library of ``kernel``'s variant, building it first where it is not
+        built and the artifact has a builder: a variant that cannot be had is a
+        VariantNotBuilt here, before a step changes anything."""
+        if kernel.functions:
+            with self._lock:
+                self._module(kernel.variant)
+
     def function(self, symbol: str) -> Callable[..., Any]:
         """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached),
         from the library of its variant (built on first use where the artifact has a
