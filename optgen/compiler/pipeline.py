@@ -71,7 +71,6 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     architectures nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the
     kernels that store states in a format (optgen.core.formats) beside the plain ones.
     ``force`` rebuilds the artifact and the variants asked for."""
-    global BUILD_COUNT
     start = time.perf_counter()
     tg = targets.get(target)
     archs = targets.archs_for(tg, arch)
@@ -89,32 +88,65 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         dest = os.path.join(cache.cache_dir(),
                             cache.artifact_dirname(spec_path, target, key, base, fmt))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
+    job = _Job(spec_path, tg, base, req, key, archs, dest)
     with _locked(dest + ".lock"):                    # one builder per artifact at a time
-        plan = None
-        fresh = force or not _is_current(dest, key)
+        fresh = job.artifact(force, start)
+        todo = _wanted(job.manifest, variants)
+    built = []
+    for v in todo:       # the lock is taken per variant: others get theirs in between
+        with _locked(dest + ".lock"):
+            job.artifact(False, start)               # (replaced or removed meanwhile?)
+            if force or not _variant_current(dest, job.manifest, v):
+                job.variant(v, todo)
+                built.append(v)
+    every = list(job.manifest["variants"])
+    return BuildResult(dest, not fresh and not built, time.perf_counter() - start,
+                       job.manifest["name"], built,
+                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
+
+
+@dataclass
+class _Job:
+    """One ``build``: what it builds, and the plan once made (the caller holds the
+    artifact's lock around each call)."""
+    spec_path: str
+    target: targets.Target
+    base: str | None
+    request: str | dict[str, str] | None
+    key: str
+    archs: tuple[str, ...]
+    dest: str
+    manifest: dict = field(default_factory=dict)
+    plan: BuildPlan | None = None
+
+    def artifact(self, force: bool, start: float) -> bool:
+        """Publish the artifact (no variant) unless it is current and not ``force``d;
+        whether it was published. Reads its manifest."""
+        global BUILD_COUNT
+        fresh = force or not _is_current(self.dest, self.key)
         if fresh:
-            _remove_leftovers(dest)
-            plan = make_plan(spec_path, tg, base, req)                   # 1-5
-            tmp = _temp_folder("build", dest)
+            _remove_leftovers(self.dest)
+            self.plan = make_plan(self.spec_path, self.target, self.base, self.request)  # 1-5
+            tmp = _temp_folder("build", self.dest)
             try:
-                write_artifact(tmp, plan, key, time.perf_counter() - start, archs)  # 7
-                _publish(tmp, dest)
+                write_artifact(tmp, self.plan, self.key, time.perf_counter() - start,
+                               self.archs)                                       # 7
+                _publish(tmp, self.dest)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             BUILD_COUNT += 1
-        manifest = load_verified(dest, lambda _, m: m, targets.get)
-        todo = [v for v in _wanted(manifest, variants)
-                if fresh or force or not _variant_current(dest, manifest, v)]
-        if todo:
-            _remove_leftovers(dest)
-            plan = plan or make_plan(spec_path, tg, base, req, only=set(todo))   # 1-5
-            for v in todo:
-                _build_variant(dest, plan, v, key, archs)                # 6-7
-                BUILD_COUNT += 1
-    every = list(manifest["variants"])
-    return BuildResult(dest, not fresh and not todo, time.perf_counter() - start,
-                       manifest["name"], todo,
-                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
+        self.manifest = load_verified(self.dest, lambda _, m: m, targets.get)
+        return fresh
+
+    def variant(self, name: str, todo: list[str]) -> None:
+        """Build variant ``name`` (``todo``: the variants this build makes, planned at once)."""
+        global BUILD_COUNT
+        _remove_leftovers(self.dest)
+        if self.plan is None:
+            self.plan = make_plan(self.spec_path, self.target, self.base, self.request,
+                                  only=set(todo))                            # 1-5
+        _build_variant(self.dest, self.plan, name, self.key, self.archs)     # 6-7
+        BUILD_COUNT += 1
 
 
 def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
