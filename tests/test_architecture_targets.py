@@ -1,10 +1,11 @@
-"""No target switches outside the target registry: a target is a registered object
-(optgen/compiler/targets/ for the compiler, runtime/backends/ for the runtime), and the
-rest of optgen asks it (``tg.family``, ``tg.vector``, ``backend.device``...) instead of
-comparing its name.
+"""No target switches outside the target registries: a target is a registered object
+(optgen/core/targets.py for the facts both sides know, optgen/compiler/targets/ for the
+compiler, runtime/backends/ for the runtime), and the rest of optgen asks it
+(``tg.family``, ``tg.vector``, ``backend.device``...) instead of comparing its name; and
+each fact is stated once, in the core, which both other registries read.
 
-The scan reads every module of optgen/ and runtime/ (ast) outside those two folders and
-reports a target name (every name the two registries hold: "llvm", "c", "cuda", "rocm",
+The scan reads every module of optgen/ and runtime/ (ast) outside those registries and
+reports a target name (every name the registries hold: "llvm", "c", "cuda", "rocm",
 "opencl", "metal", "webgpu", and any target registered later) that is
   * compared (==, !=, in, not in, is) or matched (match/case),
   * a key of a dict literal that lists two or more targets (a table switched by name),
@@ -27,17 +28,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("optgen", "runtime")
-REGISTRIES = ("optgen/compiler/targets/", "runtime/backends/")
+REGISTRIES = ("optgen/core/targets.py", "optgen/compiler/targets/", "runtime/backends/")
 AMBIGUOUS = frozenset({"c"})            # also an axis name
 TARGETISH = re.compile(r"\b(target|tg|kind|backend)\b|_target\b|\.target\b")
 
 
 def target_names() -> frozenset[str]:
-    """Every target name the registries hold now: the compiler's targets and the
-    runtime's backends (a target registered later is scanned for with no change here)."""
+    """Every target name the registries hold now: the core's facts, the compiler's
+    targets and the runtime's backends (a target registered later is scanned for with no
+    change here)."""
     from optgen.compiler import targets
+    from optgen.core import targets as core_targets
     from optgen.runtime import backends
-    return frozenset(targets.TARGETS) | frozenset(backends.BACKENDS)
+    return frozenset(core_targets.FACTS) | frozenset(targets.TARGETS) | \
+        frozenset(backends.BACKENDS)
 
 
 def _names_in(node: ast.AST, names: frozenset[str]) -> set[str]:
@@ -105,8 +109,9 @@ def scan(root: Path) -> list[str]:
 
 def test_no_target_switch_outside_the_registries():
     found = scan(ROOT)
-    assert not found, ("target names switched on outside optgen/compiler/targets/ and "
-                       "runtime/backends/ (ask the registry instead):\n" + "\n".join(found))
+    assert not found, ("target names switched on outside optgen/core/targets.py, "
+                       "optgen/compiler/targets/ and runtime/backends/ (ask the registry "
+                       "instead):\n" + "\n".join(found))
 
 
 @pytest.mark.parametrize("code", [
@@ -146,8 +151,10 @@ def test_the_names_come_from_the_registries(monkeypatch):
     """The scanner reads its names from the registries: every registered target, and a
     target registered later, with no list here to update."""
     from optgen.compiler import targets
+    from optgen.core import targets as core_targets
     from optgen.runtime import backends
-    assert target_names() == set(targets.TARGETS) | set(backends.BACKENDS)
+    assert target_names() == set(core_targets.FACTS) | set(targets.TARGETS) | \
+        set(backends.BACKENDS)
     assert {"llvm", "c", "cuda", "rocm", "opencl", "metal", "webgpu"} <= target_names()
     code = 'if target == "vulkan": pass\nKINDS = ("vulkan", "cuda")'
     assert not switches(code.split("\n")[0])
@@ -155,47 +162,120 @@ def test_the_names_come_from_the_registries(monkeypatch):
     assert len(switches(code)) == 2, switches(code)
 
 
-# -- the two registries agree ------------------------------------------------------------
-def test_compiler_and_runtime_registries_agree():
-    """The compiler (optgen.compiler.targets) and the runtime (optgen.runtime.backends)
-    cannot import each other, so what both must know is checked here: every runtime
-    backend is a compiler target, and both compute the same artifact key for it."""
+# -- one statement of each fact, in the core ------------------------------------------
+def _fact_names() -> set[str]:
+    """What the core states of a target: its fields, properties and methods."""
+    import dataclasses
+    from optgen.core.targets import TargetFacts
+    return ({f.name for f in dataclasses.fields(TargetFacts)} - {"name"}) | {
+        n for n, v in vars(TargetFacts).items()
+        if not n.startswith("_") and (isinstance(v, property) or callable(v))}
+
+
+def test_every_target_and_backend_reads_its_core_facts():
+    """Every compiler target has the core's facts, and so has every runtime backend
+    (and the source-only one of a target the runtime cannot run): the very record the
+    core registered under its name. The core knows no target the compiler cannot build."""
     from optgen.compiler import targets
+    from optgen.core import targets as core_targets
     from optgen.runtime import backends
-    assert set(backends.BACKENDS) <= set(targets.TARGETS)
-    for name, tg in targets.TARGETS.items():
-        for archs in ((), ("sm_75",), ("sm_80", "sm_90a")) if tg.takes_arch else ((),):
+    assert list(targets.TARGETS) == list(core_targets.FACTS)    # (`optgen targets` order)
+    assert set(backends.BACKENDS) <= set(core_targets.FACTS)
+    for name, facts in core_targets.FACTS.items():
+        assert targets.get(name).facts is facts, name
+        assert backends.get(name).facts is facts, name
+        assert backends.get(name).target == facts.name == name
+
+
+def test_nothing_restates_the_core_facts():
+    """No compiler target or runtime backend states a fact of the core: none is a field
+    of Target or Backend, none is defined by a target's or backend's own class, and
+    what they show under a fact's name is the core's answer (keys for every arch list,
+    files for every manifest)."""
+    import dataclasses
+    from optgen.compiler import targets
+    from optgen.compiler.targets.base import Target
+    from optgen.core import targets as core_targets
+    from optgen.runtime import backends
+    from optgen.runtime.backends.base import Backend
+    facts = _fact_names()
+    assert {"family", "device", "host", "machine_bound", "device_abi", "needs_tvm",
+            "source", "source_key", "takes_arch", "default_archs", "key", "files"} <= facts
+    for cls in (Target, Backend):
+        assert not facts & {f.name for f in dataclasses.fields(cls)}, cls
+    for obj, base in [*((t, Target) for t in targets.TARGETS.values()),
+                      *((b, Backend) for b in backends.BACKENDS.values())]:
+        for cls in type(obj).__mro__[:type(obj).__mro__.index(base)]:
+            assert not facts & set(vars(cls)), (cls, facts & set(vars(cls)))
+    manifest = {"sources": {f.source_key: f"kernels.{f.source}"
+                            for f in core_targets.FACTS.values()}}
+    for name, core in core_targets.FACTS.items():
+        tg, backend = targets.get(name), backends.get(name)
+        for side, shown in ((tg, facts & set(dir(Target))), (backend, facts & set(dir(Backend)))):
+            for n in shown - {"key", "files"}:
+                assert getattr(side, n) == getattr(core, n), (name, n)
+            if "files" in shown:
+                assert side.files(manifest) == core.files(manifest), name
+        for archs in ((), ("sm_75",), ("sm_80", "sm_90a")) if core.takes_arch else ((),):
             full = tg.parse_archs(",".join(archs) or None)
-            assert tg.key(full) == backends.get(name).target_key(full), (name, archs)
-    assert backends.get("metal").launcher is None and backends.get("metal").device == "metal"
+            assert tg.key(full) == backend.target_key(full) == core.key(full), (name, archs)
 
 
-def test_both_registries_give_the_core_the_same_target_facts():
-    """The kernel core's cache key and artifact checks name no target: their callers
-    pass the facts (optgen.core.manifest.TargetFacts) from their own registry. For
-    every target the runtime runs, the compiler's answer must be the runtime's: whether
-    the key names this machine, whether a device ABI is in the manifest, and which
-    files beyond the library the runtime reads (what the compiler records sizes and
-    hashes of is what the runtime verifies)."""
-    from optgen.compiler import targets
+def test_each_backend_hook_fits_its_facts():
+    """A backend loads a library through tvm_ffi (``load``) exactly where the core says
+    its kernels need TVM's runtime, and launches from the device ABI (``launcher``)
+    exactly where the core says the manifest has one; a source-only target has neither."""
+    from optgen.core import targets as core_targets
     from optgen.runtime import backends
-    manifest = {"sources": {tg.source_key: f"kernels.{tg.source}"
-                            for tg in targets.TARGETS.values()}}
     for name, backend in backends.BACKENDS.items():
-        tg = targets.get(name)
-        assert tg.machine_bound == backend.machine_bound, name
-        assert tg.device_abi == backend.device_abi, name
-        assert tg.needs_tvm == backend.needs_tvm, name
-        assert tg.files(manifest) == backend.files(manifest), name
-    assert targets.get("llvm").machine_bound and not targets.get("c").machine_bound
-    assert targets.get("opencl").files(manifest) == ["kernels.cl"]
+        assert (backend.load is not None) == backend.facts.needs_tvm, name
+        assert (backend.launcher is not None) == backend.facts.device_abi, name
+    for name in set(core_targets.FACTS) - set(backends.BACKENDS):
+        assert backends.get(name).load is None and backends.get(name).launcher is None
+    assert backends.get("metal").device == "metal"
+
+
+def test_the_facts_the_artifact_key_and_checks_read():
+    """The artifact key's target text and machine flag, and the files the runtime
+    reads, as every artifact built so far records them."""
+    from optgen.core import targets as core_targets
+    get = core_targets.get
+    assert get("cuda").key(()) == "cuda:sm_80,sm_90"
+    assert get("cuda").key(("sm_90a",)) == "cuda:sm_90a"
+    assert [n for n, f in core_targets.FACTS.items() if f.key(("sm_90",)) == n] == \
+        ["llvm", "c", "rocm", "opencl", "metal", "webgpu"]
+    assert [n for n, f in core_targets.FACTS.items() if f.machine_bound] == ["llvm"]
+    assert [n for n, f in core_targets.FACTS.items() if f.host] == ["llvm", "c"]
+    manifest = {"sources": {"opencl": "kernels.cl", "ll": "kernels.ll"}}
+    assert get("opencl").files(manifest) == ["kernels.cl"]
+    assert get("llvm").files(manifest) == [] and get("cuda").files(manifest) == []
+    assert (get("llvm").source, get("llvm").source_key) == ("ll", "ll")
+    assert (get("rocm").source, get("rocm").source_key) == ("ll", "rocm")
+
+
+def test_a_manifest_of_an_unknown_target_is_an_artifact_error(tmp_path):
+    from optgen.core import cache
+    from optgen.core.manifest import ArtifactError, verify_manifest
+    manifest = {"format": cache.FORMAT, "target": "vulkan"}
+    with pytest.raises(ArtifactError, match=r"built for target 'vulkan', which this optgen "
+                                            r"does not know \(targets: llvm, c, cuda"):
+        verify_manifest(str(tmp_path), manifest)
 
 
 def test_registry_errors():
     from optgen.compiler import targets
+    from optgen.core import targets as core_targets
+    from optgen.runtime import backends
     with pytest.raises(ValueError, match=r"unknown target 'vulkan'; targets: llvm, c, cuda"):
         targets.get("vulkan")
     with pytest.raises(ValueError, match=r"target 'llvm' is registered twice"):
         targets.register(targets.get("llvm"))
     with pytest.raises(ValueError, match=r"--arch applies to the cuda target only, not 'c'"):
         targets.archs_for(targets.get("c"), "sm_90")
+    for get in (core_targets.get, backends.get):
+        with pytest.raises(ValueError, match=r"unknown target 'vulkan'; targets: llvm, c"):
+            get("vulkan")
+    with pytest.raises(ValueError, match=r"TargetFacts 'llvm' is registered twice"):
+        core_targets.register(core_targets.get("llvm"))
+    with pytest.raises(ValueError, match=r"target 'x': family 'tpu' is not 'cpu' or 'gpu'"):
+        core_targets.TargetFacts("x", "tpu", "tpu", "x")

@@ -15,11 +15,6 @@ import re
 import platform
 
 
-# what `optgen build --target cuda` compiles for, and so what the artifact key of a CUDA
-# artifact built without --arch names: the compiler's target and the runtime's backend
-# both read it here (they cannot import each other)
-DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")
-
 FORMAT = 8   # 8: a folder per variant (its library and variant.json); 7: "state_format";
 #              6: matrix rules ("statistics", "accepted", kernels' "refresh"); 5: "files"
 
@@ -56,7 +51,7 @@ KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
     "optgen": ("blocks.py", "declarations.py", "dsl.py", "ir.py", "tracing.py"),
     "optgen.compiler": None,
     "optgen.core": ("_version.py", "dtypes.py", "formats/", "hyper.py", "quant.py",
-                    "reference.py", "rounding.py", "scalar_expr.py", "views.py"),
+                    "reference.py", "rounding.py", "scalar_expr.py", "targets.py", "views.py"),
     "optgen.templates": None,
 }
 # the modules of those packages that do not (tests/test_cache_key.py checks that every
@@ -157,10 +152,10 @@ def _catalog_sources(spec_source: str, base: str | None) -> dict[str, str]:
 
 def artifact_key(spec_source: str, target: str, base: str | None = None,
                  state_format: str | None = None, *, machine_bound: bool) -> str:
-    """``target``: the target as its key (with CUDA's architectures); ``state_format``:
-    the request's key text (optgen/core/formats/), None for plain; ``machine_bound``: the
-    code is for this machine's CPU (the caller's target registry says: the compiler's
-    Target and the runtime's Backend agree, tests/test_architecture_targets.py)."""
+    """``target``: the target as its key (``TargetFacts.key``: with CUDA's
+    architectures); ``state_format``: the request's key text (optgen/core/formats/), None
+    for plain; ``machine_bound``: the code is for this machine's CPU (``TargetFacts``;
+    optgen/core/targets.py, which the compiler's Target and the runtime's Backend read)."""
     parts = {"format": FORMAT, "spec": spec_source, "compiler": compiler_fingerprint(),
              "tvm": tvm_version(), "target": target, "base": base,
              "state_format": state_format,

@@ -7,7 +7,9 @@ Each variant's library is a folder of the artifact with a record of its own
 built yet is a VariantNotBuilt error naming it and the command that builds it.
 
 Both sides read it: the compiler checks a cached artifact before reusing it, the
-runtime before loading it. Imports: cache, catalog, _version; nothing that loads a kernel.
+runtime before loading it. What they need to know of the artifact's target (device ABI,
+TVM's runtime, the files its runtime reads) is the core's own registry's (targets.py).
+Imports: cache, catalog, targets, _version; nothing that loads a kernel.
 """
 from __future__ import annotations
 
@@ -17,26 +19,17 @@ import re
 import sys
 import warnings
 import json
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ._version import __version__
 
-from . import cache, catalog
+from . import cache, catalog, targets
 from .cache import FORMAT
+from .targets import TargetFacts
 
-
-class TargetFacts(Protocol):
-    """What the checks need to know of an artifact's target. The core names no target:
-    its caller passes ``facts(target name) -> TargetFacts`` from its own registry (the
-    compiler's optgen/compiler/targets/, the runtime's runtime/backends/; a test checks
-    that the two agree)."""
-    device_abi: bool     # launched through the manifest's device ABI (device_kernels)
-    needs_tvm: bool      # its kernels load through TVM's runtime
-
-    def files(self, manifest: dict) -> list[str]:
-        """Files it reads beyond the library and binaries (OpenCL: its source)."""
-
-
+# target name -> its facts: the core's registry (targets.get) unless a caller passes its
+# own registry's lookup (the compiler's Target and the runtime's Backend show the same
+# facts, read from targets.py)
 Facts = Callable[[str], TargetFacts]
 
 
@@ -83,7 +76,7 @@ VARIANT_KEYS = ("format", "key", "variant", "target", "library", "files", "sourc
                 "binaries")
 
 
-def runtime_files(manifest: dict, facts: Facts) -> list[str]:
+def runtime_files(manifest: dict, facts: Facts = targets.get) -> list[str]:
     """The files of an artifact the runtime reads, which its manifest's ``files``
     records (size, sha256): spec.py (checkpoints hash it), or for a variant's record
     (or the merged manifest ``load_variant`` returns) the variant's (``variant_files``).
@@ -91,7 +84,7 @@ def runtime_files(manifest: dict, facts: Facts) -> list[str]:
     return variant_files(manifest, facts) if "variant" in manifest else ["spec.py"]
 
 
-def variant_files(record: dict, facts: Facts) -> list[str]:
+def variant_files(record: dict, facts: Facts = targets.get) -> list[str]:
     """The files of a variant the runtime reads: its library, the PTX and cubin files
     (cuda) and what the target's runtime backend reads besides (the OpenCL source)."""
     names = [record["library"]]
@@ -165,7 +158,7 @@ def _running_tvm() -> str | None:
         return None
 
 
-def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
+def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> None:
     """The manifest's format, keys and versions; ArtifactError naming what is wrong."""
     mpath = os.path.join(path, "manifest.json")
 
@@ -175,8 +168,11 @@ def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
         fail(f"the manifest is a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
         fail(f"manifest format {manifest.get('format')!r}, this optgen reads format {FORMAT}")
-    backend = facts(manifest["target"]) if isinstance(manifest.get("target"), str) \
-        else None
+    target = manifest.get("target")
+    if isinstance(target, str) and target not in targets.FACTS:
+        fail(f"built for target {target!r}, which this optgen does not know "
+             f"(targets: {', '.join(targets.FACTS)})")
+    backend = facts(target) if isinstance(target, str) else None
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         fail(f"the manifest lacks {', '.join(map(repr, missing))}")
@@ -190,7 +186,7 @@ def verify_manifest(path: str, manifest: Any, facts: Facts) -> None:
         fail(f"built with TVM {manifest['tvm_version']}, this is TVM {tvm}")
 
 
-def verify_files(path: str, manifest: dict, facts: Facts) -> None:
+def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
     """Every file the runtime reads exists with the size and sha256 the manifest records
     (an artifact's, or a variant's merged one with ``path`` its folder). Hashes are
     computed once per process per file version (cache.file_record)."""
@@ -237,7 +233,8 @@ def verify_files(path: str, manifest: dict, facts: Facts) -> None:
 T = TypeVar("T")
 
 
-def load_verified(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
+def load_verified(path: str, make: Callable[[str, dict], T],
+                  facts: Facts = targets.get) -> T:
     """``make(path, manifest)`` for the verified manifest of the artifact at ``path``
     (absolute): its format, keys, versions and the files the runtime reads; a manifest
     ``make`` cannot read (KeyError, TypeError, ...) is a malformed one. Runs no code of
@@ -293,7 +290,7 @@ def not_built(path: str, manifest: dict, name: str, why: str = "") -> VariantNot
         f"with `{every}`", name, cmd)
 
 
-def load_variant(path: str, manifest: dict, name: str, facts: Facts) -> dict:
+def load_variant(path: str, manifest: dict, name: str, facts: Facts = targets.get) -> dict:
     """The manifest of the verified artifact at ``path`` (``manifest``) merged with the
     record of its variant ``name``, verified (format, key, its files' sizes and sha256):
     what the runtime loads the variant's library from, in the folder ``path/name``.

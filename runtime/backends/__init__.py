@@ -1,11 +1,15 @@
 """The runtime's backends, registered by target name: how the trainer-side runtime loads
 and runs each target's artifacts (``cpu``: the library through tvm_ffi; ``cuda``: CuPy;
 ``opencl``: pyopencl). A target with no backend here (rocm, metal, webgpu) is built with
-its source only and cannot be run. The runtime asks this registry instead of comparing
-target names; it never imports the compiler (TVM).
+its source only and cannot be run. What the compiler knows of a target too (device kind,
+host memory, artifact key, files) is the kernel core's (optgen.core.targets), which each
+backend reads by name. The runtime asks these registries instead of comparing target
+names; it never imports the compiler (TVM). Adding a backend: write its module and list
+it below (docs/targets.md, "Adding a target").
 """
 from __future__ import annotations
 
+from optgen.core import targets as core_targets
 from . import cpu, cuda, opencl
 from .base import Backend, source_only
 
@@ -13,10 +17,8 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
-    if backend.target in BACKENDS:
-        raise ValueError(f"runtime backend {backend.target!r} is registered twice")
-    BACKENDS[backend.target] = backend
-    return backend
+    """Add ``backend`` under its target's name (registered twice: a ValueError)."""
+    return core_targets.add(BACKENDS, backend.target, backend, "runtime backend")
 
 
 for _b in (*cpu.BACKENDS, cuda.BACKEND, opencl.BACKEND):
@@ -24,7 +26,8 @@ for _b in (*cpu.BACKENDS, cuda.BACKEND, opencl.BACKEND):
 
 
 def get(target: str) -> Backend:
-    """The backend of ``target``; a source-only one for a target the runtime cannot run."""
+    """The backend of ``target``; a source-only one for a target the runtime cannot run
+    (ValueError for a name that is no target)."""
     return BACKENDS.get(target) or source_only(target)
 
 

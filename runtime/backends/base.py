@@ -1,12 +1,17 @@
-"""What a runtime backend is: how the runtime loads and runs one target's artifacts."""
+"""What a runtime backend is: how the runtime loads and runs one target's artifacts.
+
+What the compiler knows of the target too (the device kind of its arrays, whether its
+kernels step host memory, whether the artifact key names this machine, device ABI or
+library, the files it reads) is the kernel core's, by name (optgen.core.targets); a
+backend adds only how kernels are loaded or launched and whether this machine runs them.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
-def _no_files(manifest: dict) -> list[str]:
-    return []
+from optgen.core import targets as core_targets
+from optgen.core.targets import TargetFacts, fact
 
 
 def _no_status() -> dict[str, str]:
@@ -17,34 +22,29 @@ def _no_status() -> dict[str, str]:
 class Backend:
     """One target's runtime. A target with neither ``load`` nor ``launcher`` has its
     source only: the runtime cannot run it (``source_only``)."""
-    target: str
-    device: str                  # the device kind of the arrays its kernels take
-    host: bool = False           # its kernels step arrays in host memory in place (offload)
+    target: str                  # its facts are optgen.core.targets.get(target)
     # the library through tvm_ffi (CPU): (folder, manifest) -> module, module[symbol]
     load: Callable[[str, dict], Any] | None = None
     # the device ABI's launcher: (folder, manifest) -> object with kernel(name) and
     # run(spec, arrays, scalars, launches) (runtime/device.py drives it)
     launcher: Callable[[str, dict], Any] | None = None
-    machine_bound: bool = False  # code for this machine's CPU: the cache key names it
-    files: Callable[[dict], list[str]] = _no_files   # files it reads beyond the library
     status: Callable[[], dict[str, str]] = _no_status  # `optgen targets`: compile/run here
-    key: Callable[[tuple[str, ...]], str] | None = field(default=None)  # archs -> key
+    facts: TargetFacts = field(init=False, repr=False, compare=False)
 
-    @property
-    def device_abi(self) -> bool:
-        """Launched through the manifest's device ABI (``device_kernels``)."""
-        return self.launcher is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", core_targets.get(self.target))
 
-    @property
-    def needs_tvm(self) -> bool:
-        """Its kernels load through TVM's runtime (all but the device-ABI launchers)."""
-        return self.launcher is None
+    # -- the core's facts (optgen.core.targets.TargetFacts; the compiler reads the same) --
+    device, host, machine_bound = fact("device"), fact("host"), fact("machine_bound")
+    device_abi, needs_tvm = fact("device_abi"), fact("needs_tvm")
+    files = fact("files")        # (manifest) -> files it reads beyond the library
 
     def target_key(self, archs: tuple[str, ...] | None = None) -> str:
         """The target as the artifact key sees it (cuda: with its architectures)."""
-        return self.key(archs or ()) if self.key is not None else self.target
+        return self.facts.key(archs or ())
 
 
 def source_only(target: str) -> Backend:
-    """A target the runtime has no backend for: its arrays live on a device of its name."""
-    return Backend(target, target)
+    """A target the runtime has no backend for (its source only); ValueError for a
+    name that is no target."""
+    return Backend(target)

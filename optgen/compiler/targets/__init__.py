@@ -1,13 +1,17 @@
 """The targets optgen builds for, one module each, registered by name.
 
 A target module defines ``TARGET``, a ``base.Target`` (or a subclass overriding its
-hooks): its TVM target, kernel dtypes, source suffix, native compile step, device ABI
-reader and what this machine can do with it (``optgen targets``). Everything else asks
-this registry: nothing outside the target modules (and the runtime's backends) switches
-on a target's name. Adding a target: write ``<name>.py`` and list it in ``_MODULES``.
+hooks): its TVM target, kernel dtypes, native compile step, device ABI reader and what
+this machine can do with it (``optgen targets``). What the runtime knows of it too
+(schedule family, source suffix, artifact key, ...) is the kernel core's, by name
+(optgen.core.targets). Everything else asks these registries: nothing outside them (and
+the runtime's backends) switches on a target's name. Adding a target: its facts in
+optgen/core/targets.py, then write ``<name>.py`` here and list it in ``_MODULES``
+(docs/targets.md, "Adding a target").
 """
 from __future__ import annotations
 
+from optgen.core import targets as core_targets
 from . import c, cuda, llvm, metal, opencl, rocm, webgpu
 from .base import Signature, Target
 from .. import nvcc as _nvcc
@@ -19,10 +23,7 @@ DEFAULT = "llvm"    # the target of `optgen build` and optgen.create without one
 
 def register(target: Target) -> Target:
     """Add ``target`` under its name (a name registered twice is a ValueError)."""
-    if target.name in TARGETS:
-        raise ValueError(f"target {target.name!r} is registered twice")
-    TARGETS[target.name] = target
-    return target
+    return core_targets.add(TARGETS, target.name, target, "target")
 
 
 for _m in _MODULES:

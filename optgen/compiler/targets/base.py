@@ -1,17 +1,22 @@
 """What every target is: the ``Target`` record and the hooks a target module overrides.
 
-A target fixes the schedule family (``cpu``: loops, SIMD vectors and a thread pool;
-``gpu``: thread-bound blocks), the kernel dtypes it gets, the wide type of reductions,
-the source it writes, how TVM is asked to build it (the TVM target as a dict; TVM itself
-is imported by optgen.compiler.tvm_backend only), the native step after TVM (nvcc, ld.lld)
-and how the device ABI is read back from what was built (optgen.compiler.abi).
+What both sides know of a target (its schedule family: ``cpu``, loops, SIMD vectors
+and a thread pool, or ``gpu``, thread-bound blocks; its source file; the artifact key;
+what the runtime reads) is the kernel core's (optgen.core.targets), read here by name.
+A compiler target adds the kernel dtypes it gets, the wide type of reductions, how TVM
+is asked to build it (the TVM target as a dict; TVM itself is imported by
+optgen.compiler.tvm_backend only), the native step after TVM (nvcc, ld.lld) and how the
+device ABI is read back from what was built (optgen.compiler.abi).
 Nothing here imports TVM.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+from optgen.core import targets as core_targets
+from optgen.core.targets import TargetFacts, fact
 
 # One device kernel as a signature reader finds it: launch bounds (threads per block,
 # None where the code does not say) and its parameters as (C type, name) in declaration
@@ -21,9 +26,7 @@ Signature = tuple["int | None", "list[tuple[str, str]] | None"]
 
 @dataclass(frozen=True)
 class Target:
-    name: str
-    family: str                 # "cpu" | "gpu"
-    source: str                 # file suffix of the generated source (kernels.<source>)
+    name: str                   # its facts are optgen.core.targets.get(name)
     dtypes: tuple[str, ...]     # plain kernels: parameter, states and compute dtype
     mixed: tuple[str, ...]      # mixed-precision parameter dtypes (float32 master)
     half_states: bool           # float16 state storage (half_when flags) is available
@@ -36,14 +39,17 @@ class Target:
     #                               cuBLAS; numpy), not as generated kernels
     vector: bool = False        # CPU schedule with explicit SIMD vectors (else scalar loops)
     multi_tensor: bool = False  # "_mt" variants: a list of tensors through a pointer table
-    source_key: str = ""        # the sources' key in the manifest (default: the name)
     source_format: str = ""     # what TVM's inspect_source is asked for
-    takes_arch: bool = False    # `--arch` picks the architectures it compiles for
-    machine_bound: bool = False  # code for this machine's CPU: the artifact key names it
+    facts: TargetFacts = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.source_key:
-            object.__setattr__(self, "source_key", self.name)
+        object.__setattr__(self, "facts", core_targets.get(self.name))
+
+    # -- the core's facts (optgen.core.targets.TargetFacts; the runtime reads the same) --
+    family, source, source_key = fact("family"), fact("source"), fact("source_key")
+    takes_arch, machine_bound = fact("takes_arch"), fact("machine_bound")
+    device_abi, needs_tvm = fact("device_abi"), fact("needs_tvm")
+    key, files = fact("key"), fact("files")     # (archs) -> artifact key; (manifest) -> names
 
     # -- building with TVM (optgen.compiler.tvm_backend) -------------------------------
     def tvm_target(self, arch: str | None, host: dict) -> dict:
@@ -69,7 +75,7 @@ class Target:
     def parse_archs(self, arch: str | None) -> tuple[str, ...]:
         """The architectures ``--arch`` names (None: the default); called only for a
         target with ``takes_arch`` (optgen.compiler.targets.archs_for)."""
-        return ()
+        return self.facts.default_archs
 
     def check_toolchain(self) -> None:
         """Raise BuildError naming what is missing when this machine cannot build."""
@@ -78,26 +84,6 @@ class Target:
         """What this machine can do: build / compile / run, each a short sentence
         starting with "yes" or "no" (``optgen targets``)."""
         raise NotImplementedError(self.name)
-
-    def key(self, archs: tuple[str, ...]) -> str:
-        """The target as the artifact key sees it."""
-        return self.name
-
-    # -- what the artifact checks know of it (optgen.core.manifest.TargetFacts; the
-    # runtime's backend of the same name says the same, tests/test_architecture_targets)
-    @property
-    def device_abi(self) -> bool:
-        """Its manifest has a device ABI (device_kernels): every GPU target's has."""
-        return self.family == "gpu"
-
-    @property
-    def needs_tvm(self) -> bool:
-        """Its kernels load through TVM's runtime (a library, not a device ABI)."""
-        return not self.device_abi
-
-    def files(self, manifest: dict) -> list[str]:
-        """Files the runtime reads beyond the library and the binaries."""
-        return []
 
     # -- after TVM ---------------------------------------------------------------------
     def detail(self, archs: tuple[str, ...], host: dict) -> dict:

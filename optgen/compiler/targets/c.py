@@ -30,6 +30,6 @@ class C(Target):
 
 # the C target gets scalar loops (vector=False): TVM's C codegen cannot print vector
 # sqrt, and gcc vectorizes the scalar loops itself (tvm-notes §8)
-TARGET = C("c", "cpu", "c", ("float32", "float64"), ("float16", "bfloat16"), True, "float64",
+TARGET = C("c", ("float32", "float64"), ("float16", "bfloat16"), True, "float64",
            "portable C compiled with gcc -O3 -fno-math-errno (a CPU fallback without LLVM)",
            quant=True, source_format="c", multi_tensor=True)

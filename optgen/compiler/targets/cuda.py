@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import re
 
-from optgen.core import cache
 from .. import nvcc
 from .base import Signature, Target, regex_signatures
 
-DEFAULT_ARCHS = cache.DEFAULT_CUDA_ARCHS   # what `optgen build --target cuda` compiles for
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+)\(([^)]*)\)')
 
@@ -20,9 +18,10 @@ class CUDA(Target):
         return {"kind": "cuda", "arch": arch or "sm_80"}
 
     def parse_archs(self, arch: str | None) -> tuple[str, ...]:
-        """``"sm_80,sm_90"`` -> ("sm_80", "sm_90"); each must look like sm_<digits>."""
+        """``"sm_80,sm_90"`` -> ("sm_80", "sm_90"); each must look like sm_<digits>.
+        None: the default architectures (optgen.core.targets)."""
         if arch is None:
-            return DEFAULT_ARCHS
+            return self.facts.default_archs
         archs = tuple(a.strip() for a in arch.split(",") if a.strip())
         bad = [a for a in archs if not re.fullmatch(r"sm_[1-9][0-9]{1,2}[af]?", a)]
         if not archs or bad:
@@ -37,9 +36,6 @@ class CUDA(Target):
         return {"build": "yes (CUDA C++ source)",
                 "compile": f"yes (nvcc: {cc})" if cc else "no: nvcc not on PATH (source only)"}
 
-    def key(self, archs: tuple[str, ...]) -> str:
-        return "cuda:" + ",".join(archs or DEFAULT_ARCHS)
-
     def detail(self, archs: tuple[str, ...], host: dict) -> dict:
         return {**super().detail(archs, host), "archs": list(archs), "nvcc": nvcc.version()}
 
@@ -52,7 +48,6 @@ class CUDA(Target):
         return regex_signatures(_SIGNATURE, sources[self.source_key])
 
 
-TARGET = CUDA("cuda", "gpu", "cu", ("float32", "float64"), ("float16", "bfloat16"), True,
-              "float64", "NVIDIA GPUs: CUDA C++, PTX and cubin per --arch (nvcc)",
-              quant=True, takes_arch=True, matrix=True, library_matmul=True,
-              multi_tensor=True)
+TARGET = CUDA("cuda", ("float32", "float64"), ("float16", "bfloat16"), True, "float64",
+              "NVIDIA GPUs: CUDA C++, PTX and cubin per --arch (nvcc)",
+              quant=True, matrix=True, library_matmul=True, multi_tensor=True)

@@ -17,7 +17,6 @@ class LLVM(Target):
         return {**host, "machine": cache.machine()}
 
 
-TARGET = LLVM("llvm", "cpu", "ll", ("float32", "float64"), ("float16", "bfloat16"), True,
-              "float64", "this machine's CPU through LLVM (vectorized, multi-threaded)",
-              quant=True, matrix=True, vector=True, multi_tensor=True, source_key="ll",
-              source_format="ll", machine_bound=True)
+TARGET = LLVM("llvm", ("float32", "float64"), ("float16", "bfloat16"), True, "float64",
+              "this machine's CPU through LLVM (vectorized, multi-threaded)",
+              quant=True, matrix=True, vector=True, multi_tensor=True, source_format="ll")

@@ -17,5 +17,5 @@ class Metal(Target):
         return regex_signatures(_SIGNATURE, sources[self.source_key])
 
 
-TARGET = Metal("metal", "gpu", "metal", ("float32",), ("float16",), True, "float32",
+TARGET = Metal("metal", ("float32",), ("float16",), True, "float32",
                "Apple GPUs: Metal Shading Language (no doubles: float32 reductions)")

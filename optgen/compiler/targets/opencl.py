@@ -18,12 +18,8 @@ class OpenCL(Target):
     def signatures(self, sources: dict[str, str], folder: str) -> dict[str, Signature]:
         return regex_signatures(_SIGNATURE, sources[self.source_key])
 
-    def files(self, manifest: dict) -> list[str]:
-        """The OpenCL source: the runtime compiles it when the artifact is loaded."""
-        return [manifest["sources"][self.source_key]]
 
-
-TARGET = OpenCL("opencl", "gpu", "cl", ("float32", "float64"), (), False, "float64",
+TARGET = OpenCL("opencl", ("float32", "float64"), (), False, "float64",
                 "OpenCL C (any OpenCL device; PoCL runs it on the CPU, Oclgrind in a "
                 "simulator); float16 needs cl_khr_fp16, which PoCL lacks, so no half kernels",
                 quant=True)

@@ -177,6 +177,6 @@ class ROCm(Target):
         return found
 
 
-TARGET = ROCm("rocm", "gpu", "ll", ("float32", "float64"), ("float16",), True, "float64",
+TARGET = ROCm("rocm", ("float32", "float64"), ("float16",), True, "float64",
               "AMD GPUs through ROCm: LLVM AMDGPU code objects (ld.lld: ROCm's or pip's "
               "ziglang); built and checked, not run", source_format="")

@@ -21,6 +21,6 @@ class WebGPU(Target):
         return regex_signatures(_SIGNATURE, sources[self.source_key])
 
 
-TARGET = WebGPU("webgpu", "gpu", "wgsl", ("float32",), (), False, "float32",
+TARGET = WebGPU("webgpu", ("float32",), (), False, "float32",
                 "WebGPU: WGSL (no doubles, halves or 64-bit integers: float32 kernels, "
                 "float32 reductions, no row-sparse kernels)", lazy=False)
