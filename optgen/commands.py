@@ -164,10 +164,10 @@ def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
     weight decay, clipping on, integers changed, optional ones between None and a
     value: ``optgen.core.hyper.busy_hypers``); then compare the parameters and every
     state (tensor and scalar): the largest error relative to max(1, the array's largest
-    |reference value|), as the tests measure it, and where it is."""
+    |reference value|) and where it is. The variants of those dtypes are built first."""
     import optgen
-    user_flags = sorted(art.flags)
-    results = []
+    user_flags, results = sorted(art.flags), []
+    art.ensure([v for v, d in art.variants.items() if d["param_dtype"] in art.dtypes])
     for dtype, bits, setting in itertools.product(
             art.dtypes, itertools.product([False, True], repeat=len(user_flags)),
             ("default", "busy")):

@@ -114,10 +114,11 @@ def write_artifact(folder: str, plan: BuildPlan, key: str, seconds: float,
 
 def write_variant(folder: str, plan: BuildPlan, variant: str, sources: dict[str, str],
                   key: str, seconds: float, archs: tuple[str, ...], device: dict | None,
-                  binaries: dict[str, dict[str, str]]) -> None:
+                  binaries: dict[str, dict[str, str]], records: dict[str, dict]) -> None:
     """Write the record of one variant's library into ``folder``, where the library, the
     sources and the binaries are: variant.json (VARIANT_RECORD), last, with the size and
-    sha256 of every file of it the runtime reads and, GPU targets, its device ABI."""
+    sha256 of every file of it the runtime reads (``records``: file -> cache.file_record)
+    and, GPU targets, the device ABI of its kernels."""
     tg = plan.target
     record = {
         "format": cache.FORMAT, "key": key, "variant": variant, "target": tg.name,
@@ -128,8 +129,7 @@ def write_variant(folder: str, plan: BuildPlan, variant: str, sources: dict[str,
     if device is not None:
         record["device_abi"] = abi.DOC
         record["device_kernels"] = device
-    record["files"] = {n: cache.file_record(os.path.join(folder, n))
-                       for n in variant_files(record, targets.get)}
+    record["files"] = {n: records[n] for n in variant_files(record, targets.get)}
     _write_json(os.path.join(folder, VARIANT_RECORD), record)
 
 

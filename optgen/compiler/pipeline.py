@@ -70,7 +70,9 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
     ``base`` picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA
     architectures nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the
     kernels that store states in a format (optgen.core.formats) beside the plain ones.
-    ``force`` rebuilds the artifact and the variants asked for."""
+    ``force`` rebuilds the artifact and the variants asked for. The variants built here
+    are compiled together, into one library their folders share."""
+    global BUILD_COUNT
     start = time.perf_counter()
     tg = targets.get(target)
     archs = targets.archs_for(tg, arch)
@@ -88,65 +90,31 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         dest = os.path.join(cache.cache_dir(),
                             cache.artifact_dirname(spec_path, target, key, base, fmt))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    job = _Job(spec_path, tg, base, req, key, archs, dest)
     with _locked(dest + ".lock"):                    # one builder per artifact at a time
-        fresh = job.artifact(force, start)
-        todo = _wanted(job.manifest, variants)
-    built = []
-    for v in todo:       # the lock is taken per variant: others get theirs in between
-        with _locked(dest + ".lock"):
-            job.artifact(False, start)               # (replaced or removed meanwhile?)
-            if force or not _variant_current(dest, job.manifest, v):
-                job.variant(v, todo)
-                built.append(v)
-    every = list(job.manifest["variants"])
-    return BuildResult(dest, not fresh and not built, time.perf_counter() - start,
-                       job.manifest["name"], built,
-                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
-
-
-@dataclass
-class _Job:
-    """One ``build``: what it builds, and the plan once made (the caller holds the
-    artifact's lock around each call)."""
-    spec_path: str
-    target: targets.Target
-    base: str | None
-    request: str | dict[str, str] | None
-    key: str
-    archs: tuple[str, ...]
-    dest: str
-    manifest: dict = field(default_factory=dict)
-    plan: BuildPlan | None = None
-
-    def artifact(self, force: bool, start: float) -> bool:
-        """Publish the artifact (no variant) unless it is current and not ``force``d;
-        whether it was published. Reads its manifest."""
-        global BUILD_COUNT
-        fresh = force or not _is_current(self.dest, self.key)
+        plan = None
+        fresh = force or not _is_current(dest, key)
         if fresh:
-            _remove_leftovers(self.dest)
-            self.plan = make_plan(self.spec_path, self.target, self.base, self.request)  # 1-5
-            tmp = _temp_folder("build", self.dest)
+            _remove_leftovers(dest)
+            plan = make_plan(spec_path, tg, base, req)                   # 1-5
+            tmp = _temp_folder("build", dest)
             try:
-                write_artifact(tmp, self.plan, self.key, time.perf_counter() - start,
-                               self.archs)                                       # 7
-                _publish(tmp, self.dest)
+                write_artifact(tmp, plan, key, time.perf_counter() - start, archs)  # 7
+                _publish(tmp, dest)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            BUILD_COUNT += 1
-        self.manifest = load_verified(self.dest, lambda _, m: m, targets.get)
-        return fresh
-
-    def variant(self, name: str, todo: list[str]) -> None:
-        """Build variant ``name`` (``todo``: the variants this build makes, planned at once)."""
-        global BUILD_COUNT
-        _remove_leftovers(self.dest)
-        if self.plan is None:
-            self.plan = make_plan(self.spec_path, self.target, self.base, self.request,
-                                  only=set(todo))                            # 1-5
-        _build_variant(self.dest, self.plan, name, self.key, self.archs)     # 6-7
-        BUILD_COUNT += 1
+        manifest = load_verified(dest, lambda _, m: m, targets.get)
+        todo = [v for v in _wanted(manifest, variants)
+                if force or not _variant_current(dest, manifest, v)]
+        if todo:
+            if not fresh:
+                _remove_leftovers(dest)
+            plan = plan or make_plan(spec_path, tg, base, req)           # 1-5
+            _build_variants(dest, plan, todo, key, archs)                # 6-7
+    BUILD_COUNT += fresh + bool(todo)
+    every = list(manifest["variants"])
+    return BuildResult(dest, not fresh and not todo, time.perf_counter() - start,
+                       manifest["name"], todo,
+                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
 
 
 def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
@@ -165,35 +133,54 @@ def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _build_variant(dest: str, plan: BuildPlan, name: str, key: str,
-                   archs: tuple[str, ...]) -> None:
-    """Stages 6-7 of one variant: its library (and native binaries, device ABI) built in
-    a temporary folder inside the artifact and renamed to ``dest/name`` (the caller holds
-    the artifact's lock)."""
+def _build_variants(dest: str, plan: BuildPlan, names: list[str], key: str,
+                    archs: tuple[str, ...]) -> None:
+    """Stages 6-7 of the variants ``names``: one library of their functions (each once:
+    launches of several variants may name one, ``plan.scripts``), its native binaries and
+    device ABI, built in a temporary folder inside the artifact; then each variant's
+    folder, its files (hard links to the library's) and its record, renamed to
+    ``dest/<variant>`` (the caller holds the artifact's lock)."""
     start = time.perf_counter()
     tg = plan.target
     funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
-             for sym, text in plan.scripts(name).items()}
-    tmp = _temp_folder("build", os.path.join(dest, name))
+             for sym, text in plan.scripts(names).items()}
+    lib = _temp_folder("build", os.path.join(dest, names[0]))
     try:
         with ThreadPoolExecutor(max_workers=1) as native:
             def written(src: dict[str, str]):     # the sources, written once; the
-                write_sources(tmp, src, tg)        # native step (6c: nvcc) runs
-                return native.submit(tg.compile_native, src, archs, tmp)  # during export
+                write_sources(lib, src, tg)        # native step (6c: nvcc) runs
+                return native.submit(tg.compile_native, src, archs, lib)  # during export
             sources, native_done = tvm_backend.build_library(     # 6 build
                 funcs, tvm_backend.target_for(tg.name, archs[0] if archs else None),
-                os.path.join(tmp, "kernels.so"), then=written)
+                os.path.join(lib, "kernels.so"), then=written)
             binaries = native_done.result()
         device = None
         if tg.family == "gpu":                                   # 6b device ABI
-            device = abi.device_kernels(tg, tg.signatures(sources, tmp),
-                                        [p for k in plan.kernels if k.variant == name
-                                         for p in k.passes])
-        write_variant(tmp, plan, name, sources, key, time.perf_counter() - start, archs,
-                      device, binaries)                          # 7 write
-        _publish(tmp, os.path.join(dest, name))
+            device = abi.device_kernels(tg, tg.signatures(sources, lib), [
+                p for k in plan.kernels if k.variant in names for p in k.passes])
+        records = {f: cache.file_record(os.path.join(lib, f)) for f in os.listdir(lib)}
+        for v in names:                                          # 7 write
+            own = {p.symbol for k in plan.kernels if k.variant == v for p in k.passes}
+            tmp = _temp_folder("build", os.path.join(dest, v))
+            try:
+                for f in records:
+                    _link(os.path.join(lib, f), os.path.join(tmp, f))
+                write_variant(tmp, plan, v, sources, key, time.perf_counter() - start,
+                              archs, device and {s: e for s, e in device.items() if s in own},
+                              binaries, records)
+                _publish(tmp, os.path.join(dest, v))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(lib, ignore_errors=True)
+
+
+def _link(src: str, dst: str) -> None:
+    """``dst`` is ``src``'s file: a hard link, or a copy where links are not supported."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _variant_current(dest: str, manifest: dict, name: str) -> bool:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import Collection
 
 from ..declarations import Spec
 from . import schedule_gpu, schedule_llvm, targets
@@ -37,6 +38,14 @@ class PassPlan:
     @property
     def symbol(self) -> str:
         return self.lowered.symbol
+
+    @property
+    def function(self) -> str:
+        """The TVMScript of the function that runs it, named ``compiled_as``."""
+        if self.compiled_as == self.symbol:
+            return self.script
+        return self.script.replace(f"def {self.symbol}(", f"def {self.compiled_as}(").replace(
+            f'"{self.symbol}"', f'"{self.compiled_as}"')
 
     @property
     def library(self) -> bool:
@@ -77,8 +86,7 @@ class KernelPlan:
 
 @dataclass
 class BuildPlan:
-    """What the front end decided for one (spec, target, base, state format): every
-    kernel, or with ``make_plan(only=...)`` the kernels of those variants."""
+    """What the front end decided for one (spec, target, base, state format)."""
     spec: Spec
     target: targets.Target
     base: str | None
@@ -96,11 +104,14 @@ class BuildPlan:
         """The variants ``optgen build`` makes by default (variants.default_variants)."""
         return default_variants(self.spec, self.target, self.made)
 
-    def scripts(self, variant: str | None = None) -> dict[str, str]:
-        """symbol -> TVMScript of every function a library exports (that of ``variant``,
-        or all of them), in plan order."""
-        return {p.symbol: p.script for k in self.kernels if variant in (None, k.variant)
-                for p in k.passes if p.compiled_as == p.symbol and not p.library}
+    def scripts(self, variants: Collection[str] | None = None) -> dict[str, str]:
+        """symbol -> TVMScript of every function a library of ``variants`` (or of all of
+        them) exports, in plan order: each function once, under the name every launch
+        of it uses (``compiled_as``: the first pass of that text in the plan, which may
+        be another variant's)."""
+        return {p.compiled_as: p.function for k in self.kernels
+                if variants is None or k.variant in variants
+                for p in k.passes if not p.library}
 
 
 def _debug(stage: str, text: str) -> None:
@@ -117,11 +128,9 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
 
 
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
-              state_format: str | dict[str, str] | None = None,
-              only: set[str] | None = None) -> BuildPlan:
+              state_format: str | dict[str, str] | None = None) -> BuildPlan:
     """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
-    their TVMScript (and GPU grids and shape variables); with ``only``, the kernels of
-    those variants only (stages 4-5 are most of the front end's time)."""
+    their TVMScript (and GPU grids and shape variables), each kernel in its variant."""
     spec = load_spec(spec_path, base)                                # 1 load
     traces = verify(spec)                                            # 2 verify
     kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
@@ -130,8 +139,6 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
         variant = variant_name(pdt, kir.flags, spec.flags)
         made.setdefault(variant, (pdt, {f: kir.flags[f] for f in spec.flags}))
-        if only is not None and variant not in only:
-            continue
         symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         passes = []
         cpu = tg.family == "cpu"
@@ -146,8 +153,7 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
         kernels.append(KernelPlan(kir, dt, pdt, symbol, passes, variant))
     plan = BuildPlan(spec, tg, base, state_format, kirs, kernels, made)
     if tg.family != "gpu":      # GPU passes keep their own symbols: each has device kernels
-        for v in made:          # (within a variant: each is a library of its own)
-            _share_functions([p for k in kernels if k.variant == v for p in k.passes])
+        _share_functions(plan.passes)
     _debug("schedule", "\n\n".join(p.script for p in plan.passes))
     return plan
 
@@ -155,7 +161,8 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
 def _share_functions(passes: list[PassPlan]) -> None:
     """Point each pass at the first one whose function is the same text but for its
     name. Flag combinations share many passes (every matmul of a matrix rule, a fallback
-    rule under flags it ignores): each is compiled once and the launches name the first."""
+    rule under flags it ignores): each is compiled once and the launches name the first.
+    A variant's library holds each function its launches name, under that name."""
     first: dict[str, str] = {}
     for p in passes:
         if p.library:

@@ -22,7 +22,7 @@ import os
 import threading
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -194,7 +194,11 @@ class Artifact:
         # builds the named variants into this folder (optgen.get_artifact sets it); None:
         # a variant not built is a VariantNotBuilt error
         self.builder: Callable[[list[str]], None] | None = None
-        self._owner = {f: k.variant for k in self.kernels for f in k.functions}
+        self._owners: dict[str, list[str]] = {}    # function -> the variants that hold it
+        for k in self.kernels:
+            for f in k.functions:
+                if k.variant not in self._owners.setdefault(f, []):
+                    self._owners[f].append(k.variant)
         self._built: dict[str, Variant] = {}
         self._modules: dict[str, Any] = {}
         self._functions: dict[str, Callable] = {}
@@ -258,6 +262,26 @@ class Artifact:
                                                   merged)
             return got
 
+    def ensure(self, names: Iterable[str]) -> None:
+        """Have the variants ``names`` built: those not built yet (or broken) are built
+        together, into one library (cheaper than one by one), by the ``builder``;
+        without one, VariantNotBuilt (or ArtifactError) for the first not to be had."""
+        with self._lock:
+            if self.builder is None:
+                for n in names:
+                    self.variant(n)
+                return
+            missing = [n for n in names if n not in self._built and not self._verified(n)]
+            if missing:
+                self.builder(missing)
+
+    def _verified(self, name: str) -> bool:
+        try:
+            load_variant(self.path, self.manifest, name, backends.get)
+        except ArtifactError:
+            return False
+        return True
+
     def ready(self, kernel: KernelInfo) -> None:
         """Load the library of ``kernel``'s variant, building it first where it is not
         built and the artifact has a builder: a variant that cannot be had is a
@@ -275,9 +299,9 @@ class Artifact:
         fn = self._functions.get(symbol)
         if fn is None:
             with self._lock:
-                if symbol not in self._owner:
+                if symbol not in self._owners:
                     raise ArtifactError(f"{self.path}: no kernel function {symbol!r}")
-                module = self._module(self._owner[symbol])
+                module = self._module(self._holder(symbol))
                 if isinstance(module, DeviceProgram):
                     try:
                         fn = module.function(symbol)
@@ -287,6 +311,13 @@ class Artifact:
                     fn = module[symbol]
                 self._functions[symbol] = fn
         return fn
+
+    def _holder(self, symbol: str) -> str:
+        """A variant whose library holds function ``symbol`` (kernels of several variants
+        may run one function): one loaded already, else one built, else the first."""
+        owners = self._owners[symbol]
+        return next((v for v in owners if v in self._modules), None) or next(
+            (v for v in owners if os.path.isdir(os.path.join(self.path, v))), owners[0])
 
     def _module(self, name: str):
         module = self._modules.get(name)
