@@ -1,17 +1,17 @@
 #!/usr/bin/env python
-"""Build, in parallel, every artifact the GPU tests load while pytest collects them: each
+"""Build, in parallel, every artifact the GPU tests load, with all its variants: each
 elementwise catalog spec for cuda and llvm, plain and with bf16, bf16sr, q8 and q4
 states (a refused format is printed, not an error). Run before ``pytest -n``: otherwise
-every xdist worker builds the same artifacts during collection, one at a time under the
-cache's locks.
+the xdist workers build the variants they need as they run, each under the cache's
+locks (a variant another worker builds is waited for, not built twice).
 
     python bench/gpu_prebuild.py [processes] [all]
 """
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-# the plain artifacts are what collection loads; the formats' are built by the tests
-# themselves (spread over the workers) unless asked for: python bench/gpu_prebuild.py 14 all
+# the plain artifacts by default; the formats' are built by the tests themselves (spread
+# over the workers) unless asked for: python bench/gpu_prebuild.py 14 all
 FORMATS = [None]
 ALL_FORMATS = [None, "bf16", "bf16sr", "q8", "q4"]
 
@@ -21,8 +21,10 @@ def build(job: tuple[str, str, str | None]) -> str:
     name, target, fmt = job
     sr = fmt == "bf16sr"
     try:
-        optgen.get_artifact(name, target, base="adam" if name == "lars" else None,
-                            state_format="bf16" if sr else fmt, stochastic_rounding=sr)
+        from optgen.core import formats
+        optgen.build(name, target, base="adam" if name == "lars" else None, variants="all",
+                     state_format=formats.rounded(name, formats.request(
+                         name, "bf16" if sr else fmt), sr))
         return ""
     except Exception as e:  # noqa: BLE001 (a refusal is reported, the run goes on)
         return f"{name} {target} {fmt}: {type(e).__name__}: {str(e)[:160]}"

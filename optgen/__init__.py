@@ -14,24 +14,27 @@ from .core._version import __version__
 
 from .errors import BuildError, SpecError  # noqa: E402
 from optgen.runtime import (Artifact, ArtifactError, ArtifactWarning,  # noqa: E402
-                            Optimizer, RowSparse, aligned_full, create, flatten, get_artifact,
-                            get_num_threads, load, register, schedules, set_num_threads,
-                            cpu_pool, set_cpu_pool)
+                            Optimizer, RowSparse, VariantNotBuilt, aligned_full, create,
+                            flatten, get_artifact, get_num_threads, load, register,
+                            schedules, set_num_threads, cpu_pool, set_cpu_pool)
 
 
 def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=None,
-          arch: str | None = None, state_format=None):
+          arch: str | None = None, state_format=None, variants="default"):
     """Build a spec (catalog name or file) for ``target`` and return the BuildResult;
     ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90");
-    ``state_format``: also the kernels with states in that format (bf16)."""
+    ``state_format``: also the kernels with states in that format (bf16);
+    ``variants``: the libraries built now, "default" (float32 parameters, default flag
+    values), "all", or a list of variant names (the others build on first use)."""
     from optgen.compiler.pipeline import build as _build
     from optgen.core import catalog
     return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
-                  state_format=state_format)
+                  state_format=state_format, variants=variants)
 
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",
-           "RowSparse", "SpecError", "aligned_full", "build", "create", "flatten", "get_artifact",
+           "RowSparse", "SpecError", "VariantNotBuilt", "aligned_full", "build", "create",
+           "flatten", "get_artifact",
            "get_num_threads", "load", "register", "schedules", "set_num_threads",
            "cpu_pool", "set_cpu_pool",
            "__version__"]

@@ -16,7 +16,8 @@ import warnings
 from .errors import BuildError, SpecError
 
 EXAMPLES = [   # (command line, what it does): `optgen --help` shows all, `optgen CMD --help` its own
-    ("optgen build specs/adam.py", "build for this CPU into the cache"),
+    ("optgen build specs/adam.py", "build for this CPU into the cache (float32, default flags)"),
+    ("optgen build adam --all-variants", "every dtype and flag combination now"),
     ("optgen build adam sgd --out build/", "build two catalog specs into build/"),
     ("optgen build adam --target llvm,c,opencl", "one spec for three targets, with a summary"),
     ("optgen build lars --base adam", "LARS around Adam"),
@@ -62,8 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     b = _command(sub, "build", help="build specs into artifacts",
-                       description="Build one or more specs (a file or a catalog name) into "
-                       "an artifact directory: library, manifest.json, sources, wrapper.")
+                       description="Build specs (a file or a catalog name) into an artifact "
+                       "directory: manifest.json, wrapper, and a folder per variant (a "
+                       "parameter dtype and flag values: its library and sources). The float32 "
+                       "variant with default flags is built; the runtime builds the others "
+                       "when a step first needs them.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
     b.add_argument("--target", default=targets.DEFAULT, help="target(s) to build for, "
                    f"comma-separated: {', '.join(targets.names())} (default "
@@ -73,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
                    "PTX and cubin for (default sm_80,sm_90)")
     b.add_argument("--out", help="write <spec>-<target>/ under this folder instead of the cache")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    which = b.add_mutually_exclusive_group()
+    which.add_argument("--all-variants", action="store_true", help="build every variant "
+                       "(dtype and flag combination), e.g. for an --out artifact")
+    which.add_argument("--variant", help="build these variants (comma-separated, e.g. "
+                       "f32-use_nesterov,bf16: a dtype tag and the flags set on)")
     b.add_argument("--base", help="base optimizer of a wrapper spec (lars), e.g. --base adam")
     b.add_argument("--state-format", help="also build the kernels that store states in a "
                    "format: bf16, q8, q4 (every tensor state; q8@64 for another block "
@@ -88,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     sh = _command(sub, "show", help="print a pipeline stage of a spec (builds it if needed)",
                         description="Print one stage of a spec's pipeline, read from its "
                         "artifact: spec (the source), ir (the specialized IR of every kernel, "
-                        "JSON), tvmscript (the scheduled kernels), source (the generated "
-                        "kernel source for the target: LLVM IR, C, CUDA, OpenCL, Metal, WGSL).")
+                        "JSON), tvmscript (the scheduled kernels), source (the generated source "
+                        "of the default variant, or --kernel's: LLVM IR, C, CUDA, OpenCL, ...).")
     sh.add_argument("spec", help="spec file or catalog name")
     sh.add_argument("--stage", default="tvmscript", help="spec, ir, tvmscript (default) or source")
     sh.add_argument("--target", default=targets.DEFAULT,
@@ -149,12 +158,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _artifact(spec: str, target: str = "llvm", base: str | None = None, state_format=None):
-    import optgen
-    from optgen.core import catalog
-    if base is not None:
-        catalog.resolve(base)
-    return optgen.Artifact.load(optgen.build(spec, target, base=base,
-                                             state_format=state_format).path)
+    import optgen          # (its variants build on first use)
+    return optgen.get_artifact(spec, target, base=base, state_format=state_format)
 
 
 def _state_format(text: str | None):
@@ -278,8 +283,7 @@ def _cmd_cache(args) -> int:
 def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
-    from optgen.core import catalog
-    from optgen.core import formats
+    from optgen.core import catalog, formats
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
         raise ValueError("--target names no target (e.g. --target llvm,c)")
@@ -290,6 +294,8 @@ def _cmd_build(args) -> int:
     paths = [catalog.resolve(spec) for spec in args.specs]
     if args.base is not None:
         catalog.resolve(args.base)
+    variants = "all" if args.all_variants else "default" if args.variant is None else \
+        [v.strip() for v in args.variant.split(",") if v.strip()]
     start, built = time.perf_counter(), 0
     for path in paths:
         for target in names:
@@ -297,13 +303,16 @@ def _cmd_build(args) -> int:
                       arch=args.arch if targets.get(target).takes_arch else None,
                       state_format=formats.rounded("optgen build", formats.request(
                           "optgen build", _state_format(args.state_format)),
-                          args.stochastic_rounding))
+                          args.stochastic_rounding), variants=variants)
             built += not r.cache_hit
             what = "cache hit" if r.cache_hit else "built"
             print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)
+            more = len(r.variants) - len(r.have)
+            print(f"  variants: {', '.join(r.have)}"
+                  + f"; {more} more build on first use (--all-variants: now)" * bool(more))
             if target != targets.DEFAULT:
-                print("  files: " + " ".join(sorted(f for f in os.listdir(r.path)
-                                                     if not f.startswith("."))))
+                print("  files: " + " ".join(sorted(f"{v}/{f}" for v in r.built
+                                                     for f in os.listdir(f"{r.path}/{v}"))))
     total = len(paths) * len(names)
     if total > 1:
         print(f"summary: {total} artifacts ({len(paths)} spec(s) x {len(names)} target(s)): "

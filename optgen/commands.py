@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from optgen.benchmark import Contender, interleave
-from optgen.runtime import Artifact
+from optgen.runtime.artifact import Artifact, Variant
 from optgen.core import cache
 from optgen.core import hyper as hyper_rules
 
@@ -33,7 +33,8 @@ STAGES = ("spec", "ir", "tvmscript", "source")
 
 def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
     """One stage of ``art``'s pipeline as text; ``kernel`` keeps one kernel's part of
-    the IR and TVMScript (a symbol such as ``adam_f32_use_nesterov``)."""
+    the IR and TVMScript (a symbol such as ``adam_f32_use_nesterov``). The source is that
+    of the default variants' libraries, or of ``kernel``'s (built if needed)."""
     if stage == "spec":
         return _read(art, "spec.py")
     if stage == "ir":
@@ -54,7 +55,9 @@ def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
             raise ValueError(_unknown_kernel(art, kernel))
         return "\n\n\n".join(funcs)
     if stage == "source":
-        text = _read(art, source_file(art))
+        owner = [k.variant for k in art.kernels if k.symbol == kernel]
+        text = "\n".join(_read(v, source_file(v)) for v in map(
+            art.variant, owner or ([] if kernel else art.default_variants)))
         if kernel is None:
             return text
         funcs = _source_functions(text, kernel)
@@ -64,9 +67,9 @@ def stage_text(art: Artifact, stage: str, kernel: str | None = None) -> str:
     raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
 
-def source_file(art: Artifact) -> str:
-    """The generated source's file, as the manifest records it (beside the TVMScript)."""
-    return next(f for k, f in art.manifest["sources"].items() if k != "tvmscript")
+def source_file(v: Variant) -> str:
+    """A variant's generated source file, as its manifest records it."""
+    return next(f for k, f in v.manifest["sources"].items() if k != "tvmscript")
 
 
 def _source_functions(text: str, kernel: str) -> list[str]:
@@ -87,7 +90,7 @@ def _source_functions(text: str, kernel: str) -> list[str]:
     return out
 
 
-def _read(art: Artifact, name: str) -> str:
+def _read(art: Artifact | Variant, name: str) -> str:
     with open(os.path.join(art.path, name), encoding="utf-8") as f:
         return f.read()
 
@@ -161,10 +164,10 @@ def check(art: Artifact, seed: int = 0) -> list[CheckResult]:
     weight decay, clipping on, integers changed, optional ones between None and a
     value: ``optgen.core.hyper.busy_hypers``); then compare the parameters and every
     state (tensor and scalar): the largest error relative to max(1, the array's largest
-    |reference value|), as the tests measure it, and where it is."""
+    |reference value|) and where it is. The variants of those dtypes are built first."""
     import optgen
-    user_flags = sorted(art.flags)
-    results = []
+    user_flags, results = sorted(art.flags), []
+    art.ensure([v for v, d in art.variants.items() if d["param_dtype"] in art.dtypes])
     for dtype, bits, setting in itertools.product(
             art.dtypes, itertools.product([False, True], repeat=len(user_flags)),
             ("default", "busy")):

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from . import backends, schedules
 from optgen.core import cache, catalog
 from optgen.core import formats
-from .artifact import Artifact, ArtifactError, ArtifactWarning
+from .artifact import Artifact, ArtifactError, ArtifactWarning, VariantNotBuilt
+from optgen.core.manifest import not_built
 from optgen.core.catalog import register
 from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
@@ -19,6 +20,7 @@ from .sparse import RowSparse
 from .threads import cpu_pool, get_num_threads, set_cpu_pool, set_num_threads
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSparse",
+           "VariantNotBuilt",
            "aligned_full", "create", "default_decay_filter", "flatten", "get_artifact", "get_num_threads",
            "load", "register", "schedules", "set_num_threads", "cpu_pool", "set_cpu_pool"]
 
@@ -30,6 +32,11 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``);
     ``state_format`` gets the artifact that also holds that format's kernels
     (optgen/core/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr).
+
+    The artifact lists every kernel; each variant's library (a parameter dtype and flag
+    values) is compiled when its kernels are first called, so a step with new settings
+    (another dtype, a flag turned on) may compile once; ``build=False`` builds nothing
+    (a variant not built is then a VariantNotBuilt error).
 
     The artifact is verified on load (Artifact.load). A cached one that fails (corrupted,
     truncated, another optgen/TVM version) is rebuilt with an ArtifactWarning saying why;
@@ -54,14 +61,38 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
         if not build and os.path.lexists(dest):
             raise ArtifactError(f"{e.problem}; {fix}", e.problem) from None
         art = None  # missing or broken: the build below reports a broken one and replaces it
-    if art is not None and art.key == key:
-        return art
-    if not build:
-        raise ArtifactError(f"{os.path.basename(path)} is not built for {target}; {fix}"
-                            if art is None else f"{dest}: its manifest's key {art.key[:16]}... "
-                            f"is not the spec's key {key[:16]}...; {fix}")
-    from optgen.compiler.pipeline import build as build_spec  # the compiler, only when needed
-    return Artifact.load(build_spec(path, target, base=base, state_format=state_format).path)
+    if art is None or art.key != key:
+        if not build:
+            raise ArtifactError(f"{os.path.basename(path)} is not built for {target}; {fix}"
+                                if art is None else f"{dest}: its manifest's key "
+                                f"{art.key[:16]}... is not the spec's key {key[:16]}...; {fix}")
+        from optgen.compiler.pipeline import build as build_spec  # the compiler, when needed
+        art = Artifact.load(build_spec(path, target, base=base, state_format=state_format,
+                                       variants=None).path)     # (no library yet)
+    if build:
+        art.builder = _builder(art, path, base, state_format)
+    return art
+
+
+def _builder(art: Artifact, spec_path: str, base: str | None, state_format: Any
+             ) -> Callable[[list[str]], None]:
+    """What builds variants of ``art`` (cached from the spec file ``spec_path``) on first
+    use; where this machine cannot (no toolchain, a folder it cannot write), a
+    VariantNotBuilt naming the variant, why, and the command that builds it."""
+    def build_variants(names: list[str]) -> None:
+        from optgen.compiler.pipeline import build as build_spec  # (the compiler)
+        from optgen.errors import BuildError
+        try:
+            r = build_spec(spec_path, art.target, base=base, state_format=state_format,
+                           arch=",".join(art.manifest["archs"]) or None, variants=names)
+        except (BuildError, OSError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise not_built(art.path, art.manifest, names[0],
+                            f", and it cannot be built here ({why})") from e
+        if r.path != art.path:
+            raise ArtifactError(f"{spec_path} changed since {art.path} was loaded (it now "
+                                f"builds {r.path}): get the artifact again")
+    return build_variants
 
 
 def load(path: str | os.PathLike) -> Artifact:

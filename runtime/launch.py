@@ -76,6 +76,8 @@ class Launcher:
             if k is None:
                 raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
                                 + (" and state formats" if fmt else ""))
+            if self.compiled:       # its library built and loaded before anything changes
+                self.artifact.ready(k)
             self.kernels[key] = k
         return k
 

@@ -159,6 +159,44 @@ def cupy_gpu():
 EXHAUSTIVE = pytest.mark.exhaustive
 
 
+def exhaustive(config) -> bool:
+    """Whether this run takes every case (--exhaustive or OPTGEN_EXHAUSTIVE=1)."""
+    return bool(config.getoption("--exhaustive") or os.environ.get("OPTGEN_EXHAUSTIVE") == "1")
+
+
+def covering_variants(art) -> list[str]:
+    """A few of an artifact's variants (``art.variants``: name -> its parameter dtype and
+    flag values) that hold every parameter dtype and every value of every flag at least
+    once: the default variants first, then greedily the one adding the most values not
+    held yet (adam: f32, f64-use_nesterov, f16, bf16 of its 8)."""
+    def values(name: str) -> set:
+        v = art.variants[name]
+        return {("dtype", v["param_dtype"]), *v["flags"].items()}
+    todo = set().union(*map(values, art.variants))
+    out = []
+    for name in art.default_variants:
+        out.append(name)
+        todo -= values(name)
+    while todo:
+        best = max(art.variants, key=lambda n: len(values(n) & todo))
+        out.append(best)
+        todo -= values(best)
+    return out
+
+
+def variant_views(art, names) -> list[tuple[str, dict]]:
+    """(folder, manifest) of each of those variants of ``art``, built if needed (those
+    missing together, in one library): the
+    variant's manifest (its library's record merged into the artifact's) with only its
+    own kernels, which is what a test of one library's code reads."""
+    art.ensure(names)                 # (those not built yet: in one build)
+    out = []
+    for v in map(art.variant, names):
+        kernels = [k for k in v.manifest["kernels"] if k["variant"] == v.name]
+        out.append((v.path, {**v.manifest, "kernels": kernels}))
+    return out
+
+
 def pairwise(sizes: Sequence[int], rotate: int = 0) -> list[tuple[int, ...]]:
     """Index tuples over factors of ``sizes`` levels that hold every pair of levels of
     every two factors at least once (a greedy covering array: for 4x2x2x2, 8 tuples of

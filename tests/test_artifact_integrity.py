@@ -1,7 +1,8 @@
 """Artifacts fail loudly and heal: a corrupted, truncated, mismatched or foreign artifact
-is detected at load (ArtifactError naming the file, the problem and the rebuild command),
-a cached one is reported (ArtifactWarning) and rebuilt, concurrent builders publish one
-complete artifact, and loading a built artifact runs no spec code."""
+is detected at load, or its variant's library at first use (ArtifactError naming the
+file, the problem and the rebuild command), a cached one is reported (ArtifactWarning)
+and rebuilt, concurrent builders publish one complete artifact and variant, and loading
+a built artifact runs no spec code."""
 import json
 import os
 import re
@@ -44,8 +45,8 @@ def _replace(path, data: bytes):
 
 
 def _edit_manifest(change):
-    def edit(folder):
-        mpath = os.path.join(folder, "manifest.json")
+    def edit(folder, name="manifest.json"):
+        mpath = os.path.join(folder, name)
         with open(mpath, encoding="utf-8") as f:
             m = json.load(f)
         change(m)
@@ -53,9 +54,14 @@ def _edit_manifest(change):
     return edit
 
 
+def _edit_record(change):
+    """Edit the record of the artifact's float32 variant (its library's manifest)."""
+    return lambda folder: _edit_manifest(change)(os.path.join(folder, "f32"), "variant.json")
+
+
 def _edit_library(change):
     def edit(folder):
-        path = os.path.join(folder, "kernels.so")
+        path = os.path.join(folder, "f32", "kernels.so")
         with open(path, "rb") as f:
             data = bytearray(f.read())
         _replace(path, bytes(change(data)))
@@ -75,14 +81,15 @@ def _del_kernel_symbol(m):
     del m["kernels"][0]["symbol"]
 
 
-# case -> (how to break the artifact, what the ArtifactError says)
+# case -> (how to break the artifact, what the ArtifactError says); the library and its
+# record are the float32 variant's (f32/: VARIANT), checked when it is first used
 BROKEN = {
     "truncated-library": (_edit_library(lambda d: d[:len(d) // 2]),
                           r"kernels\.so: \d+ bytes, the manifest records \d+ \(truncated"),
     "flipped-byte": (_edit_library(_flip),
                      r"kernels\.so: sha256 [0-9a-f]{16}\.\.\., the manifest records "
                      r"[0-9a-f]{16}\.\.\. \(corrupted"),
-    "manifest-hash": (_edit_manifest(lambda m: m["files"]["kernels.so"].update(sha256="0" * 64)),
+    "manifest-hash": (_edit_record(lambda m: m["files"]["kernels.so"].update(sha256="0" * 64)),
                       r"kernels\.so: sha256 .*, the manifest records 0000000000000000"),
     "optgen-version": (_edit_manifest(lambda m: m.update(optgen_version="0.0.1")),
                        r"manifest\.json: built by optgen 0\.0\.1, this is optgen "
@@ -91,7 +98,7 @@ BROKEN = {
                     r"manifest\.json: built with TVM 0\.9\.0, this is TVM 0\.27"),
     "old-format": (_edit_manifest(lambda m: m.update(format=4)),
                    rf"manifest\.json: manifest format 4, this optgen reads format {cache.FORMAT}"),
-    "missing-library": (_remove("kernels.so"), r"kernels\.so: missing"),
+    "missing-library": (_remove("f32/kernels.so"), r"kernels\.so: missing"),
     "missing-spec-copy": (_remove("spec.py"), r"spec\.py: missing"),
     "missing-manifest": (_remove("manifest.json"), r"manifest\.json: missing \(not a complete"),
     "invalid-json": (lambda f: _replace(os.path.join(f, "manifest.json"), b'{"format": 5,'),
@@ -104,13 +111,21 @@ BROKEN = {
                       r"manifest\.json: the manifest lacks 'files'"),
     "missing-nested-key": (_edit_manifest(_del_kernel_symbol),
                            r"manifest\.json: malformed manifest \(KeyError: 'symbol'\)"),
-    "library-outside": (_edit_manifest(lambda m: m.update(library="../kernels.so")),
-                        r"manifest\.json: the manifest records no size and sha256 for "
+    "library-outside": (_edit_record(lambda m: m.update(library="../kernels.so")),
+                        r"variant\.json: the manifest records no size and sha256 for "
                         r"'\.\./kernels\.so'"),
+    "missing-record": (_remove("f32/variant.json"),
+                       r"f32/variant\.json: missing \(not a complete variant\)"),
+    "record-of-another-build": (_edit_record(lambda m: m.update(key="e" * 64)),
+                                r"variant\.json: it records 'f32' for 'llvm' with the key "
+                                r"eeeeeeeeeeeeeeee\.\.\., not 'f32' .*\(from another build\)"),
 }
+VARIANT = {"truncated-library", "flipped-byte", "manifest-hash", "missing-library",
+           "library-outside", "missing-record", "record-of-another-build"}
 # the cases the rebuild test runs (each rebuilds, ~1.3 s): one per kind of damage
 REBUILT = ["truncated-library", "flipped-byte", "manifest-hash", "optgen-version",
-           "tvm-version", "missing-library", "missing-manifest", "invalid-json", "missing-key"]
+           "tvm-version", "missing-library", "missing-manifest", "invalid-json", "missing-key",
+           "missing-record"]
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +157,12 @@ def fresh_cache(prebuilt, tmp_path, monkeypatch):
     return str(root / prebuilt["cached"])
 
 
+def _use(art):
+    """The first use of the artifact's float32 variant: its library is verified (and,
+    where the artifact has a builder, built or rebuilt) here."""
+    return art.variant("f32")
+
+
 def _step_checks(art):
     w = np.ones(5, np.float32)
     optgen.create(art, [w], lr=0.5).step([np.ones(5, np.float32)])
@@ -157,24 +178,30 @@ def _no_leftovers(folder):
 def test_manifest_records_what_the_runtime_reads(prebuilt):
     with open(os.path.join(prebuilt["out"], "manifest.json"), encoding="utf-8") as f:
         m = json.load(f)
-    assert sorted(m["files"]) == ["kernels.so", "spec.py"]
-    lib = os.path.join(prebuilt["out"], "kernels.so")
-    assert m["files"]["kernels.so"] == cache.file_record(lib)
-    assert m["files"]["kernels.so"]["size"] == os.path.getsize(lib)
+    assert sorted(m["files"]) == ["spec.py"]
+    assert m["files"]["spec.py"] == cache.file_record(os.path.join(prebuilt["out"], "spec.py"))
     assert m["format"] == cache.FORMAT and m["tvm_version"] == cache.tvm_version()
     assert m["optgen_version"] == optgen.__version__ and m["base"] is None
+    assert m["default_variants"] == ["f32"] and {"f32", "f64", "bf16"} <= set(m["variants"])
+    with open(os.path.join(prebuilt["out"], "f32", "variant.json"), encoding="utf-8") as f:
+        r = json.load(f)
+    assert sorted(r["files"]) == ["kernels.so"] and (r["key"], r["variant"]) == (m["key"], "f32")
+    lib = os.path.join(prebuilt["out"], "f32", "kernels.so")
+    assert r["files"]["kernels.so"] == cache.file_record(lib)
+    assert r["files"]["kernels.so"]["size"] == os.path.getsize(lib)
 
 
 @pytest.mark.parametrize("case", BROKEN)
 def test_broken_prebuilt_artifact_is_a_clear_error(case, prebuilt, tmp_path):
     folder = tmp_path / "tiny-llvm"
     shutil.copytree(prebuilt["out"], folder)
-    assert optgen.load(folder).name == "tiny"
+    assert _use(optgen.load(folder)).name == "f32"
     breaks, pattern = BROKEN[case]
     breaks(str(folder))
     with pytest.raises(ArtifactError, match=pattern) as err:
-        optgen.load(folder)
-    fix = f"optgen build tiny.py --target llvm --out {tmp_path}"
+        _use(optgen.load(folder))
+    fix = f"optgen build tiny.py --target llvm --out {tmp_path}" + (
+        " --variant f32" if case in VARIANT else "")
     assert fix in str(err.value)           # the command that rebuilds it: no rebuild here
     assert ("holds no copy of the spec" if case == "missing-spec-copy"
             else f"{folder}/spec.py is a copy of tiny.py") in str(err.value)
@@ -196,8 +223,9 @@ def test_rebuild_hints(tmp_path, monkeypatch):
 def test_broken_cached_artifact_without_build_is_an_error(case, tiny_spec, fresh_cache):
     BROKEN[case][0](fresh_cache)
     with pytest.raises(ArtifactError, match=BROKEN[case][1]) as err:
-        optgen.get_artifact(tiny_spec, build=False)
-    assert "or pass build=True" in str(err.value)
+        _use(optgen.get_artifact(tiny_spec, build=False))
+    assert ("--variant f32` (optgen.get_artifact rebuilds it" if case in VARIANT
+            else "or pass build=True") in str(err.value)
 
 
 @pytest.mark.parametrize("case", REBUILT)
@@ -207,9 +235,12 @@ def test_broken_cached_artifact_is_reported_and_rebuilt(case, tiny_spec, fresh_c
     builds = pipeline.BUILD_COUNT
     with pytest.warns(ArtifactWarning, match="rebuilding the broken artifact .*" + pattern) as rec:
         art = optgen.get_artifact(tiny_spec)
+        _use(art)                            # (a broken variant: found and rebuilt here)
     assert len(rec) == 1 and rec[0].filename == __file__   # reported once, at the caller
     assert "optgen build" not in str(rec[0].message)        # it is being rebuilt
-    assert pipeline.BUILD_COUNT == builds + 1 and art.path == fresh_cache
+    # a variant: its library rebuilt; the artifact: it, then its variant on first use
+    assert pipeline.BUILD_COUNT == builds + (1 if case in VARIANT else 2)
+    assert art.path == fresh_cache
     Artifact.load(fresh_cache)             # verifies
     _step_checks(art)
     _no_leftovers(os.path.dirname(fresh_cache))
@@ -253,6 +284,13 @@ def test_leftovers_of_killed_builds_are_removed(tiny_spec, fresh_cache):
     assert not os.path.exists(os.path.join(root, "busy-llvm-0123456789abcdef.lock"))
     optgen.build(tiny_spec, force=True)                  # now nobody builds "busy"
     _no_leftovers(root)
+    # a killed build of a variant leaves its folder inside the artifact: the next build
+    # of a variant of that artifact removes it
+    inner = os.path.join(fresh_cache, ".build-f64.ab_cd123")
+    os.makedirs(os.path.join(inner, "x"))
+    assert optgen.build(tiny_spec, variants=["f64"]).built == ["f64"]
+    assert not os.path.exists(inner)
+    _no_leftovers(fresh_cache)
     _step_checks(Artifact.load(r.path))
 
 
@@ -287,9 +325,10 @@ def test_cache_clean_keeps_what_a_running_build_writes(fresh_cache):
 
 
 def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):
-    """While a builder rebuilds and replaces the artifact (--force), loads without the
-    lock always verify: the folder is swapped whole, never half written. (The builder is
-    a thread to save starting TVM again: readers see the same file system either way.)"""
+    """While a builder rebuilds and replaces the artifact (--force) and builds its variant,
+    loads without the lock always verify: the folder is swapped whole, never half
+    written, and its variant is absent or complete. (The builder is a thread to save
+    starting TVM again: readers see the same file system either way.)"""
     failed = []
 
     def rebuild_twice():
@@ -300,19 +339,38 @@ def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):
             failed.append(e)
     builder = threading.Thread(target=rebuild_twice)
     builder.start()
-    loads, errors, folders = 0, [], set()
+    loads, errors, folders, variants = 0, [], {}, 0
     while builder.is_alive():
         try:
-            folders.add(os.stat(fresh_cache).st_ino)
-            Artifact.load(fresh_cache)
+            _pin(fresh_cache, folders)
+            art = Artifact.load(fresh_cache)
             loads += 1
+            try:
+                _use(art)
+                variants += 1
+            except optgen.VariantNotBuilt:       # (not built yet in the new folder)
+                pass
         except (ArtifactError, FileNotFoundError) as e:
             errors.append(str(e))
         time.sleep(0.0005)                   # leave the builder a core
     assert failed == []
-    assert errors == [] and loads > 0       # renameat2 RENAME_EXCHANGE: never even absent
-    assert len(folders | {os.stat(fresh_cache).st_ino}) == 3   # the two swaps happened
+    assert errors == [] and loads > 0 and variants > 0   # RENAME_EXCHANGE: never absent
+    _pin(fresh_cache, folders)
+    for fd in folders.values():
+        os.close(fd)
+    assert len(folders) == 3                  # the two swaps happened
     _no_leftovers(os.path.dirname(fresh_cache))
+
+
+def _pin(path: str, seen: dict) -> None:
+    """Note the folder at ``path`` by its inode, kept open so that a removed folder's
+    inode is not reused by a later one."""
+    fd = os.open(path, os.O_RDONLY)
+    ino = os.fstat(fd).st_ino
+    if ino in seen:
+        os.close(fd)
+    else:
+        seen[ino] = fd
 
 
 @pytest.mark.parametrize("exchange", [True, False])
@@ -339,6 +397,7 @@ CONCURRENT = textwrap.dedent("""
     while not os.path.exists(go):
         time.sleep(0.001)
     art = optgen.get_artifact(spec)
+    art.variant("f32")                       # its library: built on first use
     print(json.dumps({"path": art.path, "builds": pipeline.BUILD_COUNT}))
 """)
 
@@ -361,7 +420,8 @@ def test_four_processes_build_the_same_spec_at_once(tiny_spec, tmp_path):
         assert p.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert len({r["path"] for r in results}) == 1
-    assert sum(r["builds"] for r in results) == 1          # one compiled, three waited
+    # the artifact and its variant were each built once, three processes waited
+    assert sum(r["builds"] for r in results) == 2
     art = Artifact.load(results[0]["path"])
     _step_checks(art)
     assert os.path.dirname(art.path) == str(root)
@@ -416,6 +476,7 @@ def test_cli_reports_a_rebuild_in_one_line(tiny_spec, fresh_cache, capsys):
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(fresh_cache).st_mode & 0o777 == 0o777 & ~umask
+    assert os.stat(os.path.join(fresh_cache, "f32")).st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_a_lock_file_removed_between_two_looks_is_retried(tmp_path, monkeypatch):

@@ -36,9 +36,10 @@ def test_build_c_target_writes_source_and_library(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("built: sgd for c in ")
     folder = tmp_path / "out" / "sgd-c"
-    assert (folder / "kernels.c").read_text().count("__tvm_ffi_sgd_f32") >= 1
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["target"] == "c" and manifest["target_detail"]["options"][0] == "-O3"
+    assert json.loads((folder / "manifest.json").read_text())["target"] == "c"
+    assert (folder / "f32" / "kernels.c").read_text().count("__tvm_ffi_sgd_f32") >= 1
+    record = json.loads((folder / "f32" / "variant.json").read_text())
+    assert record["target"] == "c" and record["target_detail"]["options"][0] == "-O3"
 
 
 @pytest.mark.skipif(targets.nvcc() is None, reason="needs nvcc on PATH")
@@ -46,11 +47,12 @@ def test_build_cuda_with_arch_writes_ptx_and_cubin_per_arch(tmp_path):
     r = optgen_cli("build", SGD, "--target", "cuda", "--arch", "sm_75,sm_90",
                    "--out", str(tmp_path / "out"), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    files = set(os.listdir(tmp_path / "out" / "sgd-cuda"))
+    assert "manifest.json" in os.listdir(tmp_path / "out" / "sgd-cuda")
+    files = set(os.listdir(tmp_path / "out" / "sgd-cuda" / "f32"))   # the default variant
     assert {"kernels.cu", "kernels.sm_75.ptx", "kernels.sm_75.cubin", "kernels.sm_90.ptx",
-            "kernels.sm_90.cubin", "kernels.so", "manifest.json"} <= files
-    assert "files: kernels.cu" in r.stdout
-    ptx = (tmp_path / "out" / "sgd-cuda" / "kernels.sm_75.ptx").read_text()
+            "kernels.sm_90.cubin", "kernels.so", "variant.json"} <= files
+    assert "files: f32/kernels.cu" in r.stdout
+    ptx = (tmp_path / "out" / "sgd-cuda" / "f32" / "kernels.sm_75.ptx").read_text()
     assert ".target sm_75" in ptx and ".visible .entry sgd_f32_kernel(" in ptx
 
 

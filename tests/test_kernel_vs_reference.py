@@ -3,6 +3,7 @@
 A new spec file joins these tests by existing: the table is built from the catalog,
 its flags and its hyperparameters, with no test edit.
 """
+import functools
 import itertools
 import textwrap
 
@@ -31,6 +32,16 @@ def shapes_for(name: str) -> list:
             for s in SHAPES]
 
 
+@functools.lru_cache(maxsize=None)
+def built(name: str):
+    """The artifact of catalog spec ``name`` with every variant built: the tests here
+    step them all, so the first of them builds them together, into one library (cheaper
+    than one at a time). Collection reads the manifest only (``optgen.get_artifact``)."""
+    art = optgen.get_artifact(name)
+    art.ensure(list(art.variants))
+    return art
+
+
 def cases():
     """(spec, flags, hyperparameter setting) for every valid combination."""
     for name in catalog.list_specs():
@@ -47,7 +58,7 @@ def cases():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name,flags,setting", list(cases()))
 def test_compiled_matches_reference(name, flags, setting, dtype, rng):
-    art = optgen.get_artifact(name)
+    art = built(name)
     hyper = (busy_hypers if setting == "busy" else default_hypers)(art, flags)
     for shape in shapes_for(name):
         w0 = rng.standard_normal(shape).astype(dtype)
@@ -90,7 +101,7 @@ def _raw_shape(art, k):
 def test_raw_kernel_on_misaligned_states(name, rng):
     """Call each compiled kernel's launches directly with *every* buffer at a 16-byte
     offset (reduction workspaces included)."""
-    art = optgen.get_artifact(name)
+    art = built(name)
     for k in art.kernels:
         if k.mixed:  # test_mixed_precision_kernels_match_reference
             continue
@@ -145,7 +156,7 @@ def test_lazy_rows_match_dense_rows(name, dtype, rng):
     """Every row-wise elementwise spec has a lazy (row-sparse) variant: rows not named
     stay bit-identical, named rows equal the dense update of a parameter made of those
     rows (compiled and reference backends), duplicate indices are summed."""
-    art = optgen.get_artifact(name)
+    art = built(name)
     hyper = busy_hypers(art, {n: h.default for n, h in art.flags.items()})
     shape = (37, 5, 3)
     idx = np.array([4, 0, 36, 4, 17, 9])
@@ -256,7 +267,7 @@ def test_mixed_precision_kernels_match_reference(name, symbol, rng):
     The large shape starts from the states' initial values: random states there hit
     elements where a rule cancels (rmsprop centered's ``n - g*g`` near 0) and the
     kernel's and interpreter's float32 roundings drift apart, as with float32 kernels."""
-    art = optgen.get_artifact(name)
+    art = built(name)
     k = next(k for k in art.kernels if k.symbol == symbol)
     plain_k = art.kernel_for("float32", k.flags)
     low = k.param_dtype
@@ -295,7 +306,7 @@ def test_mixed_precision_lazy_rows(name, low, rng):
     """The lazy (row-sparse) launch of a mixed kernel: the named rows of the master, its
     states and w_low change as the reference says on those rows (w_low the rounded
     master); the other rows stay bit-identical."""
-    art = optgen.get_artifact(name)
+    art = built(name)
     flags = {n: h.default for n, h in art.flags.items()}
     k = art.kernel_for(low, flags)
     shape, idx = (37, 5, 3), np.array([0, 4, 9, 17, 36])
@@ -325,7 +336,7 @@ def test_mixed_precision_lazy_rows(name, low, rng):
 def test_mixed_precision_manifest(name):
     """Every plain kernel has a float16 and a bfloat16 twin: same flags, float32 compute,
     w_low after w, gradients and w_low stored in the low dtype, the rest unchanged."""
-    art = optgen.get_artifact(name)
+    art = built(name)
     assert art.dtypes == ["float32", "float64"]
     assert art.mixed_dtypes == ["bfloat16", "float16"]
     tags = {"float16": "f16", "bfloat16": "bf16"}

@@ -19,6 +19,7 @@ import pytest
 import optgen
 from optgen.compiler import pipeline, targets
 from optgen.runtime.artifact import Artifact
+from helpers import covering_variants, variant_views
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = ["thor", "muon", "shampoo", "soap"]
@@ -59,9 +60,14 @@ def test_builds_for_cuda_with_library_products(name):
     """Products are library launches (no symbol, no device kernel); every other launch
     has device kernels whose parameters all bind; nvcc compiled a cubin per arch."""
     art = optgen.get_artifact(name, "cuda")
-    m = art.manifest
-    abi = m["device_kernels"]
     kinds = {"matmul": 0, "update": 0, "reduce": 0}
+    for path, m in variant_views(art, covering_variants(art)):
+        _check_library_products(path, m, kinds)
+    assert kinds["matmul"] and kinds["update"], kinds
+
+
+def _check_library_products(path: str, m: dict, kinds: dict) -> None:
+    abi = m["device_kernels"]
     for k in m["kernels"]:
         for ln in k["launches"]:
             if ln["kind"] == "repeat":
@@ -74,12 +80,11 @@ def test_builds_for_cuda_with_library_products(name):
             assert dev["kernels"] and dev["buffers"] == ln["buffers"], ln["symbol"]
             for kern in dev["kernels"]:
                 assert all(set(p) & {"buffer", "scalars", "dim"} for p in kern["params"])
-    assert kinds["matmul"] and kinds["update"], kinds
     assert not [s for s in abi if "matmul" in s]
     if shutil.which("nvcc"):
-        files = os.listdir(art.path)
+        files = os.listdir(path)
         assert any(f.endswith(".cubin") for f in files), files
-        source = open(os.path.join(art.path, "kernels.cu"), encoding="utf-8").read()
+        source = open(os.path.join(path, "kernels.cu"), encoding="utf-8").read()
         assert "__global__" in source
 
 
@@ -90,9 +95,13 @@ def library_llvm(monkeypatch, tmp_path):
     monkeypatch.setitem(targets.TARGETS, "llvm", llvm)
 
     def build(name: str) -> Artifact:
-        res = pipeline.build(os.path.join(ROOT, "specs", f"{name}.py"), "llvm",
-                             out=str(tmp_path))
-        return Artifact.load(res.path)
+        path = os.path.join(ROOT, "specs", f"{name}.py")
+        art = Artifact.load(pipeline.build(path, "llvm", out=str(tmp_path), variants=None).path)
+        defaults = {f: h.default for f, h in art.flags.items()}
+        pipeline.build(path, "llvm", out=str(tmp_path), variants=[   # what the test steps
+            n for n, v in art.variants.items()
+            if v["param_dtype"] == "float64" and v["flags"] == defaults])
+        return art
     return build
 
 

@@ -257,8 +257,10 @@ def test_runtime_does_not_import_tvm_compiler():
 def test_artifact_contents():
     art = optgen.get_artifact("adam")
     files = set(os.listdir(art.path))
-    assert {"manifest.json", "kernels.so", "kernels.tvmscript.py", "kernels.ll", "spec.py",
-            "adam_optimizer.py"} <= files
+    assert {"manifest.json", "kernels.tvmscript.py", "spec.py", "adam_optimizer.py"} <= files
+    v = art.variant("f32")          # a variant's library: a folder of the artifact
+    assert v.path == os.path.join(art.path, "f32")
+    assert {"kernels.so", "kernels.ll", "variant.json"} <= set(os.listdir(v.path))
     m = json.loads(open(os.path.join(art.path, "manifest.json")).read())
     assert m["name"] == "adam" and len(m["key"]) == 64 and m["tvm_version"].startswith("0.27")
     hp = {h["name"]: h for h in m["hyperparameters"]}
@@ -283,6 +285,9 @@ def test_artifact_contents():
 
 def test_generated_wrapper_module():
     art = optgen.get_artifact("sgd")
+    # the wrapper loads its folder as optgen.load does (it builds nothing): the variant
+    # of nesterov=True is built first
+    optgen.build("sgd", variants=["f32", "f32-nesterov"])
     spec = importlib.util.spec_from_file_location("sgd_wrapper", os.path.join(art.path, "sgd_optimizer.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -63,7 +63,8 @@ def _threads(fmt: str) -> int:
 # -- cuda: the build, compiled by nvcc ----------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_build(tmp_path_factory):
-    """(name, fmt) -> the CUDA artifact, built once per module with nvcc for sm_80,sm_90."""
+    """(name, fmt) -> (the CUDA artifact, its float32 variants: every flag combination),
+    built once per module with nvcc for sm_80,sm_90."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
     from optgen.compiler.pipeline import build
@@ -71,9 +72,13 @@ def cuda_build(tmp_path_factory):
 
     def get(name: str, fmt: str):
         if (name, fmt) not in built:
-            r = build(catalog.resolve(name), "cuda", out=str(out), arch="sm_80,sm_90",
-                      state_format=fmt)
-            built[name, fmt] = optgen.Artifact.load(r.path)
+            art = optgen.Artifact.load(build(catalog.resolve(name), "cuda", out=str(out),
+                                             arch="sm_80,sm_90", state_format=fmt,
+                                             variants=None).path)
+            f32 = [n for n, v in art.variants.items() if v["param_dtype"] == "float32"]
+            build(catalog.resolve(name), "cuda", out=str(out), arch="sm_80,sm_90",
+                  state_format=fmt, variants=f32)
+            built[name, fmt] = art, [art.variant(n) for n in f32]
         return built[name, fmt]
     return get
 
@@ -113,25 +118,28 @@ def _shared_races(body: str) -> list[str]:
     return races
 
 
-def _q8_kernels(art):
-    """(kernel info, device ABI entry, stored q8 states) of the artifact's q8 kernels."""
+def _q8_kernels(art, variants):
+    """(kernel info, device ABI entry, stored q8 states) of the q8 kernels of those
+    variants of the artifact."""
     out = []
-    for k in art.kernels:
-        if k.quant:
+    for v in variants:
+        for k in (k for k in art.kernels if k.quant and k.variant == v.name):
             (ln,) = k.launches
-            entry = art.manifest["device_kernels"][ln["symbol"]]
+            entry = v.manifest["device_kernels"][ln["symbol"]]
             out.append((k, entry, [s for s in k.quant if s in entry["writes"]]))
     return out
 
 
 @pytest.mark.parametrize("name,fmt", BUILDS)
 def test_cuda_q8_kernels_compile_and_synchronize(name, fmt, cuda_build):
-    art = cuda_build(name, fmt)
-    assert set(art.manifest["binaries"]) == {"sm_80", "sm_90"}
-    with open(os.path.join(art.path, "kernels.cu"), encoding="utf-8") as f:
-        bodies = _kernel_bodies(f.read())
+    art, variants = cuda_build(name, fmt)
+    bodies = {}
+    for v in variants:
+        assert set(v.manifest["binaries"]) == {"sm_80", "sm_90"}
+        with open(os.path.join(v.path, "kernels.cu"), encoding="utf-8") as f:
+            bodies.update(_kernel_bodies(f.read()))
     block, threads = _block(fmt), _threads(fmt)
-    found = _q8_kernels(art)
+    found = _q8_kernels(art, variants)
     assert found, f"{name} {fmt}: no q8 kernel in the CUDA artifact"
     # (a flag combination may only read a q8 state: adagrad without update_slots)
     assert any(stored for _, _, stored in found), f"{name} {fmt}: no kernel stores q8"
@@ -175,8 +183,8 @@ def test_race_check_finds_each_missing_barrier(cuda_build):
     """The shared-memory check above on adam's q8 kernel with each __syncthreads() removed
     in turn: every removal is reported (the kernel needs each barrier, and the check
     sees it)."""
-    art = cuda_build("adam", "q8")
-    with open(os.path.join(art.path, "kernels.cu"), encoding="utf-8") as f:
+    art, _ = cuda_build("adam", "q8")
+    with open(os.path.join(art.variant("f32").path, "kernels.cu"), encoding="utf-8") as f:
         _, body = _kernel_bodies(f.read())["adam_f32_sf_m_q8_v_q8_kernel"]
     lines = body.split("\n")
     barriers = [no for no, line in enumerate(lines) if "__syncthreads()" in line]

@@ -14,7 +14,9 @@
 * rocm: without a toolchain, a BuildError (and a one-line CLI error) naming what is missing.
 
 Each spec is built once per target per session (``get_artifact`` into the session cache,
-memoized here). Nothing here is timed.
+memoized here), and the checks read a few of its variants' libraries that hold every
+parameter dtype and every flag value (helpers.covering_variants; every variant with
+--exhaustive). Nothing here is timed.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import optgen
 from optgen.compiler import pipeline, targets
 from optgen.errors import BuildError
 from optgen.core import catalog
-from helpers import EXHAUSTIVE, matrix_specs
+from helpers import EXHAUSTIVE, covering_variants, exhaustive, matrix_specs, variant_views
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # matrix rules (THOR, Muon) build for llvm only: test_matrix_specs_build_for_llvm_only
@@ -58,24 +60,31 @@ needs_nvcc = pytest.mark.skipif(targets.nvcc() is None,
 
 
 # -- artifacts, built once per (spec, target) per session --------------------------------
-_BUILT: dict[tuple[str, str], tuple[str, dict] | BaseException] = {}
+_BUILT: dict[tuple[str, str], list[tuple[str, dict]] | BaseException] = {}
 
 
-def artifact(spec: str, target: str) -> tuple[str, dict]:
-    """(artifact directory, manifest) of a catalog spec for a target; a failed build is
-    remembered and re-raised, not rebuilt by every test."""
-    key = (spec, target)
-    if key not in _BUILT:
-        try:
-            art = optgen.get_artifact(spec, target, base=BASE.get(spec))
-            with open(os.path.join(art.path, "manifest.json"), encoding="utf-8") as f:
-                _BUILT[key] = (art.path, json.load(f))
-        except Exception as e:  # noqa: BLE001 - re-raised below, in every test that needs it
-            _BUILT[key] = e
-    got = _BUILT[key]
-    if isinstance(got, BaseException):
-        raise got
-    return got
+@pytest.fixture
+def artifact(request):
+    """``artifact(spec, target)``: (variant folder, its manifest with its own kernels:
+    helpers.variant_views) of the variants checked (a covering set; every one with
+    --exhaustive) of a catalog spec for a target; a failed build is remembered and
+    re-raised, not rebuilt by every test."""
+    every = exhaustive(request.config)
+
+    def get(spec: str, target: str) -> list[tuple[str, dict]]:
+        key = (spec, target)
+        if key not in _BUILT:
+            try:
+                art = optgen.get_artifact(spec, target, base=BASE.get(spec))
+                names = list(art.variants) if every else covering_variants(art)
+                _BUILT[key] = variant_views(art, names)
+            except Exception as e:  # noqa: BLE001 - re-raised below, in every test needing it
+                _BUILT[key] = e
+        got = _BUILT[key]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    return get
 
 
 def read(path: str, name: str, mode: str = "r"):
@@ -240,60 +249,61 @@ def cuda_tool(name: str) -> str | None:
 # -- CUDA tests -------------------------------------------------------------------------
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_builds_ptx_and_cubin_for_sm80_and_sm90(spec):
-    path, m = artifact(spec, "cuda")
-    assert m["binaries"] == {a: {"ptx": f"kernels.{a}.ptx", "cubin": f"kernels.{a}.cubin"}
-                             for a in ARCHS}
-    assert m["target_detail"]["archs"] == list(ARCHS)
-    assert m["target_detail"]["threads_per_block"] == THREADS
-    assert os.path.getsize(os.path.join(path, "kernels.cu")) > 0
-    for arch in ARCHS:
-        ptx = read(path, f"kernels.{arch}.ptx")
-        assert ptx.strip(), f"{arch}: empty PTX"
-        assert re.search(rf"^\.target {arch}\b", ptx, re.M), f"PTX is not for {arch}"
-        cubin = read(path, f"kernels.{arch}.cubin", "rb")
-        assert len(cubin) > 0, f"{arch}: empty cubin"
-        _, e_flags = cubin_entries(cubin)
-        sm = int(arch[3:])   # the SM number sits in e_flags: bits 0-7 (older ABI) or 8-15
-        assert sm in (e_flags & 0xFF, (e_flags >> 8) & 0xFF), \
-            f"{arch}: cubin e_flags {e_flags:#x} name another architecture"
+def test_cuda_builds_ptx_and_cubin_for_sm80_and_sm90(spec, artifact):
+    for path, m in artifact(spec, "cuda"):
+        assert m["binaries"] == {a: {"ptx": f"kernels.{a}.ptx", "cubin": f"kernels.{a}.cubin"}
+                                 for a in ARCHS}
+        assert m["target_detail"]["archs"] == list(ARCHS)
+        assert m["target_detail"]["threads_per_block"] == THREADS
+        assert os.path.getsize(os.path.join(path, "kernels.cu")) > 0
+        for arch in ARCHS:
+            ptx = read(path, f"kernels.{arch}.ptx")
+            assert ptx.strip(), f"{arch}: empty PTX"
+            assert re.search(rf"^\.target {arch}\b", ptx, re.M), f"PTX is not for {arch}"
+            cubin = read(path, f"kernels.{arch}.cubin", "rb")
+            assert len(cubin) > 0, f"{arch}: empty cubin"
+            _, e_flags = cubin_entries(cubin)
+            sm = int(arch[3:])   # the SM number sits in e_flags: bits 0-7 (older ABI) or 8-15
+            assert sm in (e_flags & 0xFF, (e_flags >> 8) & 0xFF), \
+                f"{arch}: cubin e_flags {e_flags:#x} name another architecture"
 
 
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_manifest_abi_matches_ptx(spec):
-    path, m = artifact(spec, "cuda")
-    check_device_kernels_cover_launches(m)
-    expected = {k["name"]: k["params"] for dk in m["device_kernels"].values()
-                for k in dk["kernels"]}
-    for arch in ARCHS:
-        entries = ptx_entries(read(path, f"kernels.{arch}.ptx"))
-        assert sorted(entries) == sorted(expected), (
-            f"{arch}: PTX entries not in the manifest: {sorted(set(entries) - set(expected))}; "
-            f"manifest kernels not in the PTX: {sorted(set(expected) - set(entries))}")
-        for name, params in expected.items():
-            e = entries[name]
-            assert ".visible" in e["directives"], f"{arch}: {name} is not .visible"
-            assert len(e["types"]) == len(params), (
-                f"{arch}: {name} has {len(e['types'])} PTX params, the manifest {len(params)}")
-            for j, (ptype, p) in enumerate(zip(e["types"], params)):
-                assert ptype in ptx_types_for(p["type"]), (
-                    f"{arch}: {name} param {j} {p} is {ptype} in the PTX")
+def test_cuda_manifest_abi_matches_ptx(spec, artifact):
+    for path, m in artifact(spec, "cuda"):
+        check_device_kernels_cover_launches(m)
+        expected = {k["name"]: k["params"] for dk in m["device_kernels"].values()
+                    for k in dk["kernels"]}
+        for arch in ARCHS:
+            entries = ptx_entries(read(path, f"kernels.{arch}.ptx"))
+            assert sorted(entries) == sorted(expected), (
+                f"{arch}: PTX entries not in the manifest: "
+                f"{sorted(set(entries) - set(expected))}; "
+                f"manifest kernels not in the PTX: {sorted(set(expected) - set(entries))}")
+            for name, params in expected.items():
+                e = entries[name]
+                assert ".visible" in e["directives"], f"{arch}: {name} is not .visible"
+                assert len(e["types"]) == len(params), (
+                    f"{arch}: {name} has {len(e['types'])} PTX params, the manifest {len(params)}")
+                for j, (ptype, p) in enumerate(zip(e["types"], params)):
+                    assert ptype in ptx_types_for(p["type"]), (
+                        f"{arch}: {name} param {j} {p} is {ptype} in the PTX")
 
 
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_cubin_has_exactly_the_manifest_kernels(spec):
-    path, m = artifact(spec, "cuda")
-    expected = set(device_kernel_names(m))
-    for arch in ARCHS:
-        names, _ = cubin_entries(read(path, f"kernels.{arch}.cubin", "rb"))
-        assert names == expected, (f"{arch}: cubin extra {sorted(names - expected)}, "
-                                   f"missing {sorted(expected - names)}")
+def test_cuda_cubin_has_exactly_the_manifest_kernels(spec, artifact):
+    for path, m in artifact(spec, "cuda"):
+        expected = set(device_kernel_names(m))
+        for arch in ARCHS:
+            names, _ = cubin_entries(read(path, f"kernels.{arch}.cubin", "rb"))
+            assert names == expected, (f"{arch}: cubin extra {sorted(names - expected)}, "
+                                       f"missing {sorted(expected - names)}")
 
 
 @needs_nvcc
-def test_cuda_cubin_symbols_by_cuda_tools():
+def test_cuda_cubin_symbols_by_cuda_tools(artifact):
     """The cubin check above, through NVIDIA's own tools where the toolkit has them."""
     cuobjdump, nvdisasm = cuda_tool("cuobjdump"), cuda_tool("nvdisasm")
     if cuobjdump is None and nvdisasm is None:
@@ -304,85 +314,87 @@ def test_cuda_cubin_symbols_by_cuda_tools():
     else:
         cmd, entry = [nvdisasm], re.compile(r'\.other\s+(\w+)\s*,\s*@"STO_CUDA_ENTRY')
     for spec in SPECS:
-        path, m = artifact(spec, "cuda")
-        expected = set(device_kernel_names(m))
-        for arch in ARCHS:
-            out = subprocess.run([*cmd, os.path.join(path, f"kernels.{arch}.cubin")],
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, f"{spec} {arch}: {out.stderr}"
-            listed = {mm.group(1) for line in out.stdout.splitlines()
-                      if (mm := entry.search(line))}
-            words = set(re.findall(r"\w+", out.stdout))
-            assert expected <= words, f"{spec} {arch}: not listed {sorted(expected - words)}"
-            assert not listed or listed == expected, (
-                f"{spec} {arch}: entries {sorted(listed - expected)} are not in the manifest")
+        for path, m in artifact(spec, "cuda"):
+            expected = set(device_kernel_names(m))
+            for arch in ARCHS:
+                out = subprocess.run([*cmd, os.path.join(path, f"kernels.{arch}.cubin")],
+                                     capture_output=True, text=True, timeout=300)
+                assert out.returncode == 0, f"{spec} {arch}: {out.stderr}"
+                listed = {mm.group(1) for line in out.stdout.splitlines()
+                          if (mm := entry.search(line))}
+                words = set(re.findall(r"\w+", out.stdout))
+                assert expected <= words, f"{spec} {arch}: not listed {sorted(expected - words)}"
+                assert not listed or listed == expected, (
+                    f"{spec} {arch}: entries {sorted(listed - expected)} are not in the manifest")
 
 
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_kernels_per_launch_and_launch_bounds(spec):
+def test_cuda_kernels_per_launch_and_launch_bounds(spec, artifact):
     """Golden structure: an update launch (every launch of an elementwise spec) is one
     kernel <symbol>_kernel and no <symbol>_kernel_1; a whole-tensor reduction exactly two;
     a row or column reduction one. Every kernel has __launch_bounds__(256)."""
-    path, m = artifact(spec, "cuda")
-    decls, defs = cu_kernels(read(path, "kernels.cu"))
-    names = device_kernel_names(m)
-    assert sorted(defs) == sorted(names), (f"kernels.cu defines {sorted(set(defs) - set(names))}"
-                                           f" beyond, {sorted(set(names) - set(defs))} short of"
-                                           " the manifest")
-    for what, table in (("declaration", decls), ("definition", defs)):
-        for name, d in table.items():
-            assert d["bounds"] == str(THREADS), \
-                f"{what} of {name}: __launch_bounds__({d['bounds']})"
-    for ln in launches(m):
-        want = expected_kernels(ln)
-        assert [n for n in want if n in defs] == want, (ln["symbol"], want)
-        extra = f"{ln['symbol']}_kernel_{len(want)}"
-        assert extra not in defs, f"{ln['kind']} launch {ln['symbol']} also made {extra}"
-    if not any(ln["kind"] == "reduce" for ln in launches(m)):   # one kernel per launch
-        assert len(defs) == len(launches(m)), "an elementwise spec made more kernels"
+    for path, m in artifact(spec, "cuda"):
+        decls, defs = cu_kernels(read(path, "kernels.cu"))
+        names = device_kernel_names(m)
+        assert sorted(defs) == sorted(names), (
+            f"kernels.cu defines {sorted(set(defs) - set(names))} beyond, "
+            f"{sorted(set(names) - set(defs))} short of the manifest")
+        for what, table in (("declaration", decls), ("definition", defs)):
+            for name, d in table.items():
+                assert d["bounds"] == str(THREADS), \
+                    f"{what} of {name}: __launch_bounds__({d['bounds']})"
+        for ln in launches(m):
+            want = expected_kernels(ln)
+            assert [n for n in want if n in defs] == want, (ln["symbol"], want)
+            extra = f"{ln['symbol']}_kernel_{len(want)}"
+            assert extra not in defs, f"{ln['kind']} launch {ln['symbol']} also made {extra}"
+        if not any(ln["kind"] == "reduce" for ln in launches(m)):   # one kernel per launch
+            assert len(defs) == len(launches(m)), "an elementwise spec made more kernels"
 
 
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_block_reductions_use_warp_shuffles(spec):
+def test_cuda_block_reductions_use_warp_shuffles(spec, artifact):
     """Whole-tensor reductions (both kernels) and row reductions are block all-reduces:
     warp shuffles and __syncthreads; column reductions and updates are not."""
-    path, m = artifact(spec, "cuda")
-    _, defs = cu_kernels(read(path, "kernels.cu"))
-    shapes = {reduction_shape(ln) for ln in launches(m) if ln["kind"] == "reduce"}
+    shapes = set()
+    for path, m in artifact(spec, "cuda"):
+        _, defs = cu_kernels(read(path, "kernels.cu"))
+        shapes |= {reduction_shape(ln) for ln in launches(m) if ln["kind"] == "reduce"}
+        block = block_reduction_kernels(m)
+        for name, d in defs.items():
+            body = d["body"]
+            if name in block:
+                assert "__shfl_down_sync" in body, f"{name}: block reduction without shuffles"
+                assert "__syncthreads()" in body, f"{name}: block reduction without a barrier"
+            else:
+                assert "__shfl_down_sync" not in body, f"{name}: unexpected warp shuffles"
+        for name in column_reduction_kernels(m):   # serial per thread, in a register
+            assert "__syncthreads" not in defs[name]["body"], name
     assert shapes == REDUCTIONS.get(spec, set()), \
         f"{spec} reductions {sorted(shapes)}; update REDUCTIONS if the spec changed"
-    block = block_reduction_kernels(m)
-    for name, d in defs.items():
-        if name in block:
-            assert "__shfl_down_sync" in d["body"], f"{name}: block reduction without shuffles"
-            assert "__syncthreads()" in d["body"], f"{name}: block reduction without a barrier"
-        else:
-            assert "__shfl_down_sync" not in d["body"], f"{name}: unexpected warp shuffles"
-    for name in column_reduction_kernels(m):   # serial per thread, accumulating in a register
-        assert "__syncthreads" not in defs[name]["body"], name
 
 
 @needs_nvcc
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_cuda_kernel_params_are_buffers_scalars_or_dims(spec):
+def test_cuda_kernel_params_are_buffers_scalars_or_dims(spec, artifact):
     """No parameter the launcher cannot bind (a stray global accumulator such as
     ``in_thread_S_ptr``, tvm-notes §2d), and the manifest's params are the .cu's."""
-    path, m = artifact(spec, "cuda")
-    _, defs = cu_kernels(read(path, "kernels.cu"))
-    for sym, dk in m["device_kernels"].items():
-        allowed = {f"B_{b}_ptr" for b in dk["buffers"]} | {"S_ptr"} | set(dk["dims"])
-        for k in dk["kernels"]:
-            params = defs[k["name"]]["params"]
-            stray = [f"{t} {n}" for t, n in params if n not in allowed]
-            assert not stray, f"{k['name']}: parameters {stray} are not buffers, S or dims"
-            assert len(params) == len({n for _, n in params}), k["name"]
-            want = [(p["type"], f"B_{p['buffer']}_ptr" if "buffer" in p else
-                     "S_ptr" if p.get("scalars") else p["dim"]) for p in k["params"]]
-            assert params == want, k["name"]
-            scalars = [p for p in k["params"] if p.get("scalars")]
-            assert len(scalars) <= 1, k["name"]
+    for path, m in artifact(spec, "cuda"):
+        _, defs = cu_kernels(read(path, "kernels.cu"))
+        for sym, dk in m["device_kernels"].items():
+            allowed = {f"B_{b}_ptr" for b in dk["buffers"]} | {"S_ptr"} | set(dk["dims"])
+            for k in dk["kernels"]:
+                params = defs[k["name"]]["params"]
+                stray = [f"{t} {n}" for t, n in params if n not in allowed]
+                assert not stray, f"{k['name']}: parameters {stray} are not buffers, S or dims"
+                assert len(params) == len({n for _, n in params}), k["name"]
+                want = [(p["type"], f"B_{p['buffer']}_ptr" if "buffer" in p else
+                         "S_ptr" if p.get("scalars") else p["dim"]) for p in k["params"]]
+                assert params == want, k["name"]
+                scalars = [p for p in k["params"] if p.get("scalars")]
+                assert len(scalars) <= 1, k["name"]
 
 
 # -- WebGPU ------------------------------------------------------------------------------
@@ -464,36 +476,37 @@ def wgsl_errors():
     proc.wait(timeout=60)
 
 
-def test_wgsl_validator_rejects_broken_modules(wgsl_errors):
+def test_wgsl_validator_rejects_broken_modules(wgsl_errors, artifact):
     """Negative controls: the validator is real, so the check below means something."""
-    path, m = artifact("adam", "webgpu")
-    name, good = next(iter(wgsl_modules(read(path, "kernels.wgsl")).items()))
-    assert "array<f32>" in good
-    errors = wgsl_errors({
-        "trivial": "@compute @workgroup_size(1) fn main() { }",
-        "mistyped": "@compute @workgroup_size(1) fn main() { let x : f32 = 1i; }",
-        "real": good,
-        "undeclared type": good.replace("array<f32>", "array<f33>", 1),   # in a real module
-        "unbalanced brace": good.rstrip().rstrip("}"),
-    })
-    assert errors["trivial"] is None and errors["real"] is None, errors
-    assert re.search(r"(?i)expected|type|error", errors["mistyped"] or ""), errors
-    assert errors["undeclared type"] and errors["unbalanced brace"], errors
+    for path, m in artifact("adam", "webgpu")[:1]:
+        name, good = next(iter(wgsl_modules(read(path, "kernels.wgsl")).items()))
+        assert "array<f32>" in good
+        errors = wgsl_errors({
+            "trivial": "@compute @workgroup_size(1) fn main() { }",
+            "mistyped": "@compute @workgroup_size(1) fn main() { let x : f32 = 1i; }",
+            "real": good,
+            "undeclared type": good.replace("array<f32>", "array<f33>", 1),   # in a real module
+            "unbalanced brace": good.rstrip().rstrip("}"),
+        })
+        assert errors["trivial"] is None and errors["real"] is None, errors
+        assert re.search(r"(?i)expected|type|error", errors["mistyped"] or ""), errors
+        assert errors["undeclared type"] and errors["unbalanced brace"], errors
 
 
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_wgsl_modules_validate(spec, request):
-    path, m = artifact(spec, "webgpu")
-    check_device_kernels_cover_launches(m)
-    modules = wgsl_modules(read(path, "kernels.wgsl"))
-    assert sorted(modules) == sorted(device_kernel_names(m))
-    for name, code in modules.items():
-        assert re.search(rf"@compute @workgroup_size\({THREADS}, 1, 1\)\s*fn {name}\(", code), \
-            name
-    validate = request.getfixturevalue("wgsl_errors")   # skips here without wgpu
-    failures = [f"{n}: {e}" for n, e in validate(modules).items() if e]
-    assert not failures, f"{len(failures)} of {len(modules)} WGSL modules are invalid:\n" + \
-        "\n".join(failures[:5])
+def test_wgsl_modules_validate(spec, request, artifact):
+    for path, m in artifact(spec, "webgpu"):
+        check_device_kernels_cover_launches(m)
+        modules = wgsl_modules(read(path, "kernels.wgsl"))
+        assert sorted(modules) == sorted(device_kernel_names(m))
+        for name, code in modules.items():
+            assert re.search(rf"@compute @workgroup_size\({THREADS}, 1, 1\)\s*fn {name}\(",
+                             code), \
+                name
+        validate = request.getfixturevalue("wgsl_errors")   # skips here without wgpu
+        failures = [f"{n}: {e}" for n, e in validate(modules).items() if e]
+        assert not failures, f"{len(failures)} of {len(modules)} WGSL modules are invalid:\n" + \
+            "\n".join(failures[:5])
 
 
 # -- Metal -------------------------------------------------------------------------------
@@ -507,25 +520,25 @@ def metal_kernels(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("spec", SAMPLED_SPECS)
-def test_metal_source_structure(spec):
-    path, m = artifact(spec, "metal")
-    check_device_kernels_cover_launches(m)
-    text = read(path, "kernels.metal")
-    kernels = metal_kernels(text)
-    assert sorted(kernels) == sorted(device_kernel_names(m))
-    assert not re.search(r"\bdouble\b", text), "Metal has no doubles"
-    assert m["reduction_dtype"] == "float32"
-    block, cols = block_reduction_kernels(m), column_reduction_kernels(m)
-    for name, body in kernels.items():
-        if name in block:
-            assert "threadgroup_barrier" in body, f"{name}: block reduction without a barrier"
-        if name in cols:
-            assert "threadgroup_barrier" not in body, name
-        if name in block or name in cols:
-            accs = re.findall(r"\b(thread|threadgroup)\s+(\w+)\s+(acc|red_\w*)\s*\[", body)
-            assert any(v == "acc" for _, _, v in accs), f"{name}: no accumulator found"
-            wrong = [f"{q} {t} {v}" for q, t, v in accs if t != "float"]
-            assert not wrong, f"{name}: accumulators {wrong} are not float32"
+def test_metal_source_structure(spec, artifact):
+    for path, m in artifact(spec, "metal"):
+        check_device_kernels_cover_launches(m)
+        text = read(path, "kernels.metal")
+        kernels = metal_kernels(text)
+        assert sorted(kernels) == sorted(device_kernel_names(m))
+        assert not re.search(r"\bdouble\b", text), "Metal has no doubles"
+        assert m["reduction_dtype"] == "float32"
+        block, cols = block_reduction_kernels(m), column_reduction_kernels(m)
+        for name, body in kernels.items():
+            if name in block:
+                assert "threadgroup_barrier" in body, f"{name}: block reduction without a barrier"
+            if name in cols:
+                assert "threadgroup_barrier" not in body, name
+            if name in block or name in cols:
+                accs = re.findall(r"\b(thread|threadgroup)\s+(\w+)\s+(acc|red_\w*)\s*\[", body)
+                assert any(v == "acc" for _, _, v in accs), f"{name}: no accumulator found"
+                wrong = [f"{q} {t} {v}" for q, t, v in accs if t != "float"]
+                assert not wrong, f"{name}: accumulators {wrong} are not float32"
 
 
 # -- ROCm --------------------------------------------------------------------------------

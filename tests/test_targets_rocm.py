@@ -50,16 +50,20 @@ def built(tmp_path_factory):
     cache: dict[str, str] = {}
 
     def get(name: str) -> str:
+        """The folder of the spec's default variant (float32: its library)."""
         if name not in cache:
-            cache[name] = pipeline.build(catalog.resolve(name), "rocm", out=str(out),
-                                         base=BASE.get(name)).path
+            cache[name] = os.path.join(pipeline.build(
+                catalog.resolve(name), "rocm", out=str(out), base=BASE.get(name)).path, "f32")
         return cache[name]
     return get
 
 
 def _manifest(path: str) -> dict:
-    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-        return json.load(f)
+    """A variant's manifest: the artifact's with the variant's record merged in."""
+    with open(os.path.join(path, "..", "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    with open(os.path.join(path, "variant.json"), encoding="utf-8") as f:
+        return {**m, **json.load(f)}
 
 
 @needs_lld

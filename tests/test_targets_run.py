@@ -150,10 +150,11 @@ OTHER_TARGETS = {"test_opencl_lacks_only_float16_storage_kernels": ["opencl", "c
                  "test_mixed_precision_c_matches_llvm": ["c", "llvm"]}
 
 
-def _needed(items) -> list[tuple[str, str]]:
+def _needed(items) -> dict[tuple[str, str], set[str]]:
     """(spec, target) artifacts the selected tests of this module use, in test order,
-    the slowest build (adafactor for C) first."""
-    out = []
+    the slowest build (adafactor for C) first, each with the parameter dtypes they step
+    (every dtype for a test without one)."""
+    out: dict[tuple[str, str], set[str]] = {}
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "name" not in params:
@@ -161,9 +162,10 @@ def _needed(items) -> list[tuple[str, str]]:
         targets = [params["target"]] if "target" in params else \
             OTHER_TARGETS[item.originalname]
         for t in targets:
-            if _missing(t) is None and (params["name"], t.partition(":")[0]) not in out:
-                out.append((params["name"], t.partition(":")[0]))
-    return sorted(out, key=lambda nt: nt != ("adafactor", "c"))
+            if _missing(t) is None:
+                out.setdefault((params["name"], t.partition(":")[0]), set()).update(
+                    [params["dtype"]] if "dtype" in params else ["*"])
+    return dict(sorted(out.items(), key=lambda kv: kv[0] != ("adafactor", "c")))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -174,8 +176,14 @@ def _prebuild(request):
         yield
         return
     pool = multiprocessing.get_context("spawn").Pool(2)
-    for name, target in needed:   # the workers inherit OPTGEN_CACHE_DIR (conftest)
-        pool.apply_async(optgen.build, (name, target), {"base": BASE.get(name)})
+    for (name, target), dtypes in needed.items():   # (OPTGEN_CACHE_DIR: conftest's)
+        try:               # the variants of those dtypes, every flag combination
+            variants = [v for v, d in optgen.get_artifact(name, target, base=BASE.get(
+                name)).variants.items() if "*" in dtypes or d["param_dtype"] in dtypes]
+        except Exception:  # noqa: BLE001 — the test that needs it reports it
+            continue
+        pool.apply_async(optgen.build, (name, target),
+                         {"base": BASE.get(name), "variants": variants})
     yield
     pool.terminate()   # builds still running serve no test (stopped early: -x, ^C)
     pool.join()

@@ -1,4 +1,4 @@
-"""The compiler pipeline, one visible stage per line of ``build``:
+"""The compiler pipeline, one visible stage per line of ``build`` and ``_build_variant``:
 
     load -> verify -> IR (specialize) -> lower -> schedule (CPU or GPU family)
          -> build (TVM) [-> device ABI (GPU targets) -> nvcc (cuda)] -> write artifact
@@ -8,9 +8,13 @@
 Each stage is a module of optgen.compiler (its docstring lists them). Stages 1-5 need no
 TVM and make the build plan (optgen.compiler.plan: per kernel and per pass its symbol,
 TVMScript, grids, shape variables and buffers), which the later stages read: the TVM
-build, the device ABI (``abi``) and the artifact's files (``manifest``). This module
-runs them (``build``) and publishes the artifact: a temporary folder renamed into place
-under a file lock.
+build, the device ABI (``abi``) and the artifact's files (``manifest``).
+
+An artifact is a folder: its manifest (every kernel of every variant, written from the
+plan, no TVM) and one folder per *variant* (a parameter dtype and flag values: its own
+library, built by TVM and nvcc when first asked for). ``build`` publishes the artifact and
+then the variants asked for, each a temporary folder renamed into place under the
+artifact's file lock.
 """
 from __future__ import annotations
 
@@ -25,38 +29,50 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..errors import BuildError, SpecError
 from optgen.core import cache, filelocks, formats
-from optgen.core.manifest import ArtifactError, load_verified, warn_rebuild
+from optgen.core.manifest import (ArtifactError, VariantNotBuilt, load_variant, load_verified,
+                                  warn_rebuild)
 from . import abi, targets, tvm_backend
-from .manifest import name_of, write_artifact, write_sources
+from .manifest import write_artifact, write_sources, write_variant
 from .manifest import class_name, render_wrapper  # noqa: F401 (their old home)
-from .plan import make_plan, schedule  # noqa: F401 (schedule: its old home)
+from .plan import BuildPlan, make_plan, schedule  # noqa: F401 (schedule: its old home)
 from .schedule_llvm import RED_SCALAR_SIZE  # noqa: F401 (tests read it)
 from .specialize import MIXED_DTYPES
 from .variants import DTYPES, kernel_irs, symbol_for, variants  # noqa: F401 (tests read them)
 
 TARGETS = tuple(targets.TARGETS)
-BUILD_COUNT = 0  # compilations this process ran (cache hits excluded); tests read it
+BUILD_COUNT = 0  # artifacts and variant libraries this process built (cache hits
+#                  excluded); tests read it
 
 
 @dataclass
 class BuildResult:
     path: str
-    cache_hit: bool
+    cache_hit: bool       # nothing was built: the artifact and the variants were current
     seconds: float
     name: str
+    built: list[str] = field(default_factory=list)   # the variants built now
+    have: list[str] = field(default_factory=list)    # the variants the artifact holds
+    variants: list[str] = field(default_factory=list)   # every variant it can hold
 
 
 def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
           force: bool = False, base: str | None = None, arch: str | None = None,
-          state_format=None) -> BuildResult:
-    """Build (or find in the cache) the artifact of a spec file for ``target``; ``base``
-    picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA architectures
-    nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the kernels that
-    store states in a format (optgen.core.formats) beside the plain ones."""
+          state_format=None, variants: str | Sequence[str] | None = "default"
+          ) -> BuildResult:
+    """Build (or find in the cache) the artifact of a spec file for ``target`` and its
+    ``variants``: "default" (the default flag values, float32: what ``optgen build``
+    makes), "all", variant names, or None (none: the runtime builds each on first use).
+    ``base`` picks the base optimizer of a wrapper spec (LARS); ``arch`` the CUDA
+    architectures nvcc compiles for (default sm_80,sm_90); ``state_format`` adds the
+    kernels that store states in a format (optgen.core.formats) beside the plain ones.
+    ``force`` rebuilds the artifact and the variants asked for. The variants built here
+    are compiled together, into one library their folders share."""
+    global BUILD_COUNT
     start = time.perf_counter()
     tg = targets.get(target)
     archs = targets.archs_for(tg, arch)
@@ -75,33 +91,109 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                             cache.artifact_dirname(spec_path, target, key, base, fmt))
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with _locked(dest + ".lock"):                    # one builder per artifact at a time
-        if not force and _is_current(dest, key):
-            return BuildResult(dest, True, time.perf_counter() - start, name_of(dest))
-        _remove_leftovers(dest)
-        plan = make_plan(spec_path, tg, base, req)                   # 1-5
-        funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
-                 for sym, text in plan.scripts().items()}
-        tmp = _temp_folder("build", dest)
-        try:
-            with ThreadPoolExecutor(max_workers=1) as native:
-                def written(src: dict[str, str]):     # the sources, written once; the
-                    write_sources(tmp, src, tg)        # native step (6c: nvcc) runs
-                    return native.submit(tg.compile_native, src, archs, tmp)  # during export
-                sources, native_done = tvm_backend.build_library(     # 6 build
-                    funcs, tvm_backend.target_for(target, archs[0] if archs else None),
-                    os.path.join(tmp, "kernels.so"), then=written)
-                binaries = native_done.result()
-            device = None
-            if tg.family == "gpu":                                   # 6b device ABI
-                device = abi.device_kernels(tg, tg.signatures(sources, tmp), plan.passes)
-            write_artifact(tmp, plan, sources, key, time.perf_counter() - start, archs,
-                           device, binaries)                         # 7 write
-            _publish(tmp, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    global BUILD_COUNT
-    BUILD_COUNT += 1
-    return BuildResult(dest, False, time.perf_counter() - start, plan.spec.name)
+        plan = None
+        fresh = force or not _is_current(dest, key)
+        if fresh:
+            _remove_leftovers(dest)
+            plan = make_plan(spec_path, tg, base, req)                   # 1-5
+            tmp = _temp_folder("build", dest)
+            try:
+                write_artifact(tmp, plan, key, time.perf_counter() - start, archs)  # 7
+                _publish(tmp, dest)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        manifest = load_verified(dest, lambda _, m: m, targets.get)
+        todo = [v for v in _wanted(manifest, variants)
+                if force or not _variant_current(dest, manifest, v)]
+        if todo:
+            if not fresh:
+                _remove_leftovers(dest)
+            plan = plan or make_plan(spec_path, tg, base, req)           # 1-5
+            _build_variants(dest, plan, todo, key, archs)                # 6-7
+    BUILD_COUNT += fresh + bool(todo)
+    every = list(manifest["variants"])
+    return BuildResult(dest, not fresh and not todo, time.perf_counter() - start,
+                       manifest["name"], todo,
+                       [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
+
+
+def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
+    """The variant names ``build``'s ``variants`` asks for; an unknown one is a ValueError
+    naming the artifact's variants."""
+    known = manifest["variants"]
+    if variants is None:
+        return []
+    if variants in ("default", "all"):
+        return list(manifest["default_variants"] if variants == "default" else known)
+    names = [variants] if isinstance(variants, str) else list(variants)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{manifest['name']} for {manifest['target']} has no variant "
+                         f"{', '.join(map(repr, unknown))}; its variants: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def _build_variants(dest: str, plan: BuildPlan, names: list[str], key: str,
+                    archs: tuple[str, ...]) -> None:
+    """Stages 6-7 of the variants ``names``: one library of their functions (each once:
+    launches of several variants may name one, ``plan.scripts``), its native binaries and
+    device ABI, built in a temporary folder inside the artifact; then each variant's
+    folder, its files (hard links to the library's) and its record, renamed to
+    ``dest/<variant>`` (the caller holds the artifact's lock)."""
+    start = time.perf_counter()
+    tg = plan.target
+    funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
+             for sym, text in plan.scripts(names).items()}
+    lib = _temp_folder("build", os.path.join(dest, names[0]))
+    try:
+        with ThreadPoolExecutor(max_workers=1) as native:
+            def written(src: dict[str, str]):     # the sources, written once; the
+                write_sources(lib, src, tg)        # native step (6c: nvcc) runs
+                return native.submit(tg.compile_native, src, archs, lib)  # during export
+            sources, native_done = tvm_backend.build_library(     # 6 build
+                funcs, tvm_backend.target_for(tg.name, archs[0] if archs else None),
+                os.path.join(lib, "kernels.so"), then=written)
+            binaries = native_done.result()
+        device = None
+        if tg.family == "gpu":                                   # 6b device ABI
+            device = abi.device_kernels(tg, tg.signatures(sources, lib), [
+                p for k in plan.kernels if k.variant in names for p in k.passes])
+        records = {f: cache.file_record(os.path.join(lib, f)) for f in os.listdir(lib)}
+        for v in names:                                          # 7 write
+            own = {p.symbol for k in plan.kernels if k.variant == v for p in k.passes}
+            tmp = _temp_folder("build", os.path.join(dest, v))
+            try:
+                for f in records:
+                    _link(os.path.join(lib, f), os.path.join(tmp, f))
+                write_variant(tmp, plan, v, sources, key, time.perf_counter() - start,
+                              archs, device and {s: e for s, e in device.items() if s in own},
+                              binaries, records)
+                _publish(tmp, os.path.join(dest, v))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        shutil.rmtree(lib, ignore_errors=True)
+
+
+def _link(src: str, dst: str) -> None:
+    """``dst`` is ``src``'s file: a hard link, or a copy where links are not supported."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _variant_current(dest: str, manifest: dict, name: str) -> bool:
+    """Whether ``dest`` holds variant ``name`` verified; a broken one is reported with an
+    ArtifactWarning and rebuilt."""
+    try:
+        load_variant(dest, manifest, name, targets.get)
+    except VariantNotBuilt:
+        return False
+    except ArtifactError as e:
+        warn_rebuild(os.path.join(dest, name), e.problem)
+        return False
+    return True
 
 
 def front_end(spec_path: str, tg: targets.Target, base: str | None = None,
@@ -148,6 +240,10 @@ def _key_of(path: str, manifest: dict) -> str:
 # renames the old one aside first (dest is then briefly absent, never partial). Every
 # temporary folder of a dest exists only while a builder holds dest's lock: whoever
 # holds that lock, where a lock proves it (filelocks.provable), may remove them.
+# A variant is published the same way inside its artifact (dest/<variant>, from
+# dest/.build-<variant>...), under the artifact's lock too: the artifact is never
+# replaced while a variant of it is written, and two processes that want the same
+# variant build it once (the second finds it current).
 _LEFTOVER = re.compile(r"\.(?:build|old)-(?:(.+)\.)?(?:k([0-9a-f]{8}|unknown)-)?[a-z0-9_]{8}")
 
 
@@ -215,11 +311,16 @@ def _rmtree(path: str) -> None:
 
 def _remove_leftovers(dest: str) -> None:
     """Temporary folders that killed builds left (the caller holds dest's lock): dest's
-    own, and in the cache folder any other artifact's whose lock this takes without
+    own, its variants' (inside it), and in the cache folder any other artifact's whose lock this takes without
     waiting (no build of it runs), where a lock proves it (filelocks.provable: a local
     file system, NFS with shared locks, or a folder of this kernel). A live build's
     folder is never removed; a leftover is harmless meanwhile (readers never look at
     dot-folders)."""
+    with contextlib.suppress(OSError), os.scandir(dest) as inner:   # killed variant builds
+        for e in inner:                 # (each held dest's lock: none runs now)
+            m = _LEFTOVER.fullmatch(e.name)
+            if m is not None and filelocks.provable(dest, _tag(m)):
+                _rmtree(e.path)
     parent, name = os.path.split(dest)
     sweep = parent == cache.cache_dir()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
@@ -227,8 +328,7 @@ def _remove_leftovers(dest: str) -> None:
             m = _LEFTOVER.fullmatch(e.name)
             if m is None or m.group(1) is None or (m.group(1) != name and not sweep):
                 continue
-            tag = None if m.group(2) in (None, "unknown") else m.group(2)
-            if not filelocks.provable(parent, tag):
+            if not filelocks.provable(parent, _tag(m)):
                 continue
             if m.group(1) == name:
                 _rmtree(e.path)
@@ -240,6 +340,11 @@ def _remove_leftovers(dest: str) -> None:
                     _rmtree(e.path)
                 finally:
                     _unlock(lock, fd)
+
+
+def _tag(m: re.Match) -> str | None:
+    """The kernel boot tag of a temporary folder's name (``_LEFTOVER``), if it has one."""
+    return None if m.group(2) in (None, "unknown") else m.group(2)
 
 
 def _exchange(a: str, b: str) -> bool:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import Collection
 
 from ..declarations import Spec
 from . import schedule_gpu, schedule_llvm, targets
@@ -19,7 +20,7 @@ from .kernel_ir import KernelIR
 from .loader import load_spec
 from .lower import LoweredKernel, lower
 from .schedule_llvm import RED_SCALAR_SIZE
-from .variants import kernel_irs, symbol_for, variants
+from .variants import default_variants, kernel_irs, symbol_for, variant_name, variants
 from .verify import verify
 
 
@@ -39,6 +40,14 @@ class PassPlan:
         return self.lowered.symbol
 
     @property
+    def function(self) -> str:
+        """The TVMScript of the function that runs it, named ``compiled_as``."""
+        if self.compiled_as == self.symbol:
+            return self.script
+        return self.script.replace(f"def {self.symbol}(", f"def {self.compiled_as}(").replace(
+            f'"{self.symbol}"', f'"{self.compiled_as}"')
+
+    @property
     def library(self) -> bool:
         """A matrix product the runtime's BLAS computes (Target.library_matmul): no
         function of the library, no device kernel."""
@@ -50,18 +59,20 @@ _SLOT = {"seg": "seg_symbol", "mt": "mt_symbol"}   # a launch's variants, by pas
 
 @dataclass
 class KernelPlan:
-    """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype."""
+    """One kernel of the manifest: a kernel IR in one (compute, parameter) dtype, in the
+    library of its variant (optgen.compiler.variants.variant_name)."""
     kir: KernelIR
     dtype: str
     param_dtype: str
     symbol: str
     passes: list[PassPlan]
+    variant: str
 
     def manifest_entry(self) -> dict:
         """The manifest's record of the kernel: its IR, and each launch (and lazy pass)
         with the symbol that runs it."""
         entry = {"symbol": self.symbol, "dtype": self.dtype, "param_dtype": self.param_dtype,
-                 **self.kir.to_json()}
+                 "variant": self.variant, **self.kir.to_json()}
         for p in self.passes:
             role, j = p.lowered.role, p.lowered.launch
             if role == "lazy":
@@ -82,15 +93,25 @@ class BuildPlan:
     state_format: str | dict[str, str] | None   # the request (optgen.core.formats.request)
     kirs: list[KernelIR]
     kernels: list[KernelPlan]
+    made: dict[str, tuple[str, dict]]   # every variant -> (parameter dtype, its flags)
 
     @property
     def passes(self) -> list[PassPlan]:
         return [p for k in self.kernels for p in k.passes]
 
-    def scripts(self) -> dict[str, str]:
-        """symbol -> TVMScript of every function the library exports, in plan order."""
-        return {p.symbol: p.script for p in self.passes
-                if p.compiled_as == p.symbol and not p.library}
+    @property
+    def defaults(self) -> list[str]:
+        """The variants ``optgen build`` makes by default (variants.default_variants)."""
+        return default_variants(self.spec, self.target, self.made)
+
+    def scripts(self, variants: Collection[str] | None = None) -> dict[str, str]:
+        """symbol -> TVMScript of every function a library of ``variants`` (or of all of
+        them) exports, in plan order: each function once, under the name every launch
+        of it uses (``compiled_as``: the first pass of that text in the plan, which may
+        be another variant's)."""
+        return {p.compiled_as: p.function for k in self.kernels
+                if variants is None or k.variant in variants
+                for p in k.passes if not p.library}
 
 
 def _debug(stage: str, text: str) -> None:
@@ -109,13 +130,15 @@ def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
               state_format: str | dict[str, str] | None = None) -> BuildPlan:
     """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
-    their TVMScript (and GPU grids and shape variables)."""
+    their TVMScript (and GPU grids and shape variables), each kernel in its variant."""
     spec = load_spec(spec_path, base)                                # 1 load
     traces = verify(spec)                                            # 2 verify
     kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
     _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
-    kernels = []
+    kernels, made = [], {}
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
+        variant = variant_name(pdt, kir.flags, spec.flags)
+        made.setdefault(variant, (pdt, {f: kir.flags[f] for f in spec.flags}))
         symbol = symbol_for(spec.name, pdt, kir.flags, kir.state_format)
         passes = []
         cpu = tg.family == "cpu"
@@ -127,8 +150,8 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
             text, grids = schedule(k, tg)                            # 5 schedule
             dims = schedule_gpu.shape_vars(k) if tg.family == "gpu" else None
             passes.append(PassPlan(k, text, grids, dims, k.symbol))
-        kernels.append(KernelPlan(kir, dt, pdt, symbol, passes))
-    plan = BuildPlan(spec, tg, base, state_format, kirs, kernels)
+        kernels.append(KernelPlan(kir, dt, pdt, symbol, passes, variant))
+    plan = BuildPlan(spec, tg, base, state_format, kirs, kernels, made)
     if tg.family != "gpu":      # GPU passes keep their own symbols: each has device kernels
         _share_functions(plan.passes)
     _debug("schedule", "\n\n".join(p.script for p in plan.passes))
@@ -138,7 +161,8 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
 def _share_functions(passes: list[PassPlan]) -> None:
     """Point each pass at the first one whose function is the same text but for its
     name. Flag combinations share many passes (every matmul of a matrix rule, a fallback
-    rule under flags it ignores): each is compiled once and the launches name the first."""
+    rule under flags it ignores): each is compiled once and the launches name the first.
+    A variant's library holds each function its launches name, under that name."""
     first: dict[str, str] = {}
     for p in passes:
         if p.library:

@@ -1,7 +1,14 @@
 """Which kernels a target gets (stages 3-4 of the pipeline, per target): the kernel IRs
 of every flag combination, plain and mixed precision (``kernel_irs``), the dtypes each
-compiles in (``variants``), and the symbol each kernel is exported as (``symbol_for``).
+compiles in (``variants``), the symbol each kernel is exported as (``symbol_for``), and
+the variant library each belongs to (``variant_name``; the defaults: ``default_variants``).
 The pipeline lowers these; the manifest (optgen.compiler.manifest) lists them.
+
+A *variant* is what one user setting selects: a parameter dtype and a value of every
+flag hyperparameter (``spec.flags``). It holds the kernels of every value of the flags
+set per parameter (shape and name flags: a model has both kinds of parameters) and, with
+a state format, the formatted kernels too. Each variant is compiled into a library of its
+own, when it is first needed (optgen.compiler.pipeline).
 """
 from __future__ import annotations
 
@@ -22,6 +29,26 @@ def symbol_for(name: str, param_dtype: str, flags: dict[str, bool],
     fmt = [f"{s}_{formats.of(f).symbol}" for s, f in (state_format or {}).items()]
     return "_".join([name, DTYPE_TAG[param_dtype], *(f for f, on in flags.items() if on),
                      *(["sf", *fmt] if fmt else [])])
+
+
+def variant_name(param_dtype: str, flags: dict[str, bool], user_flags) -> str:
+    """``f32``, ``f32-use_nesterov``: the parameter dtype's tag and the flag
+    hyperparameters (``user_flags``, in declaration order) that are on."""
+    return "-".join([DTYPE_TAG[param_dtype], *(f for f in user_flags if flags.get(f))])
+
+
+def default_dtype(tg: targets.Target) -> str:
+    """The parameter dtype of a target's default variants: float32 where it has it."""
+    return "float32" if "float32" in tg.dtypes else tg.dtypes[0]
+
+
+def default_variants(spec, tg: targets.Target, made: dict[str, tuple[str, dict]]) -> list[str]:
+    """The variants ``optgen build`` makes without ``--all-variants``: the default flag
+    values in the target's default dtype (``made``: variant -> (parameter dtype, flags));
+    where a requirement rules the defaults out, the first variant of that dtype."""
+    dtype, want = default_dtype(tg), {n: h.default for n, h in spec.flags.items()}
+    mine = [v for v, (pdt, flags) in made.items() if pdt == dtype]
+    return [v for v in mine if made[v][1] == want] or mine[:1] or list(made)[:1]
 
 
 def variants(kirs: list[KernelIR], dtypes: tuple[str, ...] = DTYPES

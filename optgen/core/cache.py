@@ -15,8 +15,8 @@ import re
 import platform
 
 
-FORMAT = 7   # 7: "state_format"; 6: matrix rules ("statistics", "accepted", kernels'
-#              "refresh"); 5: "files", "base"
+FORMAT = 8   # 8: a folder per variant (its library and variant.json); 7: "state_format";
+#              6: matrix rules ("statistics", "accepted", kernels' "refresh"); 5: "files"
 
 
 def cache_dir() -> str:

@@ -2,6 +2,9 @@
 the optgen and TVM versions it was built with (they must be the running ones), and the
 size and sha256 of every file the runtime reads (``runtime_files``). A failure is an
 ArtifactError naming the file, what is wrong and the rebuild command (``rebuild_hint``).
+Each variant's library is a folder of the artifact with a record of its own
+(VARIANT_RECORD), checked the same way when it is first used (``load_variant``); one not
+built yet is a VariantNotBuilt error naming it and the command that builds it.
 
 Both sides read it: the compiler checks a cached artifact before reusing it, the
 runtime before loading it. What they need to know of the artifact's target (device ABI,
@@ -39,9 +42,23 @@ class ArtifactError(RuntimeError):
         self.problem = problem or message
 
 
-def _broken(where: str, what: str, path: str, manifest: Any = None) -> ArtifactError:
-    """The error for a broken artifact: the file, what is wrong, the rebuild command."""
-    return ArtifactError(f"{where}: {what}; {rebuild_hint(path, manifest)}", f"{where}: {what}")
+def _broken(where: str, what: str, path: str, manifest: Any = None,
+            variant: str | None = None) -> ArtifactError:
+    """The error for a broken artifact (or variant): the file, what is wrong, the rebuild
+    command."""
+    return ArtifactError(f"{where}: {what}; {rebuild_hint(path, manifest, variant)}",
+                         f"{where}: {what}")
+
+
+class VariantNotBuilt(ArtifactError):
+    """A variant (a parameter dtype and flag values: its own library) of an artifact is
+    not built, and is not built here: the artifact was loaded without a way to build
+    (optgen.load, build=False, a read-only folder) or this machine cannot build it.
+    ``variant``: its name; ``command``: the ``optgen build`` command that builds it."""
+
+    def __init__(self, message: str, variant: str, command: str):
+        super().__init__(message)
+        self.variant, self.command = variant, command
 
 
 class ArtifactWarning(RuntimeWarning):
@@ -50,20 +67,29 @@ class ArtifactWarning(RuntimeWarning):
 
 # what Artifact and the optimizer read; a manifest without one of them is an ArtifactError
 MANIFEST_KEYS = ("format", "name", "target", "key", "optgen_version", "tvm_version",
-                 "library", "files", "sources", "binaries", "hyperparameters",
-                 "requirements", "states", "kernels", "shape_flags", "name_flags", "inputs",
-                 "statistics", "accepted",
+                 "files", "sources", "hyperparameters", "archs", "variants",
+                 "default_variants", "requirements", "states", "kernels", "shape_flags",
+                 "name_flags", "inputs", "statistics", "accepted",
                  "lazy_update_default", "reduction_buffer_size", "reduction_dtype")
+VARIANT_RECORD = "variant.json"   # in a variant's folder: its library's record
+VARIANT_KEYS = ("format", "key", "variant", "target", "library", "files", "sources",
+                "binaries")
 
 
 def runtime_files(manifest: dict, facts: Facts = targets.get) -> list[str]:
-    """The files of an artifact the runtime reads, which the manifest's ``files`` records
-    (size, sha256): the library, spec.py (checkpoints hash it), the PTX and cubin files
-    (cuda) and what the target's runtime backend reads besides (the OpenCL source). The
-    wrapper module and the other sources are for people and are not verified."""
-    names = [manifest["library"], "spec.py"]
-    names += [f for files in manifest["binaries"].values() for f in files.values()]
-    names += facts(manifest["target"]).files(manifest)
+    """The files of an artifact the runtime reads, which its manifest's ``files``
+    records (size, sha256): spec.py (checkpoints hash it), or for a variant's record
+    (or the merged manifest ``load_variant`` returns) the variant's (``variant_files``).
+    The wrapper module and the other sources are for people and are not verified."""
+    return variant_files(manifest, facts) if "variant" in manifest else ["spec.py"]
+
+
+def variant_files(record: dict, facts: Facts = targets.get) -> list[str]:
+    """The files of a variant the runtime reads: its library, the PTX and cubin files
+    (cuda) and what the target's runtime backend reads besides (the OpenCL source)."""
+    names = [record["library"]]
+    names += [f for files in record["binaries"].values() for f in files.values()]
+    names += facts(record["target"]).files(record)
     return list(dict.fromkeys(names))
 
 
@@ -79,8 +105,19 @@ def warn_rebuild(path: str, reason: str) -> None:
                   stacklevel=level)
 
 
-def rebuild_hint(path: str, manifest: Any = None) -> str:
-    """How to rebuild the artifact at ``path``: the ``optgen build`` command."""
+def rebuild_hint(path: str, manifest: Any = None, variant: str | None = None) -> str:
+    """How to rebuild the artifact at ``path`` (or only its ``variant``): the ``optgen
+    build`` command."""
+    cmd, note = build_command(path, manifest, variant)
+    outside = bool(note) and os.path.dirname(path) != cache.cache_dir()   # not the catalog
+    return f"rebuild it {'from its spec file ' if outside else ''}with `{cmd}`{note}"
+
+
+def build_command(path: str, manifest: Any = None, variant: str | None = None
+                  ) -> tuple[str, str]:
+    """The ``optgen build`` command that (re)builds the artifact at ``path`` (or only its
+    ``variant``), and a note: where the spec is for a spec outside the catalog, what
+    get_artifact does for a cached one."""
     m = manifest if isinstance(manifest, dict) else {}
     folder = os.path.basename(path)
     in_cache = os.path.dirname(path) == cache.cache_dir()
@@ -89,21 +126,21 @@ def rebuild_hint(path: str, manifest: Any = None) -> str:
     spec_file = m.get("spec_file") if isinstance(m.get("spec_file"), str) else stem + ".py"
     target = m.get("target") if isinstance(m.get("target"), str) else target or "llvm"
     base = m.get("base") if isinstance(m.get("base"), str) else base
-    detail = m.get("target_detail") if isinstance(m.get("target_detail"), dict) else {}
+    archs = m.get("archs") if isinstance(m.get("archs"), list) else []
     name = spec_file[:-3] if spec_file.endswith(".py") else spec_file
     shipped = name in catalog.list_specs()
     cmd = (f"optgen build {name if shipped else spec_file} --target {target}"
            + (f" --base {base}" if base else "")
-           + (f" --arch {','.join(detail['archs'])}" if detail.get("archs") else ""))
+           + (f" --arch {','.join(map(str, archs))}" if archs else "")
+           + ("" if in_cache else f" --out {os.path.dirname(path)}")
+           + (f" --variant {variant}" if variant else ""))
     if in_cache:
-        return f"rebuild it with `{cmd}` (optgen.get_artifact rebuilds it by itself)"
-    cmd += f" --out {os.path.dirname(path)}"
+        return cmd, " (optgen.get_artifact rebuilds it by itself)"
     if shipped:
-        return f"rebuild it with `{cmd}`"
+        return cmd, ""
     copy = os.path.join(path, "spec.py")
-    return (f"rebuild it from its spec file with `{cmd}`"
-            + (f" ({copy} is a copy of {spec_file})" if os.path.isfile(copy)
-               else " (the artifact holds no copy of the spec)"))
+    return cmd, (f" ({copy} is a copy of {spec_file})" if os.path.isfile(copy)
+                 else " (the artifact holds no copy of the spec)")
 
 
 def _folder_id(path: str) -> tuple[int, int] | None:
@@ -136,8 +173,7 @@ def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> Non
         fail(f"built for target {target!r}, which this optgen does not know "
              f"(targets: {', '.join(targets.FACTS)})")
     backend = facts(target) if isinstance(target, str) else None
-    missing = [k for k in MANIFEST_KEYS + (("device_kernels",) if backend is not None and
-                                            backend.device_abi else ()) if k not in manifest]
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         fail(f"the manifest lacks {', '.join(map(repr, missing))}")
     if manifest["optgen_version"] != __version__:
@@ -151,17 +187,21 @@ def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> Non
 
 
 def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
-    """Every file the runtime reads exists with the size and sha256 the manifest records.
-    Hashes are computed once per process per file version (cache.file_record)."""
-    mpath = os.path.join(path, "manifest.json")
+    """Every file the runtime reads exists with the size and sha256 the manifest records
+    (an artifact's, or a variant's merged one with ``path`` its folder). Hashes are
+    computed once per process per file version (cache.file_record)."""
+    variant = manifest.get("variant")
+    variant = variant if isinstance(variant, str) else None
+    mpath = os.path.join(path, VARIANT_RECORD if variant else "manifest.json")
+    home = os.path.dirname(path) if variant else path       # the artifact's folder
     files = manifest["files"]
     try:
         names = runtime_files(manifest, facts)
         if not isinstance(files, dict):
             raise TypeError("'files' is not an object")
     except (KeyError, TypeError, AttributeError) as e:
-        raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", path,
-                      manifest) from None
+        raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", home,
+                      manifest, variant) from None
     for name in names:
         rec = files.get(name)
         plain = isinstance(name, str) and name not in ("", ".", "..") and \
@@ -169,7 +209,7 @@ def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
         if not plain or not isinstance(rec, dict) or not isinstance(rec.get("size"), int) \
                 or not isinstance(rec.get("sha256"), str):
             raise _broken(mpath, f"the manifest records no size and sha256 for {name!r}",
-                          path, manifest)
+                          home, manifest, variant)
         fpath = os.path.join(path, name)
         try:
             got = cache.file_record(fpath)
@@ -187,7 +227,7 @@ def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
                            f"{rec['sha256'][:16]}... (corrupted, or the manifest is from "
                            "another build)")
         if problem:
-            raise _broken(fpath, problem, path, manifest)
+            raise _broken(fpath, problem, home, manifest, variant)
 
 
 T = TypeVar("T")
@@ -229,3 +269,80 @@ def _load_once(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _broken(mpath, f"malformed manifest ({type(e).__name__}: {e})", path,
                       manifest) from None
+
+
+# -- variants ---------------------------------------------------------------------------
+def variant_text(manifest: dict, name: str) -> str:
+    """A variant in words: ``f32-use_nesterov (float32 parameters, use_nesterov=True)``."""
+    v = manifest["variants"][name]
+    flags = ", ".join(f"{f}={on}" for f, on in v["flags"].items())
+    return f"{name} ({v['param_dtype']} parameters{', ' + flags if flags else ''})"
+
+
+def not_built(path: str, manifest: dict, name: str, why: str = "") -> VariantNotBuilt:
+    """The error for variant ``name`` of the artifact at ``path`` that is not built (and
+    ``why`` it is not built here), with the commands that build it, or every variant."""
+    cmd, _ = build_command(path, manifest, name)
+    every = cmd.replace(f"--variant {name}", "--all-variants")
+    return VariantNotBuilt(
+        f"{path}: the variant {variant_text(manifest, name)} of {manifest['name']} for "
+        f"{manifest['target']} is not built{why}; build it with `{cmd}`, or every variant "
+        f"with `{every}`", name, cmd)
+
+
+def load_variant(path: str, manifest: dict, name: str, facts: Facts = targets.get) -> dict:
+    """The manifest of the verified artifact at ``path`` (``manifest``) merged with the
+    record of its variant ``name``, verified (format, key, its files' sizes and sha256):
+    what the runtime loads the variant's library from, in the folder ``path/name``.
+    VariantNotBuilt where that folder does not exist; ArtifactError where it is broken
+    or from another build. Runs no code of the artifact."""
+    if name not in manifest["variants"]:
+        raise ArtifactError(f"{path}: {manifest['name']} has no variant {name!r}; its "
+                            f"variants: {', '.join(manifest['variants'])}")
+    folder = os.path.join(path, name)
+    for _ in range(2):
+        before = _folder_id(folder)
+        try:
+            return _variant_once(path, manifest, name, facts)
+        except VariantNotBuilt:
+            raise
+        except ArtifactError:       # replaced while we read it (as in load_verified)?
+            if _folder_id(folder) == before:
+                raise
+    return _variant_once(path, manifest, name, facts)
+
+
+def _variant_once(path: str, manifest: dict, name: str, facts: Facts) -> dict:
+    folder = os.path.join(path, name)
+    rpath = os.path.join(folder, VARIANT_RECORD)
+    if not os.path.isdir(folder):
+        raise not_built(path, manifest, name)
+
+    def fail(what: str):
+        raise _broken(rpath, what, path, manifest, name)
+    try:
+        with open(rpath, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        fail("missing (not a complete variant)")
+    except (OSError, ValueError) as e:
+        fail(f"unreadable record ({e})")
+    if not isinstance(record, dict):
+        fail(f"the record is a JSON {type(record).__name__}, not an object")
+    if record.get("format") != FORMAT:
+        fail(f"record format {record.get('format')!r}, this optgen reads format {FORMAT}")
+    device = facts(manifest["target"]).device_abi
+    missing = [k for k in VARIANT_KEYS + (("device_kernels",) if device else ())
+               if k not in record]
+    if missing:
+        fail(f"the record lacks {', '.join(map(repr, missing))}")
+    if (record["key"], record["variant"], record["target"]) != \
+            (manifest["key"], name, manifest["target"]):
+        fail(f"it records {record['variant']!r} for {record['target']!r} with the key "
+             f"{str(record['key'])[:16]}..., not {name!r} for {manifest['target']!r} with the "
+             f"artifact's key {manifest['key'][:16]}... (from another build)")
+    if not isinstance(record["sources"], dict):
+        fail("malformed record ('sources' is not an object)")
+    merged = {**manifest, **record, "sources": {**manifest["sources"], **record["sources"]}}
+    verify_files(folder, merged, facts)
+    return merged

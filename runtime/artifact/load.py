@@ -8,6 +8,12 @@ Loading reads the manifest and nothing else that could run code (never spec.py o
 wrapper module), and verifies the artifact before anything uses it (optgen/core/manifest.py:
 format, keys, versions, file sizes and hashes; ArtifactError names what is wrong and the
 rebuild command; those names are re-exported here).
+
+The manifest lists every kernel; their functions are in one library per variant (a
+parameter dtype and flag values), each in a folder of the artifact, loaded (and verified)
+when one of its kernels is first called. A variant not built yet is built then by the
+artifact's ``builder`` (``optgen.get_artifact`` gives it one); an artifact without one
+(``optgen.load``, ``build=False``) raises VariantNotBuilt naming the build command.
 """
 from __future__ import annotations
 
@@ -16,13 +22,13 @@ import os
 import threading
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from .. import backends
 from ..device import DeviceError, DeviceProgram
-from optgen.core.manifest import ArtifactError, load_verified, verify_files
+from optgen.core.manifest import ArtifactError, load_variant, load_verified, verify_files
 from optgen.core.tvm_runtime import load_tvm_runtime as _load_tvm_runtime  # noqa: F401
 from optgen.core import scalar_expr
 from optgen.core import formats
@@ -55,6 +61,7 @@ class KernelInfo(formats.FormattedKernel):
     stochastic: dict[str, int] = dataclasses.field(default_factory=dict)  # bf16sr state ->
     # its salt (optgen/core/rounding.py)
     quant_block: int = formats.NO_BLOCK   # block-quantized states: elements per absmax
+    variant: str = ""       # the variant whose library holds its functions
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelInfo":
@@ -62,7 +69,15 @@ class KernelInfo(formats.FormattedKernel):
                    d["scalars"], d["host_scalars"], d["scalar_state_updates"], d["ir"],
                    d["launches"], d["buffer_axes"], d["lazy"], d["storage"], d["refresh"],
                    d["state_format"], d["quant"], d.get("stochastic", {}),
-                   d.get("quant_block", formats.NO_BLOCK))
+                   d.get("quant_block", formats.NO_BLOCK), d["variant"])
+
+    @property
+    def functions(self) -> list[str]:
+        """The symbols of its library functions: launches, their segmented and
+        multi-tensor twins and the row-sparse pass (a matmul left to BLAS has none)."""
+        lns = [*self.launches, *([self.lazy] if self.lazy else [])]
+        return [ln[k] for ln in lns for k in ("symbol", "seg_symbol", "mt_symbol")
+                if ln.get(k)]
 
     @functools.cached_property
     def matrix(self) -> bool:
@@ -114,9 +129,6 @@ class StateInfo:
         return self.when is None or bool(scalar_expr.evaluate(self.when, flags))
 
 
-_lock = threading.Lock()
-
-
 @functools.lru_cache(maxsize=1)
 def _bfloat16_view() -> tuple[Callable, Any]:
     _load_tvm_runtime()
@@ -134,6 +146,15 @@ def bfloat16_tensor(arr: Any) -> Any:
     import tvm_ffi
     create_view, bf16 = _bfloat16_view()
     return create_view(tvm_ffi.from_dlpack(arr.view("uint16")), arr.shape, bf16, 0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One built variant of an artifact: its folder and its manifest (the artifact's
+    merged with the variant's record: library, sources, binaries, device ABI)."""
+    name: str
+    path: str
+    manifest: dict
 
 
 class Artifact:
@@ -167,8 +188,21 @@ class Artifact:
         self.stored: dict[str, str] = {
             n: f.stored for k in self.kernels for n, f in k.formats.items()} | {
             n: dt for n, dt in formats.dtypes(self.state_format).items()}
-        self._module = None
+        # variant -> {"param_dtype", "flags", "kernels"}; the defaults `optgen build` makes
+        self.variants: dict[str, dict] = manifest["variants"]
+        self.default_variants: list[str] = list(manifest["default_variants"])
+        # builds the named variants into this folder (optgen.get_artifact sets it); None:
+        # a variant not built is a VariantNotBuilt error
+        self.builder: Callable[[list[str]], None] | None = None
+        self._owners: dict[str, list[str]] = {}    # function -> the variants that hold it
+        for k in self.kernels:
+            for f in k.functions:
+                if k.variant not in self._owners.setdefault(f, []):
+                    self._owners[f].append(k.variant)
+        self._built: dict[str, Variant] = {}
+        self._modules: dict[str, Any] = {}
         self._functions: dict[str, Callable] = {}
+        self._lock = threading.RLock()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Artifact":
@@ -210,32 +244,94 @@ class Artifact:
         """Parameter dtypes with mixed-precision kernels (float16, bfloat16)."""
         return sorted({k.param_dtype for k in self.kernels if k.mixed})
 
+    def variant(self, name: str) -> Variant:
+        """Variant ``name`` (see ``variants``), verified; built first by the ``builder``
+        where it is not built yet or broken (the build reports a broken one), else
+        VariantNotBuilt naming the command that builds it (or, broken, ArtifactError)."""
+        with self._lock:
+            got = self._built.get(name)
+            if got is None:
+                try:
+                    merged = load_variant(self.path, self.manifest, name, backends.get)
+                except ArtifactError:
+                    if self.builder is None or name not in self.variants:
+                        raise
+                    self.builder([name])
+                    merged = load_variant(self.path, self.manifest, name, backends.get)
+                got = self._built[name] = Variant(name, os.path.join(self.path, name),
+                                                  merged)
+            return got
+
+    def ensure(self, names: Iterable[str]) -> None:
+        """Have the variants ``names`` built: those not built yet (or broken) are built
+        together, into one library (cheaper than one by one), by the ``builder``;
+        without one, VariantNotBuilt (or ArtifactError) for the first not to be had."""
+        with self._lock:
+            if self.builder is None:
+                for n in names:
+                    self.variant(n)
+                return
+            missing = [n for n in names if n not in self._built and not self._verified(n)]
+            if missing:
+                self.builder(missing)
+
+    def _verified(self, name: str) -> bool:
+        try:
+            load_variant(self.path, self.manifest, name, backends.get)
+        except ArtifactError:
+            return False
+        return True
+
+    def ready(self, kernel: KernelInfo) -> None:
+        """Load the library of ``kernel``'s variant, building it first where it is not
+        built and the artifact has a builder: a variant that cannot be had is a
+        VariantNotBuilt here, before a step changes anything."""
+        if kernel.functions:
+            with self._lock:
+                self._module(kernel.variant)
+
     def function(self, symbol: str) -> Callable[..., Any]:
-        """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached):
-        through the target's runtime backend (runtime/backends/): CPU targets' library
-        through tvm_ffi, GPU targets through their device ABI (runtime/device.py)."""
+        """The compiled kernel, ``fn(*arrays, scalars)`` (loaded once, handle cached),
+        from the library of its variant (built on first use where the artifact has a
+        builder): through the target's runtime backend (runtime/backends/): CPU
+        targets' library through tvm_ffi, GPU targets through their device ABI
+        (runtime/device.py)."""
         fn = self._functions.get(symbol)
         if fn is None:
-            with _lock:
-                if self._module is None:
-                    self._module = self._load_module()
-                if isinstance(self._module, DeviceProgram):
+            with self._lock:
+                if symbol not in self._owners:
+                    raise ArtifactError(f"{self.path}: no kernel function {symbol!r}")
+                module = self._module(self._holder(symbol))
+                if isinstance(module, DeviceProgram):
                     try:
-                        fn = self._module.function(symbol)
+                        fn = module.function(symbol)
                     except DeviceError as e:
                         raise ArtifactError(f"{self.path}: {e}") from None
                 else:
-                    fn = self._module[symbol]
+                    fn = module[symbol]
                 self._functions[symbol] = fn
         return fn
 
-    def _load_module(self):
-        verify_files(self.path, self.manifest, backends.get)  # unchanged since load? (a stat per file)
-        backend = backends.get(self.target)
-        if backend.load is not None:         # a library through tvm_ffi (CPU targets)
-            _load_tvm_runtime()
-            return backend.load(self.path, self.manifest)
-        try:
-            return DeviceProgram(self.path, self.manifest)
-        except DeviceError as e:
-            raise ArtifactError(f"{self.path}: {e}") from None
+    def _holder(self, symbol: str) -> str:
+        """A variant whose library holds function ``symbol`` (kernels of several variants
+        may run one function): one loaded already, else one built, else the first."""
+        owners = self._owners[symbol]
+        return next((v for v in owners if v in self._modules), None) or next(
+            (v for v in owners if os.path.isdir(os.path.join(self.path, v))), owners[0])
+
+    def _module(self, name: str):
+        module = self._modules.get(name)
+        if module is None:
+            v = self.variant(name)
+            verify_files(v.path, v.manifest, backends.get)  # unchanged since? (a stat per file)
+            backend = backends.get(self.target)
+            if backend.load is not None:         # a library through tvm_ffi (CPU targets)
+                _load_tvm_runtime()
+                module = backend.load(v.path, v.manifest)
+            else:
+                try:
+                    module = DeviceProgram(v.path, v.manifest)
+                except DeviceError as e:
+                    raise ArtifactError(f"{v.path}: {e}") from None
+            self._modules[name] = module
+        return module
