@@ -3,32 +3,32 @@ counts) reach the kernels through fixed device buffers, so a CUDA graph can capt
 the launches of a step and replay them.
 
 With ``capturable=True`` every launch (one per parameter, flat run or multi-tensor
-list) owns a *row* of its kernel's scalars: one device buffer the kernel reads, fixed
+list) owns a *buffer* of its kernel's scalars: one device buffer the kernel reads, fixed
 for the optimizer's life (a graph holds its address), fed from pinned host buffers
 by asynchronous copies on the launch's stream. ``Optimizer.stage()`` runs a step's
-host half only: it counts the step and writes the rows, launching nothing; a replay of
+host half only: it counts the step and writes the buffers, launching nothing; a replay of
 the captured graph then copies and launches:
 
     opt = optgen.create(art, params, capturable=True)       # CUDA tensors
-    opt.step(grads)                                          # eager steps make the rows
+    opt.step(grads)                                          # eager steps make the buffers
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         opt.step(grads)          # host half of this step now, its device half recorded
     g.replay()                   # ... which runs here
     for _ in range(n):
         ...                      # new gradients into the same tensors
-        opt.stage(grads)         # the next step's scalars into the captured pinned rows
+        opt.stage(grads)         # the next step's scalars into the captured pinned buffers
         g.replay()
 
 When may the host overwrite a pinned buffer? Only once the copy that reads it has run,
-and the host runs ahead of the GPU: an eager step k queues "copy row to device,
+and the host runs ahead of the GPU: an eager step k queues "copy buffer to device,
 kernel" and returns, and step k+1 must not write the buffer copy k has yet to read
 (the kernel of step k would see step k+1's lr). So each launch has a ring of ``RING``
 pinned buffers, each with an event recorded after its copy; a step writes the next
 buffer of the ring, waiting first for that buffer's event if its copy has not run
 (with three buffers that happens only when the host is two steps ahead). The device
-row needs no ring: copies and kernels are ordered on the launch's stream (steps run on
-one stream), so copy k+1 lands after kernel k has read the row.
+buffer needs no ring: copies and kernels are ordered on the launch's stream (steps run on
+one stream), so copy k+1 lands after kernel k has read the buffer.
 
 A captured graph copies from one fixed pinned buffer, the one its capture wrote:
 that buffer leaves the ring (eager steps after a capture never touch it) and
@@ -41,12 +41,12 @@ is being captured no event is queried or waited on (a capture forbids it); a cap
 starts after the device is synchronized (``torch.cuda.graph`` does it; with CuPy,
 synchronize before ``begin_capture``), so the buffer it writes is free.
 
-A row never moves once made: a launch that needs a new row during ``stage`` is an
+A buffer never moves once made: a launch that needs a new buffer during ``stage`` is an
 error, and so are gradients that moved since the last step (the graph holds those
-addresses too). On the CPU the rows are the numpy arrays themselves: the kernels
+addresses too). On the CPU the buffers are the numpy arrays themselves: the kernels
 run when called, so there is nothing to wait for and no copy; the same bookkeeping,
 testable without a GPU. The ordering above is tested on the CPU with a device that
-runs its copies late (``transfers``: tests/test_capture_rows.py).
+runs its copies late (``transfers``: tests/test_capture_buffers.py).
 
 May import: numpy, tensors.
 """
@@ -65,8 +65,8 @@ class CaptureError(RuntimeError):
     """A capturable optimizer cannot replay this step with the captured addresses."""
 
 
-class Row:
-    """One launch's scalars: the device row and the pinned ring that feeds it."""
+class ScalarBuffer:
+    """One launch's scalars: the device buffer and the pinned ring that feeds it."""
 
     def __init__(self, transfers: Any, packed: np.ndarray):
         self.transfers = transfers
@@ -98,22 +98,22 @@ class Row:
             self.ring[j][2] = t.record(event)
 
 
-class ScalarRows:
-    """The rows of one optimizer's launches, by launch key. ``transfers``: how rows
+class ScalarBuffers:
+    """The buffers of one optimizer's launches, by launch key. ``transfers``: how buffers
     reach the device (default: by the parameter's library and device; None on the CPU)."""
 
     def __init__(self, owner: str, transfers: Any = None):
         self.owner, self.transfers = owner, transfers
-        self.rows: dict[Hashable, Row | np.ndarray] = {}
+        self.buffers: dict[Hashable, ScalarBuffer | np.ndarray] = {}
         self.staging = False
         self.grads: list[int] | None = None
 
     def place(self, key: Hashable, packed: np.ndarray, like: Any, lib: str) -> Any:
-        """Launch ``key``'s scalars ``packed`` in its row: the device row the kernel
+        """Launch ``key``'s scalars ``packed`` in its buffer: the device buffer the kernel
         reads (written, and copied now unless staging: then the graph copies it)."""
-        row = self.rows.get(key)
-        fits = row is not None and (row.fits(packed) if isinstance(row, Row) else
-                                    row.shape == packed.shape and row.dtype == packed.dtype)
+        buffer = self.buffers.get(key)
+        fits = buffer is not None and (buffer.fits(packed) if isinstance(buffer, ScalarBuffer) else
+                                    buffer.shape == packed.shape and buffer.dtype == packed.dtype)
         if not fits:
             if self.staging:
                 raise CaptureError(f"{self.owner}: a launch of parameters {key[0]} needs new "
@@ -121,16 +121,16 @@ class ScalarRows:
                                    "run eager steps (and capture again) after changing flags, "
                                    "groups or multipliers")
             t = self.transfers or transfers_for(like, lib)
-            row = self.rows[key] = packed.copy() if t is None else Row(t, packed)
-        if not isinstance(row, Row):  # (CPU: the kernel reads the host row itself)
-            row[...] = packed
-            return row
-        if self.staging and row.graph is None:
+            buffer = self.buffers[key] = packed.copy() if t is None else ScalarBuffer(t, packed)
+        if not isinstance(buffer, ScalarBuffer):  # (CPU: the kernel reads the host buffer itself)
+            buffer[...] = packed
+            return buffer
+        if self.staging and buffer.graph is None:
             raise CaptureError(f"{self.owner}: stage() writes the scalars a captured step "
                                f"copies, and no captured step launches parameters {key[0]}; "
                                "capture opt.step() in a graph first")
-        row.write(packed, self.staging)
-        return row.dev
+        buffer.write(packed, self.staging)
+        return buffer.dev
 
     def check_grads(self, grads: Sequence[Any], libs: Sequence[str]) -> None:
         """Staging: the gradients must lie where the captured step read them; eager
@@ -147,20 +147,20 @@ class ScalarRows:
     def wait(self) -> None:
         """Before a stage writes the captured buffers: the device has run what it was
         given, the previous replay's copies among it (see the module doc)."""
-        for t in {id(r.transfers): r.transfers for r in self.rows.values()
-                  if isinstance(r, Row)}.values():
+        for t in {id(r.transfers): r.transfers for r in self.buffers.values()
+                  if isinstance(r, ScalarBuffer)}.values():
             t.idle()
 
 
 def transfers_for(like: Any, lib: str) -> Any:
-    """How rows reach ``like``'s device: None on the CPU (the kernels read the host rows)."""
+    """How buffers reach ``like``'s device: None on the CPU (the kernels read the host buffers)."""
     if tensors.device(like, lib) == "cpu":
         return None
     return TorchCuda(like.device) if lib == "torch" else CupyCuda(like.device)
 
 
 class TorchCuda:
-    """Rows of torch CUDA tensors: pinned host tensors, copies and events on the current
+    """Buffers of torch CUDA tensors: pinned host tensors, copies and events on the current
     stream."""
 
     def __init__(self, device: Any):
@@ -200,7 +200,7 @@ class TorchCuda:
 
 
 class CupyCuda(TorchCuda):
-    """Rows of CuPy arrays: pinned host arrays, copies and events on the current stream."""
+    """Buffers of CuPy arrays: pinned host arrays, copies and events on the current stream."""
 
     def alloc(self, packed: np.ndarray) -> tuple[np.ndarray, Any]:
         import cupyx
@@ -235,27 +235,27 @@ class CupyCuda(TorchCuda):
         self.device.synchronize()
 
 
-def rows(owner: str, capturable: bool, shards: Any, host_reads: Any) -> ScalarRows | None:
-    """An optimizer's rows where ``capturable``; refused where a step reads device
+def scalar_buffers(owner: str, capturable: bool, shards: Any, host_reads: Any) -> ScalarBuffers | None:
+    """An optimizer's buffers where ``capturable``; refused where a step reads device
     values on the host (the global-norm clip, non-finite checks) or drives collectives
     (FSDP2 shards)."""
     if capturable and (shards is not None or host_reads):
         raise ValueError(f"{owner}: capturable=True cannot be combined with shards, "
                          "clip_global_norm or nonfinite (they read gradients on the host "
                          "or call collectives during a step, which a graph cannot replay)")
-    return ScalarRows(owner) if capturable else None
+    return ScalarBuffers(owner) if capturable else None
 
 
-def stage_ready(owner: str, rows: ScalarRows | None, slots: Sequence[Any],
+def stage_ready(owner: str, buffers: ScalarBuffers | None, slots: Sequence[Any],
                 centralized: Sequence[Any]) -> None:
     """Checks before ``Optimizer.stage``, and the wait for the previous replay."""
-    if rows is None:
+    if buffers is None:
         raise ValueError(f"{owner}: stage() is for optimizers made with capturable=True")
     if centralized:
         raise ValueError(f"{owner}: stage() cannot run gradient centralization outside "
                          "the graph; centralize inside the captured region instead")
-    rows.wait()
+    buffers.wait()
 
 
-__all__ = ["CaptureError", "RING", "Row", "ScalarRows", "rows", "stage_ready",
+__all__ = ["CaptureError", "RING", "ScalarBuffer", "ScalarBuffers", "scalar_buffers", "stage_ready",
            "transfers_for"]

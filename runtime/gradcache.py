@@ -15,7 +15,7 @@ Multipliers are not in it: the runs are grouped by them and found again when the
 change (``Optimizer.set_lr_mult``). Everything derived from gradients is kept while
 the generations it read hold:
 
-    the check's verdict    a gradient that passed is not checked again   (inputs.py)
+    the check's verdict    a gradient that passed is not checked again   (checks.py)
     a run's verdict        whether a flat run or multi-tensor list fuses: its members'
                            gradients present and dense, their step counts equal, the
                            gradients back to back (flat) or apart from the run's

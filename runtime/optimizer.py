@@ -21,10 +21,10 @@ from typing import Any, Callable, Mapping, Sequence
 from . import capture, checkpoint, gradcache, launch, preprocess, refresh, scalars, state
 from . import storage, strategies
 from optgen.core import formats, scalar_expr, views
-from . import groups as grouping, inputs as checks, shards as shards_, tensors
+from . import checks, groups, shards as shards_, tensors
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
-from .inputs import NONFINITE                                # noqa: F401 (re-exported)
+from .checks import NONFINITE                                # noqa: F401 (re-exported)
 from .preprocess import NORM_EPS                             # noqa: F401 (re-exported)
 from .slots import ParamSlot, RecordTable
 from .strategies import StepInputs
@@ -62,7 +62,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         self.lazy_update = checks.check_bool(name, "lazy_update", lazy_update)
         self.multi_precision = checks.check_bool(name, "multi_precision", multi_precision)
         self.multi_tensor = checks.check_bool(name, "multi_tensor", multi_tensor)
-        self._rows = capture.rows(name, checks.check_bool(name, "capturable", capturable),
+        self._scalars = capture.scalar_buffers(name, checks.check_bool(name, "capturable", capturable),
                                   shards, clip_global_norm or nonfinite)
         self.clip_global_norm = None if clip_global_norm is None else \
             checks.check_positive(name, "clip_global_norm", clip_global_norm)
@@ -76,7 +76,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
         # parameters, their names and groups (accepted: options the spec takes unused)
         self.accepted = {n: hyper.pop(n) for n in list(hyper) if n in artifact.accepted}
-        entries, parsed = grouping.parse(name, params, artifact.hypers)
+        entries, parsed = groups.parse(name, params, artifact.hypers)
         arrays = [e.array for e in entries]
         libs = checks.check_params(name, artifact, arrays, self.multi_precision)
         names = checks.check_names(name, [e.name for e in entries], param_names, len(arrays))
@@ -85,12 +85,12 @@ class Optimizer(refresh.RefreshRules, RecordTable):
                       steps=self.t, split=shards_.split(shards, i))
             for i, e in enumerate(entries))
         defaults = {h: info.default for h, info in artifact.hypers.items()}
-        top = grouping.alias(name, artifact.hypers, hyper)
+        top = groups.alias(name, artifact.hypers, hyper)
         self._defaults, self._default_lr = self._resolve(defaults, None, top)
-        self._groups: list[grouping.RuntimeGroup] = []
+        self._groups: list[groups.RuntimeGroup] = []
         for g in parsed:
             h, lr = self._resolve(self._defaults, self._default_lr, g.overrides)
-            self._groups.append(grouping.RuntimeGroup(h, lr, set(g.overrides),
+            self._groups.append(groups.RuntimeGroup(h, lr, set(g.overrides),
                                                       g.grad_centralization))
         checks.check_centralization(name, self._slots,
                                     [g.grad_centralization for g in self._groups])
@@ -100,10 +100,10 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         for s, shape in zip(self._slots, shards_.whole_shapes(arrays, shards)):
             s.fixed_flags = {f: bool(scalar_expr.evaluate(rule, views.shape_env(shape)))
                              for f, rule in artifact.shape_flags.items()}
-        for s, by_name in zip(self._slots, grouping.name_flags(
+        for s, by_name in zip(self._slots, groups.name_flags(
                 name, artifact.name_flags, name_filters, names)):
             s.fixed_flags.update(by_name)
-        grouping.decay_filter(name, decay_filter, self._slots, self._groups)
+        groups.decay_filter(name, decay_filter, self._slots, self._groups)
 
         # states, kernels and launches
         self.state_format = formats.rounded(name, formats.request(name, state_format),
@@ -130,7 +130,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     # -- the record table (and records, params, names, state: slots.RecordTable) --------
     @property
-    def groups(self) -> tuple[grouping.RuntimeGroup, ...]:
+    def groups(self) -> tuple[groups.RuntimeGroup, ...]:
         """The groups (hyperparameters and lr schedule); change them with set_hyper."""
         return tuple(self._groups)
 
@@ -186,10 +186,10 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     # -- hyperparameters ---------------------------------------------------------------
     def _resolve(self, current: Mapping[str, Any], current_lr, changes: Mapping[str, Any]
                  ) -> tuple[dict[str, Any], Callable | None]:
-        return grouping.resolve(self.name, self.artifact, self.t, current, current_lr, changes)
+        return groups.resolve(self.name, self.artifact, self.t, current, current_lr, changes)
 
     def _lr_value(self, gi: int, step: int) -> float | None:
-        return grouping.lr_value(self.name, self.artifact.hypers, self._groups[gi], step)
+        return groups.lr_value(self.name, self.artifact.hypers, self._groups[gi], step)
 
     @property
     def hyper(self) -> dict[str, Any]:
@@ -200,7 +200,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def param_groups(self) -> list[dict[str, Any]]:
         """Each group's parameters, names and hyperparameters (copies; the lr entry is
         the schedule where the group has one)."""
-        return grouping.describe(self._groups, self._slots)
+        return groups.describe(self._groups, self._slots)
 
     @property
     def learning_rate(self) -> float | None:
@@ -214,7 +214,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def set_hyper(self, group: int | None = None, **changes: Any) -> None:
         """Validate and apply new values (aliases accepted), to every group or to
         ``group``; nothing changes if any value is invalid. ``lr`` may be a schedule."""
-        changes = grouping.alias(self.name, self.artifact.hypers, changes)
+        changes = groups.alias(self.name, self.artifact.hypers, changes)
         if group is not None and not (isinstance(group, int) and 0 <= group < len(self._groups)):
             raise ValueError(f"{self.name}: group must be an index below {len(self._groups)}, "
                              f"got {group!r}")
@@ -231,13 +231,13 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     def set_lr_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter lr multipliers, by name or index: lr_i = lr * mult."""
-        for i, v in grouping.multipliers(self.name, "lr_mult", mults, self.names).items():
+        for i, v in groups.multipliers(self.name, "lr_mult", mults, self.names).items():
             self._slots[i].lr_mult = v
         self._launches = None      # (runs share one multiplier)
 
     def set_wd_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter weight-decay multipliers, by name or index."""
-        for i, v in grouping.multipliers(self.name, "wd_mult", mults, self.names).items():
+        for i, v in groups.multipliers(self.name, "wd_mult", mults, self.names).items():
             self._slots[i].wd_mult = v
         self._launches = None
 
@@ -291,26 +291,26 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             preprocess.centralize(grads, self._centralized)
             self._grads.replaced(grads, self._centralized)
         self.t += 1
-        step.t, step.seed, step.statistics, step.rows = self.t, self.seed, art.statistics, \
-            self._rows
+        step.t, step.seed, step.statistics, step.scalar_buffers = self.t, self.seed, art.statistics, \
+            self._scalars
         step.envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lr, scale,
                                            self.t) for gi, lr in step.lrs.items()}
-        if self._rows is not None:
-            self._rows.check_grads(grads, [s.lib for s in self._slots])
+        if self._scalars is not None:
+            self._scalars.check_grads(grads, [s.lib for s in self._slots])
         self._launches_now().run(step)                         # launch
         return True
 
     def stage(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
         """capturable=True: the host half of a step; a graph replay launches it."""
-        capture.stage_ready(self.name, self._rows, self._slots, self._centralized)
-        self._rows.staging = self._launch.dry = True
+        capture.stage_ready(self.name, self._scalars, self._slots, self._centralized)
+        self._scalars.staging = self._launch.dry = True
         try:
             return self.step(grads, **inputs)
         finally:
-            self._rows.staging = self._launch.dry = False
+            self._scalars.staging = self._launch.dry = False
 
     def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
-        if self._storage.follow(self._rows is not None and self._rows.staging):
+        if self._storage.follow(self._scalars is not None and self._scalars.staging):
             self._launches = None
 
     def repoint(self, i: int, array: Any) -> None:

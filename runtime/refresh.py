@@ -8,7 +8,7 @@ unless the spec says otherwise; SOAP: its second) and then every ``every`` steps
 number or a hyperparameter). The statistics are read, and checked, only on
 the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
 
-May import: numpy, inputs, reference, tensors.
+May import: numpy, checks, reference, tensors.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import inputs, tensors
+from . import checks, tensors
 from optgen.core import reference
 
 
@@ -64,7 +64,7 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
     statistic is checked before anything changes."""
     n = len(grads)
     names = [s.name for s in slots]
-    inputs.check_statistic_lists(owner, stats, n)
+    checks.check_statistic_lists(owner, stats, n)
     out = {}
     for i, g in enumerate(grads):
         if g is None:
@@ -77,9 +77,9 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
         reads = k.refresh["reads"]
         for name in reads:
             m = d[1] if kinds[name] == "rr" else d[2]
-            what = (f"{owner}: step {slots[i].steps + 1} of {inputs.label(i, names)} refreshes "
+            what = (f"{owner}: step {slots[i].steps + 1} of {checks.label(i, names)} refreshes "
                     f"and reads statistic {name!r} ({m} x {m})")
-            out[i][name] = inputs.check_statistic(what, stats.get(name, [None] * n)[i], m,
+            out[i][name] = checks.check_statistic(what, stats.get(name, [None] * n)[i], m,
                                                   reads)
     return out
 

@@ -18,7 +18,7 @@ axes the split does not cut (row means of a row-split matrix) is complete on eve
 rank and is not sent. A mean is sent as a sum (the kernel's mean times its own count)
 and divided by the whole count after the sum.
 
-The collective itself comes from the caller (``Collective``: optgen/torch/shards.py
+The collective itself comes from the caller (``Collective``: optgen/torch/fsdp.py
 passes torch.distributed's all-reduce over the parameter's mesh); this module imports
 no communication library.
 

@@ -30,7 +30,7 @@ parameter's layout (runtime/gradcache.py: storage has the cache forget a moved
 parameter's gradient). The torch layer hands over a new object where its runtime array
 is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
 
-May import: numpy, capture, flat, inputs (labels), state, tensors.
+May import: numpy, capture, flat, checks (labels), state, tensors.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from . import flat, state, tensors
 from .capture import CaptureError
-from .inputs import label
+from .checks import label
 
 
 def where(x: Any, lib: str) -> tuple:

@@ -133,7 +133,7 @@ def test_the_registry_is_scanned_around_not_missed():
     """The exclusion is the registry package alone: the scan sees the consumers."""
     names = {str(p.relative_to(ROOT)) for p in _modules()}
     assert {"optgen/compiler/lower.py", "runtime/launch.py", "runtime/checkpoint.py",
-            "optgen/torch/format.py", "optgen/core/quant.py"} <= names
+            "optgen/torch/torch_checkpoints.py", "optgen/core/quant.py"} <= names
     assert not any(n.startswith("optgen/core/formats/") for n in names)
 
 
@@ -167,7 +167,7 @@ def test_the_names_come_from_the_registry_fp8_included():
     ("runtime/checkpoint.py", "if kind == 'fp8': pass"),
     ("optgen/compiler/lower.py", "scaled = fmt in ('q8', 'fp8')"),
     ("runtime/launch.py", "block = int(text[4:]) if text.startswith('fp8@') else 256"),
-    ("optgen/torch/format.py", "e4m3 = stored.startswith('fp8:')"),
+    ("optgen/torch/torch_checkpoints.py", "e4m3 = stored.startswith('fp8:')"),
     ("optgen/core/quant.py", "BITS = {'fp8': 8}"),
 ])
 def test_the_checker_flags_fp8_texts(path, line):

@@ -29,7 +29,7 @@ def _semantic_files() -> list[tuple[str, str]]:
 
 
 SEMANTIC = _semantic_files()
-NOT_SEMANTIC = [("optgen", "torch/__init__.py"), ("optgen", "torch/format.py"), ("optgen", "cli.py"),
+NOT_SEMANTIC = [("optgen", "torch/__init__.py"), ("optgen", "torch/torch_checkpoints.py"), ("optgen", "cli.py"),
                 ("optgen", "commands.py"), ("optgen", "errors.py"),
                 ("optgen.core", "cache.py"), ("optgen.core", "catalog.py")]
 

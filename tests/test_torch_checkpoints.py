@@ -1,4 +1,4 @@
-"""torch.optim checkpoints into the drop-ins and back (optgen/torch/format.py): a run
+"""torch.optim checkpoints into the drop-ins and back (optgen/torch/torch_checkpoints.py): a run
 saved by torch.optim.X continues in optgen.torch.X, and the reverse, for Adam, AdamW,
 Adamax, NAdam, RAdam, Adadelta, Adagrad and SGD,
 with the same parameters as the run that stayed (float32 rounding; optgen's Adam adds
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch.optim checkpoints need torch")
-import optgen.torch.seeds as ot  # noqa: E402  (the seeds' forms: optgen/torch/format.py)
+import optgen.torch.seeds as ot  # noqa: E402  (the seeds' forms: optgen/torch/torch_checkpoints.py)
 from helpers import torch_mlp as _model, torch_train as _run  # noqa: E402
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=1e-3)

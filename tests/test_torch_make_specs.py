@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 import optgen.torch as otorch  # noqa: E402
 from optgen.core import hyper as hyper_rules  # noqa: E402
 from optgen.runtime import get_artifact  # noqa: E402
-from optgen.torch.torchform import SPLIT, TorchForm  # noqa: E402
+from optgen.torch.optim_form import SPLIT, TorchForm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(p for folder in ("specs", "examples/specs")

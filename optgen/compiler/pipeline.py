@@ -37,8 +37,8 @@ from optgen.core import cache, filelocks, formats
 from optgen.core.manifest import (ArtifactError, VariantNotBuilt, load_variant, load_verified,
                                   warn_rebuild)
 from . import abi, targets, tvm_backend
-from .manifest import write_artifact, write_sources, write_variant
-from .manifest import class_name, render_wrapper  # noqa: F401 (their old home)
+from .write_artifact import write_artifact, write_sources, write_variant
+from .write_artifact import class_name, render_wrapper  # noqa: F401 (their old home)
 from .plan import BuildPlan, make_plan, schedule  # noqa: F401 (schedule: its old home)
 from .schedule_llvm import RED_SCALAR_SIZE  # noqa: F401 (tests read it)
 from .specialize import MIXED_DTYPES

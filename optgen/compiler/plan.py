@@ -3,7 +3,7 @@ need no TVM, and what they decided, recorded once per kernel and per pass.
 
 Every later stage reads the plan instead of deciding again: the build (TVM) compiles
 ``BuildPlan.scripts``, the device ABI (optgen.compiler.abi) reads each pass's grids,
-shape variables and buffers, and the manifest (optgen.compiler.manifest) lists each
+shape variables and buffers, and the manifest (optgen.compiler.write_artifact) lists each
 kernel with the symbols of its passes.
 """
 from __future__ import annotations

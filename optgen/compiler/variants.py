@@ -2,7 +2,7 @@
 of every flag combination, plain and mixed precision (``kernel_irs``), the dtypes each
 compiles in (``variants``), the symbol each kernel is exported as (``symbol_for``), and
 the variant library each belongs to (``variant_name``; the defaults: ``default_variants``).
-The pipeline lowers these; the manifest (optgen.compiler.manifest) lists them.
+The pipeline lowers these; the manifest (optgen.compiler.write_artifact) lists them.
 
 A *variant* is what one user setting selects: a parameter dtype and a value of every
 flag hyperparameter (``spec.flags``). It holds the kernels of every value of the flags

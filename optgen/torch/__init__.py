@@ -42,7 +42,7 @@ import os
 
 from . import seeds
 from .agreement import DistributedStepError
-from .base import OptgenOptimizer
+from .drop_in import OptgenOptimizer
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES

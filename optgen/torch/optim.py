@@ -17,7 +17,7 @@ flat=True, offload="cpu", state_format="bf16", ...)``.
 The seeds' forms (MXNet/MindSpore rules and defaults) stay under their own names:
 ``optgen.torch.seeds.Adam`` (optgen/torch/seeds.py), ``optgen.torch.make("adam")``.
 LBFGS has no twin: a closure-driven line search is not a fused elementwise step.
-Imports: torchform.
+Imports: optim_form.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .torchform import TorchForm
+from .optim_form import TorchForm
 from optgen.runtime import RowSparse
 
 _NOT_ARGS = ("self", "params", "__class__")

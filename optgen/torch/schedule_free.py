@@ -11,7 +11,7 @@ x to y (``p.lerp_(z, 1 - beta1)``), ``eval()`` moves those in train mode back to
 
 With ``multi_precision`` or ``offload`` the switch moves the master copy (in its own
 dtype) and rounds it into the parameter, as a step does.
-Imports: base.
+Imports: drop_in.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .base import OptgenOptimizer
+from .drop_in import OptgenOptimizer
 from optgen.runtime import catalog
 
 

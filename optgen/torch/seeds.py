@@ -12,14 +12,14 @@ optimizers torch has no twin of (LAMB, Lion, FTML, ...) are the seeds' classes t
 ``make(spec, base=None)`` gives the class of any spec file, registered name or wrapper.
 Schedule-Free AdamW has a class of its own (``OWN``: optgen/torch/schedule_free.py, with
 the authors' ``train()`` and ``eval()``).
-Imports: base, offload, schedule_free.
+Imports: drop_in, offload, schedule_free.
 """
 from __future__ import annotations
 
 import os
 
 from . import offload as torch_offload
-from .base import OptgenOptimizer
+from .drop_in import OptgenOptimizer
 from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from optgen.core import formats
 from optgen.runtime import checkpoint, shards as runtime_shards, tempfiles
-from .shards import is_dtensor, local, rows, sharded
+from .fsdp import is_dtensor, local, rows, sharded
 
 FORMAT = 2
 INDEX = "index.json"

@@ -11,7 +11,7 @@ dimensions (the authors give each dimension its own factor), ``merge_dims=True``
 than 10000 is not preconditioned, the authors' default). ``data_format`` is checked as
 the authors check it and only matters with ``merge_dims``. optgen's runtime options
 (``target``, ``flat``, ``offload``, ``loss_scale``, ...) go with the arguments.
-Imports: base.
+Imports: drop_in.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .base import OptgenOptimizer
+from .drop_in import OptgenOptimizer
 from optgen.runtime import catalog
 
 MAX_PRECOND_DIM = 10000            # what specs/soap.py compiles

@@ -1,7 +1,7 @@
 """Loading a drop-in's ``state_dict``: every saved state checked against the
 optimizer's layout before anything changes, then copied into the runtime's states.
 
-Used by ``OptgenOptimizer.load_state_dict`` (base.py): ``plan`` raises a ValueError
+Used by ``OptgenOptimizer.load_state_dict`` (drop_in.py): ``plan`` raises a ValueError
 naming the parameter and the state on another group layout, a missing or extra state or
 another shape, and changes nothing; ``copy_in`` then copies from the saved tensors (not
 torch's dtype-cast copies), so float64 scalar states and every stored dtype round-trip.
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import shards as torch_shards
+from . import fsdp
 
 
 def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any]],
@@ -38,7 +38,7 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
                 raise ValueError(f"{name}: state_dict state of parameter "
                                  f"{i} has {sorted(rec)}, expected {sorted(want)}")
             for n, v in states[i].items():   # (a DTensor state: its local shard)
-                got = None if isinstance(v, np.floating) else torch_shards.local(rec[n])
+                got = None if isinstance(v, np.floating) else fsdp.local(rec[n])
                 if got is not None and tuple(got.shape) != tuple(v.shape):
                     raise ValueError(f"{name}: state_dict state {i}.{n} has "
                                      f"shape {tuple(got.shape)}, expected {tuple(v.shape)}")
@@ -55,4 +55,4 @@ def copy_in(states: list[dict[str, Any]], plan: list[tuple[int, dict[str, Any]]]
             elif isinstance(v, np.ndarray):   # (SparseAdam steps numpy views)
                 np.copyto(v, torch.as_tensor(rec[n]).detach().cpu().numpy())
             else:
-                v.copy_(torch_shards.local(rec[n]))
+                v.copy_(fsdp.local(rec[n]))

@@ -44,7 +44,7 @@ class StepInputs:
     t: int = 0
     seed: int = 0                             # of stochastic rounding
     statistics: Mapping[str, str] = field(default_factory=dict)   # (and their shapes)
-    rows: Any = None                          # capturable: runtime.capture.ScalarRows
+    rows: Any = None                          # capturable: runtime.capture.ScalarBuffers
     shared: dict[tuple, tuple] = field(default_factory=dict)
     pending: list[Iterator[list]] = field(default_factory=list)
 
@@ -52,9 +52,9 @@ class StepInputs:
               slot: ParamSlot) -> Any:
         """The scalars a launch of ``indices`` passes: ``packed`` itself, or (capturable)
         its fixed device row holding them (runtime/capture.py)."""
-        if self.rows is None:
+        if self.scalar_buffers is None:
             return packed
-        return self.rows.place((tuple(indices), k.symbol), packed, slot.array, slot.lib)
+        return self.scalar_buffers.place((tuple(indices), k.symbol), packed, slot.array, slot.lib)
 
     def advance(self, slot: ParamSlot, k: Any) -> np.ndarray:
         """Count ``slot``'s step and return kernel ``k``'s packed scalars for it: computed

@@ -41,7 +41,7 @@ class CUDA(Target):
 
     def compile_native(self, sources: dict[str, str], archs: tuple[str, ...],
                        folder: str) -> dict[str, dict[str, str]]:
-        # kernels.cu is in the folder already (manifest.write_sources)
+        # kernels.cu is in the folder already (write_artifact.write_sources)
         return nvcc.compile_all(os.path.join(folder, f"kernels.{self.source}"), archs, folder)
 
     def signatures(self, sources: dict[str, str], folder: str) -> dict[str, Signature]:

@@ -7,7 +7,7 @@ replays of a captured step after ``stage()``, and with eager steps between repla
 import numpy as np
 import pytest
 
-from optgen.runtime.capture import RING, CaptureError, ScalarRows
+from optgen.runtime.capture import RING, CaptureError, ScalarBuffers
 
 
 class Event:
@@ -86,7 +86,7 @@ def test_eager_steps_far_ahead_of_the_device_read_their_own_scalars():
     own step's scalars. (One buffer rewritten without a wait: every kernel read the
     last step's.)"""
     dev = LateDevice()
-    rows = ScalarRows("opt", transfers=dev)
+    rows = ScalarBuffers("opt", transfers=dev)
     for k in range(8):
         eager(rows, dev, k)
         assert dev.log.count("wait") == max(0, k + 1 - RING)
@@ -96,7 +96,7 @@ def test_eager_steps_far_ahead_of_the_device_read_their_own_scalars():
 
 def test_a_device_that_keeps_up_is_never_waited_for():
     dev = LateDevice()
-    rows = ScalarRows("opt", transfers=dev)
+    rows = ScalarBuffers("opt", transfers=dev)
     for k in range(8):
         eager(rows, dev, k)
         dev.run(len(dev.queue))
@@ -105,7 +105,7 @@ def test_a_device_that_keeps_up_is_never_waited_for():
 
 def test_replays_read_the_staged_scalars_and_eager_steps_leave_the_graph_buffer_alone():
     dev = LateDevice()
-    rows = ScalarRows("opt", transfers=dev)
+    rows = ScalarBuffers("opt", transfers=dev)
     eager(rows, dev, 0)
     eager(rows, dev, 1)
     dev.idle()                                # (torch.cuda.graph synchronizes first)
@@ -132,14 +132,14 @@ def test_replays_read_the_staged_scalars_and_eager_steps_leave_the_graph_buffer_
 
 def test_stage_without_a_captured_step_is_an_error():
     dev = LateDevice()
-    rows = ScalarRows("opt", transfers=dev)
+    rows = ScalarBuffers("opt", transfers=dev)
     eager(rows, dev, 0)
     rows.staging = True
     with pytest.raises(CaptureError, match="no captured step launches parameters"):
         rows.place(("p",), scalars(1), None, "numpy")
 
 
-# -- capturable=True on the torch forms (optgen/torch/torchform.py) ------------------------
+# -- capturable=True on the torch forms (optgen/torch/optim_form.py) ------------------------
 CAPTURABLE = ["Adam", "NAdam", "ASGD", "Adadelta"]   # (each with its own torch message)
 
 

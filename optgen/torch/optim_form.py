@@ -18,9 +18,9 @@ optimizer of the same name, stepped by the fused kernels of a ``torch_<name>`` s
   ``inspect.signature(optgen.torch.Adam)`` is torch's.
 * A group's values reach the spec through ``_group_hyper``: tuples split (SPLIT),
   one-element tensors (a tensor lr) read as floats at each step, torch-only keys dropped.
-* ``state_dict()`` is torch's (``torch_state.to_torch``): torch's state names and keys,
+* ``state_dict()`` is torch's (``optim_state.to_torch``): torch's state names and keys,
   ``step`` as torch keeps it; ``load_state_dict`` takes torch's or optgen's form.
-Imports: base, torch_state.
+Imports: drop_in, optim_state.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from . import torch_state
-from .base import RUNTIME_OPTIONS, OptgenOptimizer, _value
+from . import optim_state
+from .drop_in import RUNTIME_OPTIONS, OptgenOptimizer, _value
 from optgen.core import hyper as hyper_rules
 from optgen.runtime import catalog
 
@@ -165,10 +165,10 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
         if format not in ("optgen", "torch"):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         sd = OptgenOptimizer.state_dict(self)
-        return torch_state.to_torch(self, sd) if format == "torch" else sd
+        return optim_state.to_torch(self, sd) if format == "torch" else sd
 
     def _optgen_form(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        return torch_state.to_optgen(self, state_dict)
+        return optim_state.to_optgen(self, state_dict)
 
     def _torch_record(self, rec: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         """A parameter's states as torch.optim keeps them (classes override: states

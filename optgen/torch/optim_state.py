@@ -1,4 +1,4 @@
-"""state_dicts of the torch forms (optgen/torch/torchform.py) in torch.optim's format.
+"""state_dicts of the torch forms (optgen/torch/optim_form.py) in torch.optim's format.
 
 The torch_* specs keep torch's state names, so the conversion is small: per parameter,
 ``step`` as torch keeps it (a float32 tensor; SparseAdam an int; SGD and Muon none),
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
-from .format import full_precision
+from .torch_checkpoints import full_precision
 from optgen.core.formats import ABSMAX
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import format as torch_format, offload as torch_offload, ops as torch_ops, shards as torch_shards
+from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
 from . import agreement as torch_agreement, sharded_checkpoint, state_load
 from optgen.runtime import flatten, get_artifact
-from optgen.runtime import groups as grouping
+from optgen.runtime import groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
@@ -25,7 +25,7 @@ def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
     """Spec-named hyperparameters as a torch group holds them: ``beta1``, ``beta2``, ...
     as one ``betas`` tuple (a pair, Adan's triple), the tuple ``alias`` splits back."""
     out = dict(hyper)
-    names = grouping.beta_names(art.hypers)
+    names = groups.beta_names(art.hypers)
     if names and all(n in out for n in names):
         out["betas"] = tuple(out.pop(n) for n in names)
     return out
@@ -50,7 +50,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, *, flat: bool = False, **kwargs: Any):
         art = self._prepare(flat, kwargs)
-        given = grouping.alias(art.name, art.hypers, kwargs)
+        given = groups.alias(art.name, art.hypers, kwargs)
         spec_defaults = {n: h.default for n, h in art.hypers.items()}
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
@@ -105,7 +105,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         kept) and give them gradient views of another, existing gradients copied."""
         if not params:
             return
-        if any(torch_shards.is_dtensor(p) for p in params):   # (before any copy)
+        if any(fsdp.is_dtensor(p) for p in params):   # (before any copy)
             raise ValueError(f"{self._artifact.name}: DTensor parameters with flat=True are "
                              "not built")
         try:
@@ -148,19 +148,19 @@ class OptgenOptimizer(torch.optim.Optimizer):
         reference would never look changed to ``_sync``."""
         art = self._artifact
         known = {k: _value(v) for k, v in group.items()
-                 if k != "params" and grouping.is_hyper_key(k, art.hypers)}
-        return grouping.alias(art.name, art.hypers, known)
+                 if k != "params" and groups.is_hyper_key(k, art.hypers)}
+        return groups.alias(art.name, art.hypers, known)
 
     def _rebuild(self, old: _Core | None) -> _Core:
         """A runtime optimizer over the current groups, keeping existing states."""
         self._params = [p for g in self.param_groups for p in g["params"]]
-        torch_shards.check(self._artifact.name, self._artifact, self._params,
+        fsdp.check(self._artifact.name, self._artifact, self._params,
                            self._options.get("clip_global_norm"), self._offload, self._flat)
         host = self._runtime_tensor
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]
         capturable = any(g.get("capturable") for g in self.param_groups)   # (torch forms)
-        core = _Core(self._artifact, groups, shards=torch_shards.splits(self._params),
+        core = _Core(self._artifact, groups, shards=fsdp.splits(self._params),
                      **self._options, **({"capturable": True} if capturable else {}))
         if self._offload is not None:
             core.watch(self._offload.ready, self._offload.done)
@@ -174,7 +174,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._agreement = torch_agreement.choose(self._agree, core.shards)
-        self._dtensors = any(torch_shards.is_dtensor(p) for p in self._params)
+        self._dtensors = any(fsdp.is_dtensor(p) for p in self._params)
         self._standins = self._dtensors or \
             type(self)._runtime_tensor is not OptgenOptimizer._runtime_tensor
         return core
@@ -182,7 +182,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def _runtime_tensor(self, p: Any) -> Any:
         """What the runtime steps for parameter ``p`` (the same object at every call):
         its host copy (offload), its local shard (DTensor), or ``p``."""
-        return self._offload.master(p) if self._offload else torch_shards.local(p)
+        return self._offload.master(p) if self._offload else fsdp.local(p)
 
     def _follow(self, runtime: bool = True) -> None:
         """Follow moved data (``p.data = new``) as torch.optim does: the runtime stand-ins
@@ -212,10 +212,10 @@ class OptgenOptimizer(torch.optim.Optimizer):
         kinds = self._kinds()
         for p, slot in zip(self._params, self._core.records):
             st, core = self.state[p], slot.state
-            if "step" not in st or any(st.get(n) is not v and torch_shards.local(st.get(n)) is
+            if "step" not in st or any(st.get(n) is not v and fsdp.local(st.get(n)) is
                                        not v for n, v in core.items() if not isinstance(v, np.floating)):
                 st.clear()
-                st.update((n, torch_shards.shown(p, v, kinds.get(n, "param")))
+                st.update((n, fsdp.shown(p, v, kinds.get(n, "param")))
                           for n, v in core.items() if not isinstance(v, np.floating))
                 st["step"] = torch.tensor(0.0)
                 self._op_tensors = self._op_lists()
@@ -262,7 +262,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._opt_called = True
         self._sync()
         self._follow(runtime=False)
-        self._core.stage(self._kernel_grads([torch_shards.local(p.grad) for p in self._params]))
+        self._core.stage(self._kernel_grads([fsdp.local(p.grad) for p in self._params]))
         self._mirror()
 
     # torch's lr schedulers wrap an optimizer's step (to record _opt_called, which
@@ -286,7 +286,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._follow(runtime=False)
         grads = self._kernel_grads(grads)
         if self._offload is None:   # (a DTensor's gradient: its local shard)
-            return self._core.check_step([torch_shards.local(g) for g in grads] if
+            return self._core.check_step([fsdp.local(g) for g in grads] if
                                          self._dtensors else grads, **statistics)
         return self._core.check_step(self._offload.grads_to_host(
             self._params, grads, wait_all=bool(self._core.clip_global_norm or
@@ -311,11 +311,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, format: str = "optgen") -> dict[str, Any]:
         """torch's state_dict with the spec's state names, or (``format="torch"``) the
-        one torch.optim's optimizer of the same algorithm loads (optgen/torch/format.py)."""
+        one torch.optim's optimizer of the same algorithm loads (optgen/torch/torch_checkpoints.py)."""
         if format not in ("optgen", "torch"):
             raise ValueError(f"state_dict format must be 'optgen' or 'torch', got {format!r}")
         blocked = [i for i, (p, s) in enumerate(zip(self._params, self._core.records))
-                   if s.formatted and torch_shards.sharded(p)]
+                   if s.formatted and fsdp.sharded(p)]
         if blocked:   # (DCP would take their per-shard block scales for whole tensors)
             raise ValueError(f"{self._artifact.name}: parameter {blocked[0]} is sharded and "
                              "keeps q8/q4 states in per-shard blocks, which state_dict (and "
@@ -325,7 +325,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
-        return torch_format.to_torch(self._artifact.name, sd, self._artifact.stored, shapes) \
+        return torch_checkpoints.to_torch(self._artifact.name, sd, self._artifact.stored, shapes) \
             if format == "torch" else sd
 
     def save(self, path: str | os.PathLike) -> None:
@@ -333,7 +333,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         states, step counts and hyperparameters. With parameters sharded across ranks
         (FSDP2: DTensors) ``path`` is a folder and every rank writes its shards (collective);
         ``load`` then reads it at any world size (optgen/torch/sharded_checkpoint.py)."""
-        if any(torch_shards.is_dtensor(p) for p in self._params):   # (alike on every rank)
+        if any(fsdp.is_dtensor(p) for p in self._params):   # (alike on every rank)
             sharded_checkpoint.save(self._core, self._params, self._kinds(), os.fspath(path),
                                     prepare=lambda: (self._sync(), self._follow()))
         else:
@@ -346,7 +346,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         become the checkpoint's, in ``param_groups`` too. With DTensor parameters a
         collective, a folder or a file alike: every rank loads or none does."""
         self._follow()   # (then the checkpoint's master copies win)
-        split = any(torch_shards.is_dtensor(p) for p in self._params)
+        split = any(fsdp.is_dtensor(p) for p in self._params)
         if split or os.path.isdir(path):
             sharded_checkpoint.load(self._core, self._params, self._kinds(), os.fspath(path),
                                     collective=split)
@@ -366,9 +366,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
 
     def _optgen_form(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """``state_dict`` with this optimizer's state names: a torch.optim checkpoint of
-        the same algorithm is converted (optgen/torch/format.py)."""
-        if torch_format.is_torch(state_dict, {n for st in self._core.state for n in st}):
-            return torch_format.to_optgen(self._artifact.name, self.param_groups, state_dict)
+        the same algorithm is converted (optgen/torch/torch_checkpoints.py)."""
+        if torch_checkpoints.is_torch(state_dict, {n for st in self._core.state for n in st}):
+            return torch_checkpoints.to_optgen(self._artifact.name, self.param_groups, state_dict)
         return state_dict
 
     def _kinds(self) -> dict[str, str]:
@@ -377,7 +377,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, with every state checked against this optimizer's layout first
         (a wrong shape or a missing state is a ValueError and changes nothing). A
-        torch.optim checkpoint of the same algorithm is converted first (torch_format)."""
+        torch.optim checkpoint of the same algorithm is converted first (torch_checkpoints)."""
         self._follow()   # (data moved before the load: the checkpoint's master copies win)
         state_dict = self._optgen_form(state_dict)
         core = self._core
