@@ -4,6 +4,13 @@ the step's Python work (checks, caches, host scalars, launches) is what is timed
 
     python bench/host_overhead.py                  # 300 interleaved reps, shrink 32
     python bench/host_overhead.py --reps 500 --shrink 64
+    python bench/host_overhead.py --clock thread --threads 1   # on a busy machine
+
+``--clock thread`` times each step by the stepping thread's CPU time, which time spent
+descheduled does not count; with ``--threads 1`` (optgen's kernels and torch's ops on
+the calling thread) that is the whole step's work, so runs on a shared machine compare.
+``--calls`` counts instead what one step runs in Python (``sys.setprofile``): function
+calls, and the files of optgen they are in (a machine-independent measure).
 
 Rows: ``optgen.torch.AdamW`` (the default multi-tensor launch), the same with
 ``multi_tensor=False`` and with ``flat=True``, ``optgen.create("adam")`` on numpy arrays,
@@ -53,25 +60,61 @@ def rows(shrink: int) -> dict:
     return out
 
 
+def calls(fn) -> tuple[int, int]:
+    """Python function calls in one call of ``fn``, and how many of optgen's files
+    (optgen/, runtime/) they run in."""
+    count, files = [0], set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            count[0] += 1
+            files.add(frame.f_code.co_filename)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    ours = {f for f in files if f"{os.sep}optgen{os.sep}" in f or f"{os.sep}runtime{os.sep}" in f}
+    return count[0], len(ours)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--shrink", type=int, default=32)
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time, or the stepping thread's CPU time")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of optgen's CPU kernels and of torch (default: theirs)")
+    ap.add_argument("--calls", action="store_true",
+                    help="count one step's Python calls instead of timing steps")
     args = ap.parse_args()
+    if args.threads is not None:
+        import optgen
+        import torch
+        optgen.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     fns = rows(args.shrink)
     names = list(fns)
     for fn in fns.values():            # warm up: kernels, tables, caches
         for _ in range(5):
             fn()
+    if args.calls:
+        print("199 BERT-shaped tensors: Python calls in one step (files of optgen)")
+        for n in names:
+            c, f = calls(fns[n])
+            print(f"  {n:36s} {c:9d} ({f})")
+        return
     times = {n: [] for n in names}
     for r in range(args.reps):         # interleaved, starting at row r mod k
         for j in range(len(names)):
             n = names[(r + j) % len(names)]
-            t = time.perf_counter()
+            t = clock()
             fns[n]()
-            times[n].append(time.perf_counter() - t)
-    print(f"199 BERT-shaped tensors (dims / {args.shrink}), median us per step, "
-          f"{args.reps} reps")
+            times[n].append(clock() - t)
+    print(f"199 BERT-shaped tensors (dims / {args.shrink}), median us per step "
+          f"({args.clock} clock), {args.reps} reps")
     for n in names:
         print(f"  {n:36s} {statistics.median(times[n]) * 1e6:9.1f}")
 

@@ -6,7 +6,8 @@
 
 Per optimizer and shape: the median of ``--reps`` steps that do not refresh (Muon never
 does), and the extra time of a step that refreshes (Shampoo: two eigendecompositions;
-SOAP: two QR power iterations, eigh at the first fit), both in ms. The refresh runs on
+SOAP: the re-sort and QR power iteration of both bases and m's rotation into them, eigh
+at the first fit, before the second step), both in ms. The refresh runs on
 the host in float64 (numpy); on cuda the statistics are copied to the host for it.
 With ``--target cuda`` the arrays are CuPy arrays and every step is synchronized.
 Shampoo and SOAP refresh every 10 steps here (their defaults: 20 and 10).

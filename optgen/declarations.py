@@ -8,6 +8,7 @@ verify, specialize) imports them from here, below the DSL module.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import keyword
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -49,12 +50,16 @@ class State:
 
 @dataclass
 class Refresh:
-    """``@spec.refresh(every=k)``: new values of some states, computed on the host every k
-    steps of a parameter (its steps 1, 1 + k, 1 + 2k, ...) from statistics the trainer
-    passes to step() (``spec.statistic``)."""
+    """``@spec.refresh(every=k, start=s)``: new values of some states, computed on the
+    host every k steps of a parameter (its steps s, s + k, s + 2k, ...; s = 1 unless
+    given) from its states and statistics the trainer passes to step()
+    (``spec.statistic``); a rule ``fn(w, grad, flags)`` may also read the step's
+    gradient (see ``Spec.refresh``)."""
     rule: Callable
     every: str | int            # an int hyperparameter's name, or a number
     loc: Loc | None
+    start: int = 1              # the parameter's step of the first refresh
+    reads_grad: bool = False    # fn(w, grad, flags): the step's gradient is an argument
 
 
 @dataclass
@@ -307,11 +312,19 @@ class Spec:
         self._new_name(name, "option", loc)
         self.accepted[name] = doc
 
-    def refresh(self, every: Any) -> Callable:
+    def refresh(self, every: Any, start: int = 1) -> Callable:
         """Decorator: ``fn(w, flags)`` returns ``{state: new value}``, evaluated on the host
-        in float64 (numpy, with ``inverse``) on a parameter's steps 1, 1 + every, ...;
-        ``every`` is an int hyperparameter or an int."""
+        in float64 (numpy, with ``inverse``) before a parameter's steps start,
+        start + every, ...; ``every`` is an int hyperparameter or an int, ``start`` an
+        int >= 1 (SOAP: 2, its first step only gathers statistics). ``fn(w, grad, flags)``
+        may read the step's gradient too; a rule (flag combination) that does runs on the
+        steps every, 2 every, ... (from start on) instead, so that what it computes from
+        the statistics and the gradient covers a multiple of ``every`` steps (Distributed
+        Shampoo's roots)."""
         loc = caller_loc()
+        if not (isinstance(start, int) and not isinstance(start, bool) and start >= 1):
+            raise SpecError(f"refresh(start=...) must be an int >= 1, got {start!r}", loc,
+                            hint="spec.refresh(every=frequency, start=2)")
         if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers \
                 and self.hypers[every.name].info.type == "int":
             every = every.name
@@ -323,7 +336,11 @@ class Spec:
             if self.refresh_rule is not None:
                 raise SpecError("the spec has two refresh functions", loc,
                                 hint="decorate one function with @spec.refresh")
-            self.refresh_rule = Refresh(fn, every, loc)
+            n = len(inspect.signature(fn).parameters)
+            if n not in (2, 3):
+                raise SpecError(f"the refresh function has {n} parameters", loc,
+                                hint="def refresh(w, flags) or def refresh(w, grad, flags)")
+            self.refresh_rule = Refresh(fn, every, loc, start, reads_grad=n == 3)
             return fn
         return decorate
 

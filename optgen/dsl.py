@@ -175,15 +175,30 @@ def inverse_root(x, root) -> Expr:
 def power_qr(x, q) -> Expr:
     """One QR-based power iteration on the symmetric matrix ``x`` from the basis ``q``
     (SOAP's Q = QR(L Q)), on the host in a refresh rule (numpy, float64). A basis never
-    fit (``q`` zero, its initial value, or the identity) is fit by ``eigh`` (eigenvectors
-    by descending eigenvalue); a zero ``x`` gives the identity."""
+    fit (``q`` zero, its initial value) is fit by ``eigh``: x's eigenvectors by
+    descending eigenvalue."""
     x, shape = _square(x, "power_qr", "e.g. power_qr(L, Q_L)")
+    return Expr("power_qr", (x, _basis(q, shape, "power_qr")), kind="tensor", axes="brc",
+                loc=caller_loc(), mat=shape)
+
+
+def eigen_order(x, q) -> Expr:
+    """The permutation matrix P that orders the columns of the basis ``q`` by descending
+    estimated eigenvalue ``q_j^T x q_j`` of the symmetric ``x`` (``q @ P`` is sorted;
+    ``P.T @ v`` permutes the rows of a matrix in that basis alike), on the host in a
+    refresh rule (SOAP re-sorts its basis before each power iteration)."""
+    x, shape = _square(x, "eigen_order", "e.g. eigen_order(L, Q_L)")
+    return Expr("eigen_order", (x, _basis(q, shape, "eigen_order")), kind="tensor",
+                axes="brc", loc=caller_loc(), mat=shape)
+
+
+def _basis(q, shape: str, what: str) -> Expr:
     q = const(q, caller_loc())
     if matrix_shape(q) != shape:
-        raise SpecError(f"power_qr(): the basis is {q.describe()}, not a "
+        raise SpecError(f"{what}(): the basis is {q.describe()}, not a "
                         f"{' x '.join(shape)} matrix like the statistic", caller_loc(),
-                        hint="power_qr(L, Q_L) with Q_L a state of L's shape")
-    return Expr("power_qr", (x, q), kind="tensor", axes="brc", loc=caller_loc(), mat=shape)
+                        hint=f"{what}(L, Q_L) with Q_L a state of L's shape")
+    return q
 
 
 def clip(x, lo, hi):

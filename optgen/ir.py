@@ -37,7 +37,7 @@ REDUCE_KINDS = ("sum", "mean")
 # matrix nodes (2-D parameters, see the section "matrix values" below): products,
 # transposes, a loop run a run-time number of times, and refresh-only linear algebra
 MATRIX = {"matmul", "transpose", "loop", "loopvar", "inverse", "inverse_root", "power_qr",
-          "identity", "stat", "buf"}
+          "eigen_order", "identity", "stat", "buf"}
 OPS = set(ARITH) | COMPARE | set(LOGIC) | {"where", "reduce"} | LEAVES | MATRIX
 AXES = "brc"
 

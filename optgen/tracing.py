@@ -64,7 +64,9 @@ def trace_spec(spec, flags: dict[str, bool]) -> Trace:
         updates[name] = const(value, getattr(value, "loc", None) or spec.rule_loc)
     refresh = None
     if spec.refresh_rule is not None:
-        result = spec.refresh_rule.rule(w, Flags(flags, spec.refresh_rule.loc))
+        rule = spec.refresh_rule
+        args = (w, g) if rule.reads_grad else (w,)
+        result = rule.rule(*args, Flags(flags, rule.loc))
         if not isinstance(result, dict):
             raise SpecError("the refresh function must return a dict {state: new value}, "
                             f"got {type(result).__name__}", spec.refresh_rule.loc,

@@ -15,22 +15,20 @@ The optimizer finds runs by looking at memory, not by trusting a mode:
   same single-launch elementwise kernel with the same scalars (group, multipliers),
   and whose every persistent array (parameter, states) is back to back.
 - at each step, a run is fused when its gradients are back to back too (checked by
-  address, cached per gradient object) and every parameter in it takes this step;
-  otherwise its parameters are stepped one by one, exactly as before.
+  address when they change: runtime/gradcache.py) and every parameter in it takes
+  this step; otherwise its parameters are stepped one by one, exactly as before.
 
 This module owns that memory logic (chains, runs, spans); the run strategies
 (runtime/strategies/runs.py) keep the runs it finds, and runtime/launch.py makes the
-calls. May import: numpy, tensors, sparse.
+calls. May import: numpy, tensors.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from . import tensors
-from .sparse import RowSparse
 
 GRAD = object()   # a run's argument slot for the gradient span, filled in per step
 
@@ -210,34 +208,18 @@ def run_calls(artifact: Any, k: Any, lib: str, like: Any, parts: Sequence[Mappin
     return calls
 
 
-def grad_span(cache: dict, i: int, gs: Sequence[Any], lib: str, members: Sequence[Any],
-              args: Sequence[Any]) -> Any:
-    """The span of a run's gradients ``gs`` (its first parameter is ``i``) if they lie
-    back to back (apart from the run's arguments ``args``: parameters and states) and
-    every one takes this step (the step counts of its ``members``, their records,
-    agree); else None. The verdict is kept in ``cache`` per gradient object, rechecked
-    by address for torch tensors."""
-    hit = cache.get(i)
-    if hit is not None and all(r() is g for r, g in zip(hit[0], gs)) and \
-            (lib == "numpy" or hit[2] == [tensors.address_range(g, lib)[0] for g in gs]):
-        return hit[1]
-    cache.pop(i, None)
-    if any(g is None or isinstance(g, RowSparse) for g in gs) or \
-            any(m.steps != members[0].steps for m in members) or \
-            not adjacent(gs, lib):
+def grad_span(gs: Sequence[Any], lib: str, args: Sequence[Any]) -> Any:
+    """The span of a run's dense gradients ``gs`` if they lie back to back, apart from
+    the run's arguments ``args`` (parameters and states); else None. (Whether every
+    member takes this step, and how long the verdict holds: runtime/gradcache.py.)"""
+    if not adjacent(gs, lib):
         return None
-    whole = span(gs, lib)
     full = [g for g in gs if _numel(g)]
     where = (tensors.address_range(full[0], lib)[0], tensors.address_range(full[-1], lib)[1])
     if any(a is not GRAD and tensors.overlaps(where, tensors.address_range(a, lib))
            for a in args):
         return None
-    try:
-        refs = tuple(weakref.ref(g) for g in gs)
-    except TypeError:           # an array type without weak references: no caching
-        return whole
-    cache[i] = (refs, whole, [tensors.address_range(g, lib)[0] for g in gs])
-    return whole
+    return span(gs, lib)
 
 
 __all__ = ["flatten"]

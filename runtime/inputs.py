@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -193,23 +192,21 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
             raise TypeError(f"{owner}: {label(i, names)} has dtype {dt}; its rule (flags "
                             f"{flags}) has kernels for "
                             f"{', '.join(sorted({x.param_dtype for x in have}))} only{matrix}")
-        if k.matrix and len(p.shape) != 2:
+        if k.matrix and len(p.shape) not in (1, 2):   # (1-D: a 1 x n row)
             raise ValueError(f"{owner}: {label(i, names)} has shape {tuple(p.shape)}; "
                              f"its rule (flags {k.flags}) multiplies matrices and needs a "
-                             "2-D parameter")
+                             "2-D parameter (or a 1-D one, a row)")
 
 
 # -- gradients and extra inputs ----------------------------------------------------------
 def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
-                remember: bool = False,
+                cache: Any = None,
                 row_sparse: Callable[[Any, RowSparse], Any] | None = None) -> list[Any]:
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
     parameter (``slots``: their records; a gradient must not overlap the parameter's
-    state arrays either). With ``remember`` (gradients only) a slot's ``checked``
-    keeps the array that passed: (weakref, shape, dtype, strides; torch and CuPy: its
-    address too), so the same array in the same form and place is not checked again
-    (runtime/storage.py clears it when the parameter's data moves); ``row_sparse(slot,
-    g)`` checks a RowSparse gradient."""
+    state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) only
+    the gradients it has not seen, in this form and place, are checked, and noted
+    there; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
     params = [s.array for s in slots]
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
@@ -219,18 +216,20 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
                          f"{len(params)} parameters")
     label_ = "gradient" if what == "grads" else what
-    for i, (p, g) in enumerate(zip(params, grads)):
+    # (with a cache: the gradients not given, checked and noted last step as they lie now)
+    for i in range(len(grads)) if cache is None else cache.unseen(grads, slots):
+        p, g, lib = params[i], grads[i], slots[i].lib
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
+            if cache is not None:
+                cache.none(i)
             continue
         if isinstance(g, RowSparse) and what == "grads":
-            grads[i] = row_sparse(slots[i], g)
+            g = grads[i] = row_sparse(slots[i], g)
+            if cache is not None and isinstance(g, RowSparse):
+                cache.none(i)
+            elif cache is not None:   # (dense: a new array, made from the checked rows)
+                cache.note(i, g, lib)
             continue
-        lib = slots[i].lib
-        seen = slots[i].checked if remember else None
-        if seen is not None and seen[0]() is g and (
-                seen[1:] == (g.shape, g.dtype, g.strides) and g.flags.writeable
-                if lib == "numpy" else seen[1] == tensors.layout(g, lib)):
-            continue        # the array checked last step, still in that form and place
         if type(g) is not type(p) and tensors.library(g) != lib:
             kind = {"numpy": "numpy.ndarray", "torch": "torch.Tensor",
                     "cupy": "cupy.ndarray"}[lib]
@@ -246,6 +245,7 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
             raise TypeError(f"{owner}: {label_} {i} has dtype "
                             f"{tensors.dtype_name(g, lib)}, parameter {i} has dtype "
                             f"{tensors.dtype_name(p, lib)}")
+        r = None
         if lib == "numpy":
             if not g.flags.c_contiguous:
                 raise ValueError(f"{owner}: {label_} {i} is not C-contiguous")
@@ -260,8 +260,6 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                                  "optimizer never writes to it")
             shared = np.may_share_memory(g, p) or any(
                 np.may_share_memory(g, s) for s in state.arrays(slots[i].state))
-            if not shared and remember:   # (its memory cannot move)
-                slots[i].checked = (weakref.ref(g), g.shape, g.dtype, g.strides)
         else:
             if tensors.device(g, lib) != tensors.device(p, lib):
                 raise TypeError(f"{owner}: {label_} {i} is on {tensors.device(g, lib)}, "
@@ -272,11 +270,11 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
             shared = tensors.overlaps(r, tensors.address_range(p, lib)) or any(
                 tensors.overlaps(r, tensors.address_range(s, lib))
                 for s in state.arrays(slots[i].state))
-            if not shared and remember:   # (skipped while g stays put, and p: storage.py
-                slots[i].checked = (weakref.ref(g), tensors.layout(g, lib))  # clears it)
         if shared:
             raise ValueError(f"{owner}: {label_} {i} shares memory with parameter {i} "
                              "or its state; pass a separate gradient array")
+        if cache is not None:   # (until g or its parameter moves: gradcache.py)
+            cache.note(i, g, lib, r)
     return grads
 
 
@@ -310,9 +308,9 @@ def check_row_sparse(owner: str, i: int, p: Any, lib: str, g: RowSparse,
 
 
 def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any],
-                 grads: list, check: Callable[[Any, str], list]) -> list[dict[str, Any]]:
-    """The spec's extra per-element inputs (e.g. SVRG's grad_snapshot), per parameter;
-    ``check(arrays, name)`` checks one input's arrays as gradients are checked."""
+                 grads: list, slots: Sequence[Any]) -> list[dict[str, Any]]:
+    """The spec's extra per-element inputs (e.g. SVRG's grad_snapshot), per parameter,
+    each input's arrays checked as gradients are (``slots``: the parameters' records)."""
     want = set(wanted)
     if set(inputs) != want:
         missing, extra = sorted(want - set(inputs)), sorted(set(inputs) - want)
@@ -322,7 +320,7 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
                            if want else ""))
     per_param: list[dict[str, Any]] = [{} for _ in grads]
     for name, arrays in inputs.items():
-        checked = check(arrays, name)
+        checked = check_grads(owner, slots, arrays, name)
         for i, (a, g) in enumerate(zip(checked, grads)):
             if isinstance(g, RowSparse):
                 raise TypeError(f"{owner}: gradient {i} is row-sparse, but {name} "
@@ -331,6 +329,17 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
                 raise TypeError(f"{owner}: {name} {i} is None but gradient {i} is not")
             per_param[i][name] = a
     return per_param
+
+
+def gather(owner: str, artifact: Any, slots: Sequence[Any], grads: Any,
+           inputs: dict[str, Any], *, cache: Any, row_sparse: Callable[[Any, RowSparse], Any]
+           ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
+    """A step's arrays, checked: the gradients (each noted in ``cache``: a
+    runtime.gradcache.GradCache), the spec's extra inputs per parameter, and the
+    statistics passed (taken out of ``inputs`` by name; checked when due: refresh.py)."""
+    stats = {n: inputs.pop(n) for n in list(inputs) if n in artifact.statistics}
+    grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse)
+    return grads, check_inputs(owner, artifact.inputs, inputs, grads, slots), stats
 
 
 # -- a refresh rule's statistics ---------------------------------------------------------

@@ -174,21 +174,21 @@ class Launcher:
             return
         if self.hooks:
             self.hooks[0](i)
-        self._run(i, k, g, scalars, extra)
+        if not self.compiled:
+            self._interpret(i, k, g, scalars, extra)
+        elif k.matrix:                   # its plan may hold loops
+            run_loops(self.slots[i].plan, self._caller(i, g, scalars, extra), scalars)
+        else:
+            call = self._caller(i, g, scalars, extra)
+            for fn, args in self.slots[i].plan:
+                call(fn, args)
         if self.hooks:
             self.hooks[1](i)
 
-    def _run(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
-             extra: Mapping[str, Any]) -> None:
+    def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+                   extra: Mapping[str, Any]) -> None:
+        """``backend="reference"``: the reference interpreter steps parameter ``i``."""
         d = self.slots[i].dims
-        if self.compiled:
-            call = self._caller(i, g, scalars, extra)
-            if k.matrix:                 # its plan may hold loops
-                run_loops(self.slots[i].plan, call, scalars)
-            else:
-                for fn, args in self.slots[i].plan:
-                    call(fn, args)
-            return
         arrays = self.arrays(i, k, g, extra)
         lib = self.slots[i].lib
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}

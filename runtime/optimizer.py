@@ -1,15 +1,11 @@
 """The trainer-side optimizer: the public ``Optimizer`` class, which ties the runtime's
-rooms together. A step is:
+rooms together. A step (docs/design.md, "The step path"):
 
-    check       parameters whose data moved (followed), gradients, extra inputs,
-                statistics; with parameters split across ranks, every rank passed them
-                                           (storage.py, inputs.py, refresh.py, shards.py)
-    preprocess  lr of each group (schedules), loss scale, global norm / non-finite
-                check, gradient centralization                  (groups.py, preprocess.py)
-    launch      each parameter's (or flat run's) launch strategy, chosen when its
-                kernel was prepared: its step count, its host scalars in float64, its
-                refresh rule, its kernel calls, in place   (strategies/, scalars.py,
-                                                            refresh.py, launch.py, flat.py)
+    gather  ``check_step``: moved parameter data followed; gradients (noted in
+            gradcache.py), extra inputs, statistics, lrs, loss scale, global norm and
+            non-finite check, into one ``StepInputs``  (storage, inputs, preprocess)
+    launch  ``run_step``: centralization, each group's host scalars, the step's
+            launches (strategies/: runs, then each parameter's own strategy)
 
 Everything the optimizer knows about a parameter is in its record (``ParamSlot``,
 slots.py), one table (``records``) in parameter order. Every input is checked
@@ -22,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from . import capture, checkpoint, launch, preprocess, refresh, scalars, state, storage, strategies
+from . import capture, checkpoint, gradcache, launch, preprocess, refresh, scalars, state
+from . import storage, strategies
 from optgen.core import formats, scalar_expr, views
 from . import groups as grouping, inputs as checks, shards as shards_, tensors
 from .artifact import Artifact, KernelInfo
@@ -30,7 +27,7 @@ from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-ex
 from .inputs import NONFINITE                                # noqa: F401 (re-exported)
 from .preprocess import NORM_EPS                             # noqa: F401 (re-exported)
 from .slots import ParamSlot, RecordTable
-from .strategies import Checked
+from .strategies import StepInputs
 from .sparse import RowSparse
 from .tensors import aligned_full
 
@@ -117,12 +114,14 @@ class Optimizer(refresh.RefreshRules, RecordTable):
                 state_format_min_size)):
             s.formatted = fmt
         self._launch = launch.Launcher(name, artifact, backend, self._slots)
-        self._runs: dict[int, strategies.Strategy] | None = None   # None: found next step
+        self._launches: strategies.Launches | None = None   # None: found next step
+        self._grads = gradcache.GradCache(len(self._slots))   # the gradients last seen
         for mults, setter in ((lr_mult, self.set_lr_mult), (wd_mult, self.set_wd_mult)):
             if mults:
                 setter(mults)
         # kernel arguments, master copies, flat chains (back to back: so are the states)
-        self._storage = storage.Storage(name, self._slots, self._launch, self.multi_precision)
+        self._storage = storage.Storage(name, self._slots, self._launch, self.multi_precision,
+                                        self._grads)
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         checks.check_kernels(name, artifact, self._slots, flags_of=self._flags,
                              multi_precision=self.multi_precision)
@@ -144,7 +143,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         """Prepare every kernel, state, plan and strategy again: flags or states changed."""
         for s in self._slots:
             s.forget_kernel()
-        self._runs = None
+        self._launches = None
 
     def watch(self, ready: Callable[[int], None], done: Callable[[int], None]) -> None:
         """``ready(i)`` before parameter ``i``'s kernels, ``done(i)`` after (offload)."""
@@ -182,7 +181,6 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         s.kernel = k
         self._launch.prepare(i, k)
         s.strategy = strategies.choose(self._launch, s, self.lazy_update)
-        s.checked = None
         return k
 
     # -- hyperparameters ---------------------------------------------------------------
@@ -235,13 +233,16 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         """MXNet's per-parameter lr multipliers, by name or index: lr_i = lr * mult."""
         for i, v in grouping.multipliers(self.name, "lr_mult", mults, self.names).items():
             self._slots[i].lr_mult = v
-        self._runs = None          # (runs share one multiplier)
+        self._launches = None      # (runs share one multiplier)
 
     def set_wd_mult(self, mults: Mapping) -> None:
         """MXNet's per-parameter weight-decay multipliers, by name or index."""
         for i, v in grouping.multipliers(self.name, "wd_mult", mults, self.names).items():
             self._slots[i].wd_mult = v
-        self._runs = None
+        self._launches = None
+
+    def _counts_set(self, indices: Sequence[int]) -> None:
+        self._grads.changed(indices)   # (a run's verdict reads its members' step counts)
 
     # -- stepping ----------------------------------------------------------------------
     def step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
@@ -254,20 +255,19 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             checked = self.check_step(grads, **inputs)
         return self.run_step(checked)
 
-    def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> Checked:
+    def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> StepInputs:
         """Every check of a step, nothing changed: gradients, extra inputs, statistics,
         kernels, lr schedules; without split parameters also the global norm and the
         non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
-        art, slots = self.artifact, self._slots
+        slots = self._slots
         self.follow()                                  # parameters' data that moved
-        stats = {n: inputs.pop(n) for n in list(inputs) if n in art.statistics}
-        grads = self._check_grads(grads, "grads", remember=True)
-        extra = checks.check_inputs(self.name, art.inputs, inputs, grads, self._check_grads)
+        grads, extra, stats = checks.gather(self.name, self.artifact, slots, grads, inputs,
+                                            cache=self._grads, row_sparse=self._row_sparse)
         for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
             self._launch.select(i, self._flags(i))
         used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
-        out = Checked(grads, extra, self._refresh_due(grads, stats),
-                      {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
+        out = StepInputs(grads, extra, self._refresh_due(grads, stats),
+                         {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
         if self._shards is None:
             out.scale, out.norm = self._grad_scale(grads)
             out.skips = out.scale is None
@@ -278,25 +278,26 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
             clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
 
-    def run_step(self, checked: Checked, skip: bool = False) -> bool:
-        """The step ``check_step`` checked (``skip``: another rank's non-finite gradient)."""
-        art, slots, grads, lrs = self.artifact, self._slots, checked.grads, checked.lrs
-        scale, norm = (checked.scale, checked.norm) if self._shards is None else \
+    def run_step(self, step: StepInputs, skip: bool = False) -> bool:
+        """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient)."""
+        art, grads = self.artifact, step.grads
+        scale, norm = (step.scale, step.norm) if self._shards is None else \
             self._grad_scale(grads)
         self.last_grad_norm = self.last_grad_norm if norm is None else norm
         if scale is None or skip:
             self.skipped_steps += 1
             return False
-        if self._centralized:
+        if self._centralized:   # (new arrays: what the runs read this step)
             preprocess.centralize(grads, self._centralized)
+            self._grads.replaced(grads, self._centralized)
         self.t += 1
-        envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lrs[gi], scale,
-                                      self.t) for gi in lrs}
+        step.t, step.seed, step.statistics, step.rows = self.t, self.seed, art.statistics, \
+            self._rows
+        step.envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lr, scale,
+                                           self.t) for gi, lr in step.lrs.items()}
         if self._rows is not None:
-            self._rows.check_grads(grads, [s.lib for s in slots])
-        self._launch_all(strategies.StepInputs(grads, checked.extra, checked.due, envs, lrs,
-                                               self.t, self.seed, art.statistics,
-                                               rows=self._rows))           # launch
+            self._rows.check_grads(grads, [s.lib for s in self._slots])
+        self._launches_now().run(step)                         # launch
         return True
 
     def stage(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> bool:
@@ -310,16 +311,12 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
         if self._storage.follow(self._rows is not None and self._rows.staging):
-            self._runs = None
+            self._launches = None
 
     def repoint(self, i: int, array: Any) -> None:
         """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard
         or numpy view of a moved tensor); checked as moved data at the next step."""
         self._storage.repoint(i, array)
-
-    def _check_grads(self, grads: Any, what: str, remember: bool = False) -> list[Any]:
-        return checks.check_grads(self.name, self._slots, grads, what, remember=remember,
-                                  row_sparse=self._row_sparse)
 
     def _row_sparse(self, slot: ParamSlot, g: RowSparse):
         """A valid RowSparse gradient, coalesced; dense without a lazy kernel or update."""
@@ -330,36 +327,19 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             return g.to_dense(slot.array.shape)
         return g.coalesce()
 
-    def _launch_all(self, step: strategies.StepInputs) -> None:
-        """Each run (flat, multi-tensor) that takes this step, each other parameter by its
-        strategy; then the passes of parameters split across ranks, together."""
-        runs, stepped = self._current_runs(), set()
-        for i, g in enumerate(step.grads):
-            if g is None or i in stepped:
-                continue
-            run = runs.get(i)
-            if run is not None and run.run(step):
-                stepped.update(run.indices)
-                continue
-            s = self._slots[i]
-            if s.strategy is None:
-                self._param_kernel(i)
-            s.strategy.run(step)
-        if step.pending:
-            shards_.run(self._shards, step.pending)
+    def _launches_now(self) -> strategies.Launches:
+        """The step's launches (found again after a flag, state, multiplier or storage
+        change: strategies/__init__.py)."""
+        if self._launches is None:
+            self._launches = strategies.launches(
+                self._launch, self._slots, self._storage.chains, self._param_kernel,
+                self._grads, has_inputs=bool(self.artifact.inputs), multi=self.multi_tensor,
+                shards=self._shards)
+        return self._launches
 
     def _current_runs(self) -> dict[int, strategies.Strategy]:
-        """The flat runs and multi-tensor launches under the current kernels (found again
-        after a flag, state, multiplier or storage change); none for the reference backend."""
-        if self._runs is None:
-            self._runs = {}
-            if self.backend == "compiled" and (self._storage.chains or self.multi_tensor):
-                for i in range(len(self._slots)):
-                    self._param_kernel(i)
-                self._runs = strategies.find_launches(
-                    self._launch, self._slots, self._storage.chains, bool(self.artifact.inputs),
-                    self.multi_tensor)
-        return self._runs
+        """First member -> each run of the current launches (flat, multi-tensor)."""
+        return self._launches_now().runs
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""Refresh rules of matrix optimizers (THOR's inverses): when they run and what they read.
+"""Refresh rules of matrix optimizers (THOR's inverses, Shampoo's roots, SOAP's basis):
+when they run and what they read.
 
 A kernel with a refresh rule recomputes some states on the host (numpy, float64, the
 reference interpreter) from the parameter, its states and statistics the trainer
-passes (THOR's ``A`` and ``G``), on a parameter's first step and then every ``every``
-steps (a number or a hyperparameter). The statistics are read, and checked, only on
+passes (THOR's ``A`` and ``G``), before a parameter's step ``start`` (its first step
+unless the spec says otherwise; SOAP: its second) and then every ``every`` steps (a
+number or a hyperparameter). The statistics are read, and checked, only on
 the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
 
 May import: numpy, inputs, reference, tensors.
@@ -24,21 +26,32 @@ def every(k: Any, hyper: Mapping[str, Any]) -> int:
     return int(hyper[n]) if isinstance(n, str) else int(n)
 
 
+def start(k: Any) -> int:
+    """The parameter's step of kernel ``k``'s first refresh (1 unless the spec says)."""
+    return int(k.refresh.get("start", 1))
+
+
 def due(k: Any, refreshed: int | None, step: int, hyper: Mapping[str, Any]) -> bool:
-    """Whether a parameter's next step runs kernel ``k``'s refresh rule: its first step
-    (``refreshed`` None), and then every ``every`` steps (its steps 1, 1 + every, ...);
-    ``step`` is its step count so far."""
-    return k.refresh is not None and (refreshed is None or step % every(k, hyper) == 0)
+    """Whether a parameter's next step runs kernel ``k``'s refresh rule: its steps s,
+    s + every, s + 2 every, ... (s = ``start(k)``; its first refresh also comes at the
+    first step from s on when ``refreshed`` is None); ``step`` is its step count so far.
+    A rule that reads the step's gradient (Shampoo's ``fresh_roots``) runs on its steps
+    every, 2 every, ... from s on instead."""
+    if k.refresh is None or step + 1 < start(k):
+        return False
+    if k.refresh.get("grad"):
+        return (step + 1) % every(k, hyper) == 0
+    return refreshed is None or (step + 1 - start(k)) % every(k, hyper) == 0
 
 
 def last(k: Any, steps: int, hyper: Mapping[str, Any]) -> int | None:
-    """The step count at a parameter's last refresh on kernel ``k``'s schedule after
-    ``steps`` steps (None before its first step, or without a refresh rule): what a
+    """The step count before a parameter's last refresh on kernel ``k``'s schedule after
+    ``steps`` steps (None before its first refresh, or without a refresh rule): what a
     checkpoint that keeps step counts only (torch's) restores."""
-    if k.refresh is None or steps <= 0:
+    if k.refresh is None or steps < start(k):
         return None
     n = every(k, hyper)
-    return (steps - 1) // n * n
+    return (steps - start(k)) // n * n + start(k) - 1
 
 
 def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
@@ -47,7 +60,8 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
             ) -> dict[int, dict[str, np.ndarray]]:
     """Parameter -> its statistics (numpy float64) for the parameters this step
     refreshes (``slots``: the optimizer's records; ``kinds``: each statistic's shape,
-    "rr" or "cc"); every statistic is checked before anything changes."""
+    "rr" or "cc"), and its gradient as ``"grad"`` where the rule reads it; every
+    statistic is checked before anything changes."""
     n = len(grads)
     names = [s.name for s in slots]
     inputs.check_statistic_lists(owner, stats, n)
@@ -59,7 +73,7 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
         if not is_due(i, k):
             continue
         d = slots[i].dims
-        out[i] = {}
+        out[i] = {"grad": g} if k.refresh.get("grad") else {}   # (read when it runs)
         reads = k.refresh["reads"]
         for name in reads:
             m = d[1] if kinds[name] == "rr" else d[2]
@@ -78,8 +92,8 @@ def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarra
     arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
               if not isinstance(v, np.floating)}
     arrays["w"] = tensors.to_numpy(w, lib)
-    arrays.update(stats)
-    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats}}
+    arrays.update({n: tensors.to_numpy(v, lib) if n == "grad" else v for n, v in stats.items()})
+    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats if n != "grad"}}
     scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
                "rows": d[1], "cols": d[2]}
     new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)

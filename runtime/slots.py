@@ -40,7 +40,6 @@ class ParamSlot:
     split: Any = None              # its runtime.shards.Split (None: whole on this rank)
     chain: tuple[int, int] | None = None   # its flat chain [start, end) (runtime/flat.py)
     refreshed: int | None = None   # its step count at its last refresh rule
-    checked: tuple | None = None   # the gradient that passed the checks (inputs.py)
     where: tuple | None = None     # its data as karg, plan and runs saw it (storage.py)
     # prepared (under the current flags): its kernel and how it is launched
     kernel: Any = None             # runtime.artifact.KernelInfo, None until prepared
@@ -89,11 +88,17 @@ class RecordTable:
         optimizer when a group is added)."""
         s = self._slots[i]
         s.state, s.steps, s.refreshed = donor.state, donor.steps, donor.refreshed
+        self._counts_set([i])
 
     def set_step_counts(self, counts: Mapping[int, int]) -> None:
         """Parameter index -> its step count (torch checkpoints keep one per parameter)."""
         for i, n in counts.items():
             self._slots[i].steps = int(n)
+        self._counts_set(list(counts))
+
+    def _counts_set(self, indices: Sequence[int]) -> None:
+        """These parameters' step counts were set from outside a step (the Optimizer:
+        what was kept on them is decided again)."""
 
     # the per-parameter lists of earlier versions, as views of the table (tests read them)
     @property

@@ -8,7 +8,7 @@ What follows from a parameter's storage, made once and kept in its record
     plan         its launches, with views of karg and its states     (launch.py)
     runs         multi-tensor tables of raw addresses, flat spans    (strategies/)
     chain        its flat chain: neighbours whose data it adjoins    (flat.py)
-    checked      the gradient that passed the checks beside it       (inputs.py)
+    gradients    the check's verdict on its gradient, beside its data (gradcache.py)
     master       mixed precision: its float32 copy, the values the kernels step
 
 A torch parameter's data can move while the object stays: ``p.data = new``
@@ -26,8 +26,9 @@ state (ValueError), or a capturable optimizer staging a captured step (CaptureEr
 the graph writes the old memory). numpy and CuPy arrays cannot be re-pointed (their
 data is fixed for the object's life), so only torch parameters are watched: one
 tuple per parameter per step, less than the gradient check no longer pays for the
-parameter's layout (inputs.py: storage clears its verdict when the parameter moves). The torch layer hands over a new object where its
-runtime array is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
+parameter's layout (runtime/gradcache.py: storage has the cache forget a moved
+parameter's gradient). The torch layer hands over a new object where its runtime array
+is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
 
 May import: numpy, capture, flat, inputs (labels), state, tensors.
 """
@@ -53,8 +54,9 @@ def where(x: Any, lib: str) -> tuple:
 class Storage:
     """The parameters' storage as one optimizer's kept views and tables saw it."""
 
-    def __init__(self, owner: str, slots: Sequence[Any], launcher: Any, multi_precision: bool):
-        self.owner, self.slots, self.launcher = owner, slots, launcher
+    def __init__(self, owner: str, slots: Sequence[Any], launcher: Any, multi_precision: bool,
+                 grads: Any):
+        self.owner, self.slots, self.launcher, self.grads = owner, slots, launcher, grads
         for s in slots:
             s.mixed = multi_precision and \
                 tensors.dtype_name(s.array, s.lib) in tensors.LOW_PRECISION
@@ -99,8 +101,8 @@ class Storage:
                 tensors.copy_cast(s.state[state.MASTER], s.array, s.lib)   # yours win
             s.where = where(s.array, s.lib)
             self.launcher.bind(s)
-            s.checked = None
             s.forget_kernel()
+        self.grads.forget([s.index for s in moved])   # (a GradCache)
         self.handed.clear()
         self.chains = self._chain()
         return True

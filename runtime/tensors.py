@@ -86,14 +86,6 @@ def address_range(x: Any, lib: str) -> tuple[int, int]:
     return start, start + nbytes
 
 
-def layout(x: Any, lib: str) -> tuple:
-    """Where and how a torch or CuPy array lies (address, shape, strides, dtype, device):
-    equal layouts of the same object need no second look."""
-    if lib == "torch":
-        return x.data_ptr(), x.shape, x.stride(), x.dtype, x.device
-    return x.data.ptr, x.shape, x.strides, x.dtype, x.device.id
-
-
 def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
 

@@ -1,86 +1,118 @@
-"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner (Vyas et al. 2024, Algorithm 1).
+"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner, as its authors' code runs it
+(Vyas et al. 2024; github.com/nikhilvyas/SOAP, soap.py).
 
-For a 2-D parameter W (R x C), at step t:
+For a 2-D parameter W (R x C) with both sides preconditioned, on its k-th step:
 
     g    = clip(rescale_grad * grad, -clip_gradient, clip_gradient)
-    every precondition_frequency steps (a parameter's steps 1, 1 + f, ...), on the host:
-        Q_L = QR(L Q_L)        Q_R = QR(R Q_R)       (one power iteration, float64)
-    g'   = Q_L^T g Q_R                                (the gradient in the eigenbasis)
-    m    = beta1 * m + (1 - beta1) * g                (kept in the original space)
-    m'   = Q_L^T m Q_R
-    v    = beta2 * v + (1 - beta2) * g' * g'          (kept in the eigenbasis)
-    lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)     (correct_bias; else lr)
-    W    = (W - lr_t * Q_L (m' / (sqrt(v) + eps)) Q_R^T) * (1 - lr * weight_decay)
-    L    = shampoo_beta * L + (1 - shampoo_beta) * g g^T
-    R    = shampoo_beta * R + (1 - shampoo_beta) * g^T g
+    L    = sb * L + (1 - sb) * g g^T       R = sb * R + (1 - sb) * g^T g
+           (sb = shampoo_beta, or beta2 when shampoo_beta < 0; every step, after the update)
+    k = 1: Q_L, Q_R = eigenvectors of L, R by descending eigenvalue (host, float64);
+           nothing else changes (the step only fits the basis).
+    k > 1, t = k - 1:
+        g'   = Q_L^T g Q_R                            (the gradient in the eigenbasis)
+        m    = beta1 * m + (1 - beta1) * g'           (m and v are kept in the eigenbasis)
+        v    = beta2 * v + (1 - beta2) * g' * g'
+        N    = Q_L (m / (sqrt(v) + eps)) Q_R^T        (normalize_grads: N / (1e-30 + rms(N)))
+        lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)     (correct_bias; else lr)
+        W    = (W - lr_t * N) * (1 - lr * weight_decay)
+    after the steps k = 1 + f, 1 + 2f, ... (f = precondition_frequency; host, float64):
+        P_L  = the permutation sorting Q_L's columns by descending q^T L q;  P_R alike
+        Q_L' = QR(L Q_L P_L),  Q_R' = QR(R Q_R P_R)       (one power iteration)
+        v    = P_L^T v P_R                                (v follows its coordinates)
+        m    = Q_L'^T (Q_L m Q_R^T) Q_R'                  (m moves to the new basis)
 
-Parameters of any other rank take the same Adam (Q = I), as the paper's code does for
-1-D parameters. The defaults are the paper's: lr 3e-3, betas (0.95, 0.95), shampoo_beta
-= beta2 (None), eps 1e-8, weight_decay 0.01, precondition_frequency 10. The bias
-correction, the eps outside it and the weight decay after the step are the paper's code
-(its Algorithm omits them).
+A side longer than 10000 (the authors' max_precond_dim) is not preconditioned: its Q is
+the identity and its statistic is not kept. Parameters that are not 2-D take the same
+rule with Q = I (Adam, whose first step only counts), as the authors' code does for 1-D
+parameters by default; it preconditions every dimension of a tensor of more than two,
+which this spec does not (optgen.torch.SOAP refuses those).
 
-The first basis: a refresh runs before the step's update, so step 1's sees L = 0 and
-keeps the identity (steps 1 .. f are Adam); the first refresh with statistics (step
-f + 1) fits the basis by eigh, and the following ones take one QR power iteration from
-the current basis. The paper's code fits by eigh at step 1 and skips that step's update.
-The basis is not re-sorted by estimated eigenvalue before the power iteration (the
-paper's code does, permuting v with it).
+Defaults are the authors': lr 3e-3, betas (0.95, 0.95), shampoo_beta -1 (beta2), eps
+1e-8, weight_decay 0.01, precondition_frequency 10, correct_bias, no normalize_grads.
+The basis is refreshed before the step that first uses it: a refresh before the
+parameter's steps 2, 2 + f, 2 + 2f, ... (``start=2``). The authors rotate m back and
+forth on every step; here it is rotated when the basis changes, which is the same map.
 
 Reference: N. Vyas et al., "SOAP: Improving and Stabilizing Shampoo using Adam",
 arXiv:2409.11321 (2024); github.com/nikhilvyas/SOAP.
 """
-from optgen.blocks import gradient_preprocessing, moments
-from optgen.dsl import Spec, matmul, power_qr, sqrt, where
+from optgen.blocks import gradient_preprocessing
+from optgen.dsl import Spec, eigen_order, matmul, maximum, power_qr, rms, sqrt, where
+
+MAX_PRECOND_DIM = 10000   # the authors' default: longer sides keep Q = I
 
 spec = Spec("soap", __doc__, reference="arXiv:2409.11321")
 lr = spec.hyper("lr", 3e-3, "lr >= 0", "learning rate")
 beta1 = spec.hyper("beta1", 0.95, "0 <= beta1 < 1", "decay of the first moment m")
 beta2 = spec.hyper("beta2", 0.95, "0 <= beta2 < 1", "decay of the second moment v")
 eps = spec.hyper("eps", 1e-8, "eps > 0", "added to sqrt(v) in the denominator")
-weight_decay = spec.hyper("weight_decay", 0.01, "weight_decay >= 0", "decoupled weight decay")
-shampoo_beta = spec.hyper("shampoo_beta", None, "0 <= shampoo_beta < 1",
-                          "decay of L and R; None: beta2", optional=True, none_value=-1.0)
+weight_decay = spec.hyper("weight_decay", 0.01, "weight_decay >= 0",
+                          "decoupled weight decay, after the step")
+shampoo_beta = spec.hyper("shampoo_beta", -1.0, "shampoo_beta < 1",
+                          "decay of L and R; negative: beta2")
 frequency = spec.hyper("precondition_frequency", 10, "precondition_frequency >= 1",
                        "steps between power iterations of the basis", type="int")
 spec.flag("correct_bias", True, "Adam's bias correction, folded into the step size")
-spec.shape_flag("matrix", "ndim == 2", "2-D parameters run Adam in the eigenbasis")
+spec.flag("normalize_grads", False, "divide the step direction by its RMS")
+spec.shape_flag("left", f"ndim == 2 and rows <= {MAX_PRECOND_DIM}",
+                "the rows are preconditioned (L, Q_L)")
+spec.shape_flag("right", f"ndim == 2 and cols <= {MAX_PRECOND_DIM}",
+                "the columns are preconditioned (R, Q_R)")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
-m = spec.state("m", 0.0, "first moment (original space)")
-v = spec.state("v", 0.0, "second moment (eigenbasis)")
-L = spec.state("L", 0.0, "left statistic: EMA of g g^T", shape="rr", when="matrix")
-R = spec.state("R", 0.0, "right statistic: EMA of g^T g", shape="cc", when="matrix")
-Q_L = spec.state("Q_L", 0.0, "eigenbasis of L", shape="rr", when="matrix")
-Q_R = spec.state("Q_R", 0.0, "eigenbasis of R", shape="cc", when="matrix")
+m = spec.state("m", 0.0, "first moment (eigenbasis)")
+v = spec.state("v", 0.0, "second moment (eigenbasis)", nonneg=True)
+L = spec.state("L", 0.0, "left statistic: EMA of g g^T", shape="rr", when="left")
+R = spec.state("R", 0.0, "right statistic: EMA of g^T g", shape="cc", when="right")
+Q_L = spec.state("Q_L", 0.0, "eigenbasis of L (zero until fit)", shape="rr", when="left")
+Q_R = spec.state("Q_R", 0.0, "eigenbasis of R (zero until fit)", shape="cc", when="right")
 t = spec.t
 
 
-@spec.refresh(every=frequency)
+def rotate(x, left, right):
+    """left^T x right, a side without a basis (None) left as it is."""
+    x = x if left is None else matmul(left.T, x)
+    return x if right is None else matmul(x, right)
+
+
+def bases(flags):
+    return (Q_L if flags.left else None), (Q_R if flags.right else None)
+
+
+@spec.refresh(every=frequency, start=2)
 def refresh(w, flags):
-    if not flags.matrix:
+    q_l, q_r = bases(flags)
+    p_l = eigen_order(L, Q_L) if flags.left else None
+    p_r = eigen_order(R, Q_R) if flags.right else None
+    new_l = power_qr(L, matmul(Q_L, p_l)) if flags.left else None
+    new_r = power_qr(R, matmul(Q_R, p_r)) if flags.right else None
+    if new_l is None and new_r is None:
         return {}
-    return {Q_L: power_qr(L, Q_L), Q_R: power_qr(R, Q_R)}
-
-
-def rotate(x):
-    """x in the eigenbasis: Q_L^T x Q_R."""
-    return matmul(matmul(Q_L.T, x), Q_R)
+    back = rotate(m, None if q_l is None else q_l.T, None if q_r is None else q_r.T)
+    out = {m: rotate(back, new_l, new_r), v: rotate(v, p_l, p_r)}
+    out.update({Q_L: new_l} if flags.left else {})
+    out.update({Q_R: new_r} if flags.right else {})
+    return out
 
 
 @spec.update
 def soap(w, grad, flags):
     g = preprocess(w, grad)
-    lr_t = lr * sqrt(1 - beta2 ** t) / (1 - beta1 ** t) if flags.correct_bias else lr
-    if not flags.matrix:
-        m_new, v_new = moments(m, v, g, beta1, beta2)
-        step = m_new / (sqrt(v_new) + eps)
-        return {m: m_new, v: v_new, w: (w - lr_t * step) * (1 - lr * weight_decay)}
-    g_rot = rotate(g)
-    m_new = beta1 * m + (1 - beta1) * g
+    q_l, q_r = bases(flags)
+    n = maximum(t - 1, 1)     # the Adam step count (step 1 only fits the basis)
+    lr_t = lr * sqrt(1 - beta2 ** n) / (1 - beta1 ** n) if flags.correct_bias else lr
+    g_rot = rotate(g, q_l, q_r)
+    m_new = beta1 * m + (1 - beta1) * g_rot
     v_new = beta2 * v + (1 - beta2) * g_rot * g_rot
-    n_rot = rotate(m_new) / (sqrt(v_new) + eps)
-    step = matmul(matmul(Q_L, n_rot), Q_R.T)
+    step = rotate(m_new / (sqrt(v_new) + eps), None if q_l is None else q_l.T,
+                  None if q_r is None else q_r.T)
+    if flags.normalize_grads:
+        step = step / (1e-30 + rms(step))
+    first = t <= 1
+    out = {m: where(first, m, m_new), v: where(first, v, v_new),
+           w: where(first, w, (w - lr_t * step) * (1 - lr * weight_decay))}
     sb = where(shampoo_beta >= 0, shampoo_beta, beta2)
-    return {m: m_new, v: v_new, w: (w - lr_t * step) * (1 - lr * weight_decay),
-            L: sb * L + (1 - sb) * matmul(g, g.T),
-            R: sb * R + (1 - sb) * matmul(g.T, g)}
+    if flags.left:
+        out[L] = sb * L + (1 - sb) * matmul(g, g.T)
+    if flags.right:
+        out[R] = sb * R + (1 - sb) * matmul(g.T, g)
+    return out

@@ -55,11 +55,20 @@ DEFAULTS: dict[str, dict] = {
     "adafactor": dict(lr=None, eps1=1e-30, eps2=1e-3, clip_threshold=1.0, decay_rate=0.8,
                       beta1=None, weight_decay=0.0, scale_parameter=True,
                       relative_step=True, warmup_init=False, compression=False),
+    "cautious_adamw": dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
+                           correct_bias=True),
+    "mars_adamw": dict(lr=3e-3, beta1=0.95, beta2=0.99, eps=1e-8, gamma=0.025,
+                       weight_decay=0.0, lr_1d_factor=1.0, beta1_1d=0.9, beta2_1d=0.95,
+                       weight_decay_1d=0.1, optimize_1d=False),
+    "schedule_free_adamw": dict(lr=0.0025, beta1=0.9, beta2=0.999, eps=1e-8,
+                                weight_decay=0.0, warmup_steps=0, r=0.0,
+                                weight_lr_power=2.0),
 }
 LARS_DEFAULT_BASE = "momentum"
 
 # Specs whose weight_decay is not added to the gradient (their rule applies it).
-DECOUPLED = {"adamweightdecay", "adamw", "lion", "lamb", "adafactor"}
+DECOUPLED = {"adamweightdecay", "adamw", "lion", "lamb", "adafactor", "cautious_adamw",
+             "mars_adamw", "schedule_free_adamw"}
 # Accepted by every oracle but without effect on the dense rule (runtime options).
 RUNTIME_OPTIONS = {"lazy_update"}
 # signum and lion: an element whose c is within float32 round-off of 0 can legitimately
@@ -643,10 +652,123 @@ class Adafactor(Oracle):
         return w - h["weight_decay"] * alpha * w - U, s
 
 
+# -- recent optimizers: the papers' rules, with the authors' code's choices ------------------
+class CautiousAdamW(Oracle):
+    """Cautious AdamW (Liang et al. 2024, Algorithm "C-AdamW"; the authors' per-parameter
+    code: transformers' AdamW, eps on the raw sqrt(v)): the Adam direction
+    u = m/(sqrt(v)+eps) is kept only where u and g agree in sign, phi = [u*g > 0], and
+    rescaled by the kept share, phi/max(mean(phi), MASK_FLOOR) over the whole tensor;
+    w *= 1 - lr*wd first. ``pyopt=True``: pytorch-optimizer's cautious form instead
+    (phi*n/(sum(phi)+1), the authors' first version, on torch's AdamW with eps added after
+    the bias correction), to check this oracle against that package."""
+
+    name = "cautious_adamw"
+    array_states = {"m": 0.0, "v": 0.0}
+    decoupled = True
+    MASK_FLOOR = 1e-3
+    pyopt = False
+
+    def rule(self, w, g, s, t):
+        h = self.h
+        b1, b2 = h["beta1"], h["beta2"]
+        w = w * (1 - h["lr"] * h["weight_decay"])
+        m = b1 * s["m"] + (1 - b1) * g
+        v = b2 * s["v"] + (1 - b2) * g * g
+        c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if h["correct_bias"] else (1.0, 1.0)
+        if self.pyopt:
+            u = (m / c1) / (np.sqrt(v) / math.sqrt(c2) + h["eps"])
+        else:
+            u = (m / c1) * math.sqrt(c2) / (np.sqrt(v) + h["eps"])
+        phi = (u * g > 0).astype(self.dtype)
+        if self.pyopt:
+            phi = phi * (phi.size / (phi.sum() + 1))
+        elif phi.size:
+            phi = phi / max(phi.mean(), self.MASK_FLOOR)
+        self._flag_sign(m, b1 * s["m"], (1 - b1) * g)
+        return w - h["lr"] * phi * u, {"m": m, "v": v}
+
+
+class MARSAdamW(Oracle):
+    """MARS-AdamW (Yuan et al. 2024, Algorithm 2, approximate form: the correction uses the
+    previous step's gradient): c = g + gamma*b1/(1-b1)*(g - g_prev), c = c/||c|| when
+    ||c|| > 1 (the whole tensor), Adam moments of c, w -= lr*(m_hat/(sqrt(v_hat)+eps) +
+    wd*w). As the authors' code: only 2-D tensors unless optimize_1d; the others take
+    AdamW of g with the *_1d betas, weight_decay_1d and lr*lr_1d_factor. ``pyopt=True``:
+    pytorch-optimizer's MARS (tensors of ndim >= 2 take MARS; eps added before the
+    bias correction, and 1e-15 inside the root)."""
+
+    name = "mars_adamw"
+    array_states = {"m": 0.0, "v": 0.0, "last_grad": 0.0}
+    decoupled = True
+    pyopt = False
+
+    def rule(self, w, g, s, t):
+        h = self.h
+        mars = h["optimize_1d"] or (w.ndim >= 2 if self.pyopt else w.ndim == 2)
+        if mars:
+            b1, b2, lr, wd = h["beta1"], h["beta2"], h["lr"], h["weight_decay"]
+            c = g + h["gamma"] * b1 / (1 - b1) * (g - s["last_grad"])
+            n = norm(c)
+            c = c / n if n > 1 else c
+        else:
+            b1, b2, wd = h["beta1_1d"], h["beta2_1d"], h["weight_decay_1d"]
+            lr, c = h["lr"] * h["lr_1d_factor"], g
+        m = b1 * s["m"] + (1 - b1) * c
+        v = b2 * s["v"] + (1 - b2) * c * c
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        if self.pyopt:
+            step = m_hat / ((np.sqrt(v + 1e-15) + h["eps"]) / math.sqrt(1 - b2 ** t))
+        else:
+            step = m_hat / (np.sqrt(v_hat) + h["eps"])
+        return w - lr * (step + wd * w), {"m": m, "v": v, "last_grad": g}
+
+
+class ScheduleFreeAdamW(Oracle):
+    """Schedule-Free AdamW (Defazio et al. 2024, Algorithm 1, in its primal x/z form),
+    with the authors' code's choices (schedulefree.AdamWScheduleFree): v bias-corrected
+    inside the root, gamma_t = lr*min(1, t/warmup_steps), the average's weights
+    t**r * lr_max**weight_lr_power (lr_max the largest gamma so far), weight decay at y:
+
+        y = (1-b1) z + b1 x;  g at y;  v = b2 v + (1-b2) g^2
+        z = z - gamma_t * (g / (sqrt(v/(1-b2^t)) + eps) + wd * y)
+        c = weight_t / sum of weights;  x = (1-c) x + c z
+
+    x and z start at w. ``w`` (compared with optgen's parameter) is y."""
+
+    name = "schedule_free_adamw"
+    array_states = {"z": 0.0, "exp_avg_sq": 0.0}
+    scalar_states = {"k": 0.0, "lr_max": -1.0, "weight_sum": 0.0}
+    decoupled = True
+
+    def __init__(self, w0, **kw):
+        super().__init__(w0, **kw)
+        self.x = self.w.copy()
+        self.s["z"] = self.w.copy()
+
+    def scalar_rule(self, t):
+        h, sc = self.h, self.sc
+        sc["k"] += 1
+        warm = h["warmup_steps"]
+        self.gamma = h["lr"] * (min(1.0, sc["k"] / warm) if warm else 1.0)
+        sc["lr_max"] = max(sc["lr_max"], self.gamma)
+        weight = sc["k"] ** h["r"] * sc["lr_max"] ** h["weight_lr_power"]
+        sc["weight_sum"] += weight
+        self.c = weight / sc["weight_sum"] if sc["weight_sum"] else 0.0
+
+    def rule(self, y, g, s, t):
+        h = self.h
+        b1, b2 = h["beta1"], h["beta2"]
+        v = b2 * s["exp_avg_sq"] + (1 - b2) * g * g
+        d = g / (np.sqrt(v / (1 - b2 ** self.sc["k"])) + h["eps"]) + h["weight_decay"] * y
+        z = s["z"] - self.gamma * d
+        self.x = (1 - self.c) * self.x + self.c * z
+        return (1 - b1) * z + b1 * self.x, {"z": z, "exp_avg_sq": v}
+
+
 ORACLES: dict[str, type] = {cls.name: cls for cls in (
     SGD, Momentum, NAG, Signum, Adam, LazyAdam, AdamWeightDecay, AdamW, Adamax, NAdam,
     RAdam, AdaBelief, AdaDelta, Lion, FTML, FTRL, RMSProp, ProximalAdagrad, Adagrad, LAMB,
-    LARS, Adafactor)}
+    LARS, Adafactor, CautiousAdamW, MARSAdamW, ScheduleFreeAdamW)}
 
 assert set(ORACLES) == set(DEFAULTS), set(ORACLES) ^ set(DEFAULTS)
 

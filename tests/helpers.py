@@ -121,12 +121,12 @@ def torch_drop_in(name: str) -> type:
     return ot.make("lars", base="momentum") if name == "LARS" else getattr(ot.seeds, name)
 
 
-def load_example(name: str):
-    """examples/<name>.py as a module (examples/ is not a package), registered in
-    sys.modules (dataclasses look their module up there)."""
+def load_example(name: str, folder: str = "examples"):
+    """examples/<name>.py (or ``folder``/<name>.py: bench) as a module (not a package),
+    registered in sys.modules (dataclasses look their module up there)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "examples", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+                        folder, f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{folder.rstrip('s')}_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -18,9 +18,11 @@ SCANNED = ("optgen", "runtime")
 # module -> the classes whose private attributes are the Optimizer's
 OWNERS = {"runtime/optimizer.py": ("Optimizer",), "runtime/slots.py": ("RecordTable",),
           "runtime/launch.py": ("Launcher",),
-          "runtime/strategies/base.py": ("StepInputs",),
+          "runtime/strategies/base.py": ("StepInputs", "Fused", "Launches"),
           "runtime/strategies/single.py": ("PerTensor", "Lazy", "Split"),
-          "runtime/strategies/runs.py": ("FlatRun", "SegmentedRun")}
+          "runtime/strategies/runs.py": ("FlatRun", "SegmentedRun"),
+          "runtime/strategies/multi.py": ("MultiTensor",),
+          "runtime/gradcache.py": ("GradCache", "Verdict")}
 
 
 def _private(name: str) -> bool:

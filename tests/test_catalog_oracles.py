@@ -9,8 +9,9 @@ and every state named in the contract compared after the CHECK_AT steps of 100.
 The grid: every spec x its configurations (``CASES``, below: every flag value, and
 non-default hyperparameters wherever a default would hide a term) x 4 shapes x
 rescale_grad {1, 0.14} x clip_gradient {None, 0.5} x weight_decay {0, 0.03}. For the
-decoupled specs (adamweightdecay, adamw, lion, lamb, adafactor) the weight-decay axis is
-their own weight_decay; for lars it is the base's weight_decay that enters lambda.
+decoupled specs (adamweightdecay, adamw, lion, lamb, adafactor, cautious_adamw, mars_adamw,
+schedule_free_adamw) the weight-decay axis is their own weight_decay; for lars it is the
+base's weight_decay that enters lambda.
 
 Sign-based rules (signum, lion): ``sign(c)`` jumps at c = 0, so an element whose c lies
 within float32 round-off of 0 may legitimately take the other sign in a float32 kernel
@@ -218,6 +219,21 @@ CASES: dict[str, dict[str, dict]] = {
         "warmup-beta1": dict(warmup_init=True, beta1=0.9),
         "eps-clip-decay": dict(eps1=1e-3, eps2=2.0, clip_threshold=0.5, decay_rate=0.5),
     },
+    "cautious_adamw": {         # eps=1e-3: visible, before the bias correction
+        "eps-default": dict(lr=0.01),
+        "eps1e-3-nobias": dict(lr=0.01, eps=1e-3, beta1=0.8, beta2=0.99, correct_bias=False),
+    },
+    "mars_adamw": {             # 2-D shapes take MARS, the others the AdamW branch
+        "both-branches": dict(lr=0.01, gamma=0.1, beta1=0.9, beta2=0.999, eps=1e-3,
+                              lr_1d_factor=0.5, beta1_1d=0.8, beta2_1d=0.99,
+                              weight_decay_1d=0.05),
+        "optimize_1d": dict(lr=0.01, optimize_1d=True),
+    },
+    "schedule_free_adamw": {
+        "default": dict(lr=0.01),
+        "warmup-r-power": dict(lr=0.01, warmup_steps=20, r=0.5, weight_lr_power=1.0,
+                               beta1=0.8, eps=1e-3),
+    },
 }
 GRID = [(spec, cid, cfg) for spec, cfgs in CASES.items() for cid, cfg in cfgs.items()]
 GRID_IDS = [f"{spec}-{cid}" for spec, cid, _ in GRID]
@@ -229,7 +245,8 @@ def test_table_covers_the_catalog():
              "lazyadam": ["use_nesterov"], "rmsprop": ["centered"],
              "adagrad": ["update_slots"], "lamb": ["bias_correction"],
              "lars": ["use_clip"],
-             "adafactor": ["scale_parameter", "relative_step", "warmup_init"]}
+             "adafactor": ["scale_parameter", "relative_step", "warmup_init"],
+             "cautious_adamw": ["correct_bias"], "mars_adamw": ["optimize_1d"]}
     for spec, names in flags.items():
         for name in names:
             seen = {cfg.get(name, DEFAULTS[spec][name]) for cfg in CASES[spec].values()}

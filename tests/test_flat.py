@@ -204,6 +204,35 @@ def test_a_gradient_overlapping_the_run_is_not_fused(calls):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)   # FMA vs numpy rounding
 
 
+@pytest.mark.parametrize("multi_tensor", [True, False], ids=["flat_run", "flat_no_lists"])
+def test_step_counts_set_between_steps_are_read(multi_tensor, calls):
+    """A run's members take its first member's scalars only while their step counts
+    agree: set apart between two steps with the same gradient arrays (whose verdict
+    was kept), they step alone, each with its own bias corrections, and fuse again
+    once the counts agree."""
+    dtype = np.float64
+    flat = optgen.create("adam", optgen.flatten(data(dtype)), multi_tensor=multi_tensor)
+    ref = optgen.create("adam", data(dtype), backend="reference")
+    grads = optgen.flatten(grads_for(0, dtype))
+
+    def step(expected_calls):
+        before = calls["n"]
+        flat.step(grads)
+        ref.step(grads)
+        assert calls["n"] - before == expected_calls
+        for x, y in zip(flat.params, ref.params):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+
+    step(1)
+    step(1)
+    for opt in (flat, ref):
+        opt.set_step_counts({2: 40})
+    step(len(SHAPES) - 1)                          # counts differ: per tensor
+    for opt in (flat, ref):
+        opt.set_step_counts({i: 50 for i in range(len(SHAPES))})
+    step(1)
+
+
 REDUCING = [("lamb", {"weight_decay": 0.01}), ("lamb", {"bias_correction": False}),
             ("lars", {"momentum": 0.9, "weight_decay": 1e-4}),
             ("lars", {"base": "adam", "weight_decay": 1e-4})]

@@ -84,6 +84,9 @@ def test_refresh_rule_errors(tmp_path):
     path.write_text(rule("{S: S, w: w}", REFRESH.replace("every=k", "every=f")))
     with pytest.raises(SpecError, match=r"refresh\(every=\.\.\.\) must be an int"):
         load_spec(str(path))
+    path.write_text(rule("{S: S, w: w}", REFRESH.replace("every=k", "every=k, start=0")))
+    with pytest.raises(SpecError, match=r"refresh\(start=\.\.\.\) must be an int >= 1"):
+        load_spec(str(path))
 
 
 HAZARDS = '''\

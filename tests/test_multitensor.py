@@ -151,6 +151,24 @@ def test_groups_multipliers_and_missing_gradients_split_or_decline(calls):
         np.testing.assert_array_equal(a, b)
 
 
+def test_step_counts_set_between_steps_are_read(calls):
+    """The list's verdict on the same gradient arrays is kept between steps, but not
+    past ``set_step_counts``: counts set apart step alone, set equal fuse again."""
+    sizes = [255, 17, 1, 9]
+    multi = optgen.create("adam", arrays(sizes, 0))
+    per = optgen.create("adam", arrays(sizes, 0), multi_tensor=False)
+    grads = arrays(sizes, 1)
+    for counts, launches in ((None, 1), (None, 1), ({1: 40}, 4), ({i: 9 for i in range(4)}, 1)):
+        for opt in (multi, per) if counts else ():
+            opt.set_step_counts(counts)
+        before = len(calls)
+        multi.step(grads)
+        assert len(calls) - before == launches
+        per.step(grads)
+        for a, b in zip(multi.params, per.params):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_a_gradient_overlapping_another_tensor_declines(calls):
     """Gradient i over parameter i+1's memory: one parallel launch would race, so the
     members step alone in order, as the per-tensor optimizer does."""

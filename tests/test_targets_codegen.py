@@ -52,7 +52,8 @@ THREADS = 256                           # threads per block of every GPU kernel
 # both block all-reduces), "rows" = along the innermost axis (a block per output, block
 # all-reduce), "cols" = along an outer axis (a thread per output, serial, no shuffles).
 REDUCTIONS = {"adafactor": {"whole", "rows", "cols"}, "lamb": {"whole"}, "lars": {"whole"},
-              "torch_adafactor": {"whole", "rows", "cols"}}
+              "torch_adafactor": {"whole", "rows", "cols"}, "cautious_adamw": {"whole"},
+              "mars_adamw": {"whole"}}
 
 needs_nvcc = pytest.mark.skipif(targets.nvcc() is None,
                                 reason="the cuda target needs nvcc on PATH to build")

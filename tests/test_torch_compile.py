@@ -34,6 +34,8 @@ def _train(name, compiled, steps=50, backend="aot_eager", flat=False, **kw):
     the optimizer and the compile counter (None when eager)."""
     model = _model()
     opt = _cls(name)(model.parameters(), flat=flat, **{"lr": 1e-2, **KW.get(name, {}), **kw})
+    if hasattr(opt, "train"):    # Schedule-Free steps in train mode (its train()/eval())
+        opt.train()
     sched = torch.optim.lr_scheduler.StepLR(opt, 10, 0.5)
 
     def train_step(x, y):

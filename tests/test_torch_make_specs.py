@@ -173,6 +173,8 @@ def test_every_spec_constructs_steps_schedules_and_checkpoints(path, setting):
     kwargs = torch_kwargs(cls, art, values, as_tuple=setting == "betas")
     params = _params(cls, 0)
     opt = cls(params, **kwargs)
+    if hasattr(opt, "train"):    # Schedule-Free steps in train mode (its train()/eval())
+        opt.train()
     group = opt.param_groups[0]
     scheduled = isinstance(group.get("lr"), float)
     assert scheduled or setting == "defaults", f"lr {group.get('lr')!r} cannot be scheduled"

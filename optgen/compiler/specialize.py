@@ -192,8 +192,13 @@ def _refresh(spec: Spec, trace: Trace) -> dict | None:
     if not trace.refresh:
         return None
     ir, _ = serialize(trace.refresh)
-    reads = sorted({n.name for n in walk(trace.refresh.values()) if n.op == "stat"})
-    return {"every": spec.refresh_rule.every, "ir": ir, "reads": reads}
+    nodes = list(walk(trace.refresh.values()))
+    reads = sorted({n.name for n in nodes if n.op == "stat"})
+    out = {"every": spec.refresh_rule.every, "start": spec.refresh_rule.start, "ir": ir,
+           "reads": reads}
+    if any(n.op == "grad" for n in nodes):
+        out["grad"] = True     # reads the step's gradient: runs on steps every, 2 every, ...
+    return out
 
 
 def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:

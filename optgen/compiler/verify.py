@@ -124,7 +124,8 @@ def _trace(spec: Spec, flags: dict[str, bool]) -> Trace:
 
 
 HOST_ONLY = {"stat": "a statistic", "inverse": "inverse()", "identity": "eye()",
-             "inverse_root": "inverse_root()", "power_qr": "power_qr()"}
+             "inverse_root": "inverse_root()", "power_qr": "power_qr()",
+             "eigen_order": "eigen_order()"}
 
 
 def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:
@@ -168,10 +169,10 @@ def _check_matrix(spec: Spec, tr: Trace, active: set[str]) -> None:
                             f"here{which}", value.loc or tr.loc,
                             hint="refresh it only under its when= flags")
         for node in walk([value]):
-            if node.op == "grad":
-                raise SpecError("the refresh rule reads the gradient; it runs from the "
-                                "statistics and states only", node.loc or value.loc,
-                                hint="use the gradient in @spec.update")
+            if node.op == "grad" and node.name != "grad":
+                raise SpecError(f"the refresh rule reads input {node.name!r}; it runs from "
+                                "the states, statistics and the gradient only",
+                                node.loc or value.loc, hint="use the input in @spec.update")
             if node.op == "loop":
                 raise SpecError("repeat() in the refresh rule is not supported",
                                 node.loc or value.loc, hint="unroll it with a Python for")

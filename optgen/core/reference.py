@@ -9,8 +9,8 @@ mixed-precision kernel) are read cast to the kernel dtype.
 
 Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel dtype and
 ``repeat`` as a Python loop over the body's nodes; the refresh rule's ``inverse`` is
-``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr`` (it is
-evaluated in float64). Statistics are arrays like the states.
+``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr``,
+``eigen_order`` a sort by Rayleigh quotient (it is evaluated in float64). Statistics are arrays like the states.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             if rec["value"] == "mean":
                 v = v / np.float64(math.prod(d[k] for k in red))
         elif op == "matmul":
-            v = np.matmul(a[0], a[1])
+            v = _matmul(nodes, rec["args"], a[0], a[1])
         elif op == "transpose":
             v = np.swapaxes(a[0], -1, -2)
         elif op == "identity":
@@ -83,6 +83,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = inverse_root(a[0], float(a[1]))
         elif op == "power_qr":
             v = power_qr(a[0], a[1])
+        elif op == "eigen_order":
+            v = eigen_order(a[0], a[1])
         elif op == "loop":
             count = rec["value"]
             count = int(round(float(scalars[count]))) if isinstance(count, str) else count
@@ -138,6 +140,24 @@ def _loop_bodies(nodes: list[dict]) -> dict[int, list[int]]:
     return out
 
 
+def _matmul(nodes: list[dict], args, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b``; a product with an ``eigen_order`` permutation (``x @ P``, ``P.T @ x``)
+    is the gather it amounts to, exactly the product's values without its n^3 work."""
+    kind = [nodes[i]["op"] if nodes[i]["op"] != "transpose"
+            else "T" + nodes[nodes[i]["args"][0]]["op"] for i in args]
+    if kind[1] == "eigen_order":          # x @ P: x's columns in P's order
+        order = np.argmax(b, axis=-2)[..., None, :]
+        shape = np.broadcast_shapes(a.shape[:-2], order.shape[:-2]) + a.shape[-2:]
+        return np.take_along_axis(np.broadcast_to(a, shape),
+                                  np.broadcast_to(order, shape), axis=-1)
+    if kind[0] == "Teigen_order":         # P^T @ x: x's rows in P's order
+        order = np.argmax(a, axis=-1)[..., :, None]
+        shape = np.broadcast_shapes(b.shape[:-2], order.shape[:-2]) + b.shape[-2:]
+        return np.take_along_axis(np.broadcast_to(b, shape),
+                                  np.broadcast_to(order, shape), axis=-2)
+    return np.matmul(a, b)
+
+
 def inverse_root(x: np.ndarray, root: float) -> np.ndarray:
     """``x^(-1/root)`` of each symmetric matrix of the stack ``x`` ([B, N, N]) by eigh in
     float64; eigenvalues <= 0 (round-off below the damping) give 0 (a pseudo-inverse)."""
@@ -150,17 +170,27 @@ def inverse_root(x: np.ndarray, root: float) -> np.ndarray:
 
 def power_qr(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     """One QR power iteration Q = qr(x @ q) per matrix of the stack (float64); a basis
-    never fit (q zero or the identity) is x's eigenvectors by descending eigenvalue, and a
-    zero x gives the identity."""
+    never fit (q zero, a state's initial value) is x's eigenvectors by descending
+    eigenvalue (eigh)."""
+    x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
+    out = np.empty(np.broadcast_shapes(x.shape, q.shape))
+    for b in range(out.shape[0]):
+        xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
+        if not qb.any():
+            out[b] = np.linalg.eigh((xb + xb.T) / 2)[1][:, ::-1]
+        else:
+            out[b] = np.linalg.qr(xb @ qb)[0]
+    return out
+
+
+def eigen_order(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The permutation matrix P per matrix of the stack that orders the columns of q by
+    descending estimated eigenvalue q_j^T x q_j (q @ P is sorted; ties keep their order)."""
     x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
     out = np.empty(np.broadcast_shapes(x.shape, q.shape))
     eye = np.eye(x.shape[-1])
     for b in range(out.shape[0]):
         xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
-        if not xb.any():
-            out[b] = eye
-        elif not qb.any() or np.array_equal(qb, eye):
-            out[b] = np.linalg.eigh((xb + xb.T) / 2)[1][:, ::-1]
-        else:
-            out[b] = np.linalg.qr(xb @ qb)[0]
+        estimate = np.einsum("ij,ij->j", qb, xb @ qb)
+        out[b] = eye[:, np.argsort(-estimate, kind="stable")]
     return out

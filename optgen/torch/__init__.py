@@ -19,6 +19,8 @@ Two families (docs/catalog.md lists both, side by side):
   ``optgen.torch.seeds.RMSprop``, ``optgen.torch.make("rmsprop")``. Optimizers torch has
   no twin of (``LAMB``, ``Lion``, ``FTML``, ``FTRL``, ``THOR``, ...) are these classes
   under ``optgen.torch`` as before; ``CLASSES`` maps their catalog names to class names.
+* ``SOAP`` (optgen/torch/soap.py) is the SOAP authors' optimizer: their signature,
+  defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters.
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
@@ -45,6 +47,7 @@ from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
 from .sharded_checkpoint import ShardedCheckpointError
+from .soap import SOAP
 from optgen.runtime import catalog
 
 globals().update(TORCH_FORMS)
@@ -72,5 +75,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "TORCH_FORMS", "make", "seeds",
-           "AdamOffload", *TORCH_FORMS, *(n for n in CLASSES.values() if n not in TORCH_FORMS)]
+           "SOAP", "TORCH_FORMS", "make", "seeds",
+           "AdamOffload", *TORCH_FORMS,
+           *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]

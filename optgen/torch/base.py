@@ -174,8 +174,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
                     core.adopt(j, old.records[i])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._agreement = torch_agreement.choose(self._agree, core.shards)
-        self._standins = type(self)._runtime_tensor is not OptgenOptimizer._runtime_tensor \
-            or any(torch_shards.is_dtensor(p) for p in self._params)
+        self._dtensors = any(torch_shards.is_dtensor(p) for p in self._params)
+        self._standins = self._dtensors or \
+            type(self)._runtime_tensor is not OptgenOptimizer._runtime_tensor
         return core
 
     def _runtime_tensor(self, p: Any) -> Any:
@@ -211,8 +212,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
         kinds = self._kinds()
         for p, slot in zip(self._params, self._core.records):
             st, core = self.state[p], slot.state
-            if "step" not in st or any(torch_shards.local(st.get(n)) is not v for n, v in
-                                       core.items() if not isinstance(v, np.floating)):
+            if "step" not in st or any(st.get(n) is not v and torch_shards.local(st.get(n)) is
+                                       not v for n, v in core.items() if not isinstance(v, np.floating)):
                 st.clear()
                 st.update((n, torch_shards.shown(p, v, kinds.get(n, "param")))
                           for n, v in core.items() if not isinstance(v, np.floating))
@@ -284,8 +285,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         self._sync()
         self._follow(runtime=False)
         grads = self._kernel_grads(grads)
-        if self._offload is None:
-            return self._core.check_step([torch_shards.local(g) for g in grads], **statistics)
+        if self._offload is None:   # (a DTensor's gradient: its local shard)
+            return self._core.check_step([torch_shards.local(g) for g in grads] if
+                                         self._dtensors else grads, **statistics)
         return self._core.check_step(self._offload.grads_to_host(
             self._params, grads, wait_all=bool(self._core.clip_global_norm or
                                                self._core.nonfinite)), **statistics)

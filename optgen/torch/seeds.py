@@ -10,7 +10,9 @@ runtime options (``target``, ``flat``, ``offload``, ``state_format``, ...).
 optimizers torch has no twin of (LAMB, Lion, FTML, ...) are the seeds' classes there too.
 
 ``make(spec, base=None)`` gives the class of any spec file, registered name or wrapper.
-Imports: base, offload.
+Schedule-Free AdamW has a class of its own (``OWN``: optgen/torch/schedule_free.py, with
+the authors' ``train()`` and ``eval()``).
+Imports: base, offload, schedule_free.
 """
 from __future__ import annotations
 
@@ -18,17 +20,21 @@ import os
 
 from . import offload as torch_offload
 from .base import OptgenOptimizer
+from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
 
 # catalog name -> class name, in torch's spelling where torch has the optimizer
 CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
            "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
-           "adamweightdecay": "AdamWeightDecay", "ftml": "FTML", "ftrl": "FTRL",
-           "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion", "momentum": "Momentum",
-           "muon": "Muon", "nadam": "NAdam", "nag": "NAG",
-           "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam", "rmsprop": "RMSprop",
-           "sgd": "SGD", "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP",
-           "thor": "THOR"}
+           "adamweightdecay": "AdamWeightDecay", "cautious_adamw": "CAdamW", "ftml": "FTML",
+           "ftrl": "FTRL", "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion",
+           "mars_adamw": "MARS", "momentum": "Momentum", "muon": "Muon", "nadam": "NAdam",
+           "nag": "NAG", "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam",
+           "rmsprop": "RMSprop", "schedule_free_adamw": "AdamWScheduleFree", "sgd": "SGD",
+           "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR"}
+
+# catalog name -> its class, where the spec needs more than the generated one
+OWN = {"schedule_free_adamw": AdamWScheduleFree}
 
 _made: dict[tuple, type] = {}
 
@@ -39,6 +45,10 @@ def make(spec: str | os.PathLike, base: str | None = None, name: str | None = No
     hyperparameter names and defaults."""
     path = catalog.resolve(spec)
     key = (path, base)
+    own = OWN.get(os.path.splitext(os.path.basename(path))[0])
+    if own is not None and base is None and name is None and \
+            path == catalog.resolve(own.spec_name):
+        return own
     if key not in _made:
         stem = os.path.splitext(os.path.basename(path))[0]
         cls_name = name or CLASSES.get(stem) or "".join(w.capitalize() for w in stem.split("_"))

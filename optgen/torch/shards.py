@@ -226,7 +226,4 @@ def rows(p: Any) -> tuple[int, int] | None:
     if not sharded(p) or _split_dim(p) is None:
         return None
     d = _split_dim(p)
-    n, k = p.shape[0], p.device_mesh.size(d)
-    size = -(-n // k)
-    start = min(p.device_mesh.get_local_rank(d) * size, n)
-    return start, min(start + size, n)
+    return exchange.rows_of(p.shape[0], p.device_mesh.size(d), p.device_mesh.get_local_rank(d))

@@ -1,29 +1,38 @@
-"""What every launch strategy shares: the interface, and one step's inputs.
+"""What every launch strategy shares: one step's inputs, the interface, the part of a
+run that steps several parameters at once, and the table of a step's launches.
 
 A strategy steps some parameters (``indices``) by one update with the step's inputs
 (``StepInputs``): it counts their steps, computes their host scalars (``advance``) and
 makes the launcher's calls (runtime/launch.py). It is chosen once, when the
-parameters' kernels are prepared (runtime/strategies/__init__.py), and run every step.
+parameters' kernels are prepared (runtime/strategies/__init__.py), and run every step
+by ``Launches.run``.
 
-May import: numpy, refresh, scalars, slots.
+May import: numpy, gradcache, refresh, scalars, shards, slots.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .. import refresh, scalars
+from .. import refresh, scalars, shards as shards_
+from ..gradcache import GradCache, Verdict
 from ..slots import ParamSlot
 
 
 @dataclass
-class Checked:
-    """A step that ``Optimizer.check_step`` checked, for ``run_step``: the gradients
-    and extra inputs as checked, the due statistics, each used group's lr; the grad
-    scale and global norm where the check computed them (``skips``: a non-finite
-    gradient under ``nonfinite="skip"``)."""
+class StepInputs:
+    """One step's inputs, gathered and checked by ``Optimizer.check_step``: gradients
+    and extra inputs by parameter (checked), the statistics of the parameters whose
+    refresh rule is due, each used group's lr; the grad scale and global norm where the
+    check computed them (``skips``: a non-finite gradient under ``nonfinite="skip"``).
+    ``Optimizer.run_step`` adds what the strategies read besides: each used group's
+    scalar environment, the update count ``t`` (this step's), the seed of stochastic
+    rounding, the spec's statistics, the capturable scalar rows. ``shared`` keeps host
+    scalars computed once for parameters alike; ``pending`` collects the passes of
+    parameters split across ranks (``Split``), which the optimizer drives together
+    after the others (runtime/shards.py)."""
     grads: list[Any]
     extra: list[dict[str, Any]]
     due: Mapping[int, dict[str, np.ndarray]]
@@ -31,27 +40,13 @@ class Checked:
     scale: float | None = None
     norm: float | None = None
     skips: bool = False
-
-
-@dataclass
-class StepInputs:
-    """One step's inputs, as the strategies read them: gradients and extra inputs by
-    parameter, the statistics of the parameters whose refresh rule is due, each used
-    group's scalar environment and lr, and the optimizer's update count ``t`` (this
-    step's). ``shared`` keeps host scalars computed once for parameters alike;
-    ``pending`` collects the passes of parameters split across ranks (``Split``), which
-    the optimizer drives together after the others (runtime/shards.py)."""
-    grads: list[Any]
-    extra: list[dict[str, Any]]
-    due: Mapping[int, dict[str, np.ndarray]]
-    envs: Mapping[int, dict[str, Any]]
-    lrs: Mapping[int, float | None]
-    t: int
-    seed: int                                 # of stochastic rounding
-    statistics: Mapping[str, str]             # the spec's statistics and their shapes
+    envs: Mapping[int, dict[str, Any]] = field(default_factory=dict)
+    t: int = 0
+    seed: int = 0                             # of stochastic rounding
+    statistics: Mapping[str, str] = field(default_factory=dict)   # (and their shapes)
+    rows: Any = None                          # capturable: runtime.capture.ScalarRows
     shared: dict[tuple, tuple] = field(default_factory=dict)
     pending: list[Iterator[list]] = field(default_factory=list)
-    rows: Any = None                          # capturable: runtime.capture.ScalarRows
 
     def place(self, indices: Sequence[int], k: Any, packed: np.ndarray,
               slot: ParamSlot) -> Any:
@@ -96,3 +91,80 @@ class Strategy(Protocol):
         """Step this step's parameters (those with a gradient). False: not now (a run
         whose gradients do not lie back to back); its members then step alone."""
         ...
+
+
+class Fused:
+    """A run: parameters with one kernel, group and multipliers stepped by one call per
+    pass (``calls``: a flat run's over their span, a multi-tensor list's through its
+    pointer table). A subclass says where its gradients go (``bind``). ``run``
+    declines, and the members step alone, when a member has no dense gradient, step
+    counts or scalar states differ, or ``bind`` refuses the gradients' layout; the
+    verdict, and what ``bind`` made, hold while the members' gradients, step counts
+    and data do (runtime/gradcache.py). Otherwise the first member's scalars are the
+    run's: its step is counted and its scalars packed once, and the others take its
+    count and scalar states."""
+
+    def __init__(self, launcher: Any, slots: Sequence[ParamSlot],
+                 calls: list[tuple[Callable, list]], cache: GradCache):
+        self.launcher, self.slots, self.calls = launcher, list(slots), calls
+        self.indices = [s.index for s in slots]
+        self.cache = cache
+        self.verdict = Verdict(cache, self.indices, self._decide)
+
+    def bind(self, step: StepInputs) -> Any:
+        """The run's gradients this step as its calls take them (a flat run's span, or
+        the multi-tensor table with their addresses written); None: not as they lie."""
+        raise NotImplementedError
+
+    def _decide(self, step: StepInputs) -> Any:
+        first = self.slots[0]
+        if not self.cache.dense(self.indices) or \
+                any(s.steps != first.steps for s in self.slots):
+            return None
+        return self.bind(step)
+
+    def run(self, step: StepInputs) -> bool:
+        v = self.verdict
+        bound = v.value if v.version == self.cache.version else v.update(step)
+        if bound is None:
+            return False
+        first, rest = self.slots[0], self.slots[1:]
+        k = first.kernel
+        names = k.scalar_state_updates
+        if names and not all(s.state[n] == first.state[n] for s in rest for n in names):
+            return False
+        for s in rest:
+            s.steps += 1
+        packed = step.place(self.indices, k, step.advance(first, k), first)
+        for s in rest if names else ():   # (the members had the same values)
+            s.state.update((n, first.state[n]) for n in names)
+        self.launcher.run_fused(self.indices, self.calls, bound, packed)
+        return True
+
+
+class Launches:
+    """A step's launches: the runs (flat runs, multi-tensor lists) by their first
+    member, each other parameter with a gradient by its own strategy (``prepare(i)``
+    readies one not prepared yet), in parameter order; a run that declines leaves its
+    members to their own strategies. Then the passes of parameters split across ranks
+    (``shards``), together (runtime/shards.py)."""
+
+    def __init__(self, slots: Sequence[ParamSlot], runs: Mapping[int, Strategy],
+                 prepare: Callable[[int], Any], shards: Any = None):
+        self.slots, self.runs, self.prepare, self.shards = slots, dict(runs), prepare, shards
+
+    def run(self, step: StepInputs) -> None:
+        runs, slots, stepped = self.runs, self.slots, set()
+        for i, g in enumerate(step.grads):
+            if g is None or i in stepped:
+                continue
+            run = runs.get(i)
+            if run is not None and run.run(step):
+                stepped.update(run.indices)
+                continue
+            s = slots[i]
+            if s.strategy is None:
+                self.prepare(i)
+            s.strategy.run(step)
+        if step.pending:
+            shards_.run(self.shards, step.pending)

@@ -5,11 +5,12 @@ a kernel with whole-tensor reductions (LAMB, LARS), each pass's segmented varian
 with the run's offsets and one reduction buffer per tensor.
 
 A run is found when every parameter's kernel is prepared (compiled backend only: the
-reference interpreter is the oracle and steps each tensor alone). On a step where its
-gradients are not back to back, or not all present, or its scalar states differ, it
-declines and its members step alone with their own strategies.
+reference interpreter is the oracle and steps each tensor alone). ``run`` is a run's
+(strategies/base.py ``Fused``): on a step where its gradients are not back to back, or
+not all present, or its step counts or scalar states differ, it declines and its
+members step alone with their own strategies.
 
-May import: base, flat, launch, artifact, slots, views.
+May import: base, flat, gradcache, launch, artifact, slots, views.
 """
 from __future__ import annotations
 
@@ -18,21 +19,21 @@ from typing import Any, Callable, Sequence
 from .. import flat
 from ..artifact import bfloat16_tensor
 from ..flat import GRAD
+from ..gradcache import GradCache
 from ..launch import Launcher
 from ..slots import ParamSlot
-from .base import StepInputs
+from .base import Fused, StepInputs
 from optgen.core import views
 
 
-class FlatRun:
+class FlatRun(Fused):
     """A run whose kernel is one elementwise launch: one call over the span."""
     segmented = False
 
     def __init__(self, launcher: Launcher, slots: Sequence[ParamSlot],
-                 calls: list[tuple[Callable, list]], every: list[Any]):
-        self.launcher, self.slots, self.calls, self.every = launcher, list(slots), calls, every
-        self.indices = range(slots[0].index, slots[-1].index + 1)
-        self.spans: dict[int, tuple] = {}   # the gradient span, cached per gradient object
+                 calls: list[tuple[Callable, list]], every: list[Any], cache: GradCache):
+        super().__init__(launcher, slots, calls, cache)
+        self.every = every        # every argument of its calls (the gradient's overlaps)
 
     @classmethod
     def build(cls, launcher: Launcher, slots: Sequence[ParamSlot]) -> list | None:
@@ -43,23 +44,11 @@ class FlatRun:
                               [launcher.arrays(s.index, k, None, {}) for s in slots],
                               [s.numel for s in slots], segmented=cls.segmented)
 
-    def run(self, step: StepInputs) -> bool:
-        first, rest = self.slots[0], self.slots[1:]
-        k, names = first.kernel, first.kernel.scalar_state_updates
-        if names and not all(s.state[n] == first.state[n] for s in rest for n in names):
-            return False
-        gspan = flat.grad_span(self.spans, first.index,
-                               [step.grads[s.index] for s in self.slots], first.lib,
-                               self.slots, self.every)
-        if gspan is None:
-            return False
-        for s in rest:
-            s.steps += 1
-        packed = step.place(self.indices, k, step.advance(first, k), first)
-        for s in rest:                   # the run's parameters had the same values
-            s.state.update((n, first.state[n]) for n in names)
-        self.launcher.run_fused(self.indices, self.calls, gspan, packed)
-        return True
+    def bind(self, step: StepInputs) -> Any:
+        """The span of the run's gradients (its calls' ``GRAD``), or None when they are
+        not back to back or overlap the run's other arrays (``flat.grad_span``)."""
+        return flat.grad_span([step.grads[i] for i in self.indices], self.slots[0].lib,
+                              self.every)
 
 
 class SegmentedRun(FlatRun):
@@ -69,7 +58,7 @@ class SegmentedRun(FlatRun):
 
 
 def find(launcher: Launcher, slots: Sequence[ParamSlot], chains: Sequence[tuple[int, int]],
-         has_inputs: bool) -> dict[int, FlatRun]:
+         has_inputs: bool, cache: GradCache) -> dict[int, FlatRun]:
     """First parameter -> its run, under the prepared kernels: stretches of a chain with
     one group, one fusable kernel and equal multipliers whose persistent arrays are
     back to back."""
@@ -87,5 +76,5 @@ def find(launcher: Launcher, slots: Sequence[ParamSlot], chains: Sequence[tuple[
     # every argument keeps the arrays (gradient overlap checks read their addresses)
     return {i: kind(i)(launcher, slots[i:end],
                        [(fn, [a if a is GRAD else bfloat16_tensor(a) for a in args])
-                        for fn, args in calls], every)
+                        for fn, args in calls], every, cache)
             for i, (end, calls, every) in found.items()}
