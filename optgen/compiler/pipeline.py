@@ -1,4 +1,4 @@
-"""The compiler pipeline, one visible stage per line of ``build`` and ``_build_variant``:
+"""The compiler pipeline, one visible stage per line of ``build`` and ``_build_variants``:
 
     load -> verify -> IR (specialize) -> lower -> schedule (CPU or GPU family)
          -> build (TVM) [-> device ABI (GPU targets) -> nvcc (cuda)] -> write artifact
@@ -11,10 +11,10 @@ TVMScript, grids, shape variables and buffers), which the later stages read: the
 build, the device ABI (``abi``) and the artifact's files (``manifest``).
 
 An artifact is a folder: its manifest (every kernel of every variant, written from the
-plan, no TVM) and one folder per *variant* (a parameter dtype and flag values: its own
-library, built by TVM and nvcc when first asked for). ``build`` publishes the artifact and
-then the variants asked for, each a temporary folder renamed into place under the
-artifact's file lock.
+plan, no TVM) and one folder per *variant* (a parameter dtype and flag values: its
+library, built by TVM and nvcc when first asked for). ``build`` publishes the artifact
+and then the variants asked for (compiled together, into one library their folders
+hold), each a temporary folder renamed into place under the artifact's file lock.
 """
 from __future__ import annotations
 
