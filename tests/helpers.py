@@ -185,11 +185,10 @@ def covering_variants(art) -> list[str]:
 
 
 def variant_views(art, names) -> list[tuple[str, dict]]:
-    """(folder, manifest) of each of those variants of ``art``, built if needed (those
-    missing together, in one library): the
+    """(folder, manifest) of each of those variants of ``art``, built if needed, one by
+    one (a variant built with others shares their library: ``Artifact.ensure``): the
     variant's manifest (its library's record merged into the artifact's) with only its
     own kernels, which is what a test of one library's code reads."""
-    art.ensure(names)                 # (those not built yet: in one build)
     out = []
     for v in map(art.variant, names):
         kernels = [k for k in v.manifest["kernels"] if k["variant"] == v.name]
