@@ -30,6 +30,7 @@ from optgen import blocks, dsl
 from optgen.commands import check
 from optgen.compiler import pipeline, targets
 from optgen.compiler.loader import load_spec
+from optgen.compiler.variants import variant_name
 from optgen.compiler.verify import verify
 from optgen.errors import SpecError
 from optgen.runtime import Artifact
@@ -124,9 +125,15 @@ def reference_artifact(path: Path, base: str | None = None) -> Artifact:
     traces = verify(spec)
     tg = targets.get("llvm")
     kernels = [{"symbol": pipeline.symbol_for(spec.name, pdt, kir.flags), "dtype": dt,
-                "param_dtype": pdt, **kir.to_json()}
+                "param_dtype": pdt, **kir.to_json(),
+                "variant": variant_name(pdt, kir.flags, spec.flags)}
                for kir, dt, pdt in pipeline.variants(pipeline.kernel_irs(spec, traces, tg),
                                                      tg.dtypes)]
+    variants = {}
+    for k in kernels:
+        v = variants.setdefault(k["variant"], {"param_dtype": k["param_dtype"], "flags": {
+            f: k["flags"][f] for f in spec.flags}, "kernels": []})
+        v["kernels"].append(k["symbol"])
     manifest = {
         "name": spec.name, "target": "llvm", "key": "reference-only",
         "hyperparameters": [h.info.to_json() for h in spec.hypers.values()],
@@ -142,6 +149,7 @@ def reference_artifact(path: Path, base: str | None = None) -> Artifact:
                        for n, (shape, doc) in spec.statistics.items()},
         "accepted": spec.accepted, "state_format": {},
         "reduction_buffer_size": pipeline.RED_SCALAR_SIZE, "reduction_dtype": tg.acc_dtype,
+        "variants": variants, "default_variants": list(variants)[:1],
     }
     return Artifact(str(path.parent), manifest)
 
