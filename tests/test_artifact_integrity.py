@@ -394,7 +394,10 @@ CONCURRENT = textwrap.dedent("""
     from optgen.compiler import pipeline     # (imports no TVM: the builder does, later)
     spec, go = sys.argv[1], sys.argv[2]
     open(go + "." + sys.argv[3], "w").close()
+    give_up = time.time() + 600              # (the test failed before it said go)
     while not os.path.exists(go):
+        if time.time() > give_up:
+            sys.exit(3)
         time.sleep(0.001)
     art = optgen.get_artifact(spec)
     art.variant("f32")                       # its library: built on first use
@@ -409,16 +412,21 @@ def test_four_processes_build_the_same_spec_at_once(tiny_spec, tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, tiny_spec, go, str(i)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(4)]
-    deadline = time.time() + 120
-    while not all(os.path.exists(f"{go}.{i}") for i in range(4)):
-        assert time.time() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.01)
-    open(go, "w").close()                    # all four start together
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    deadline = time.time() + 300
+    try:
+        while not all(os.path.exists(f"{go}.{i}") for i in range(4)):
+            assert time.time() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.01)
+        open(go, "w").close()                # all four start together
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:                      # none is left waiting when the test fails
+            if p.poll() is None:
+                p.kill()
     assert len({r["path"] for r in results}) == 1
     # the artifact and its variant were each built once, three processes waited
     assert sum(r["builds"] for r in results) == 2
