@@ -259,8 +259,18 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         """Every check of a step, nothing changed: gradients, extra inputs, statistics,
         kernels, lr schedules; without split parameters also the global norm and the
         non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
-        slots = self._slots
         self.follow()                                  # parameters' data that moved
+        return self._check(grads, inputs)
+
+    def check_part(self, grads: Sequence[Any]) -> StepInputs:
+        """``check_step`` for the parameters with a gradient in ``grads`` (None elsewhere)
+        as one part of a step stepped in parts (the torch drop-ins' step inside backward,
+        one parameter at a time; ``run_step(..., count=False)`` each part): the same
+        checks, no extra inputs, moved data not followed (``follow()`` once a step)."""
+        return self._check(grads, {})
+
+    def _check(self, grads: Sequence[Any], inputs: dict[str, Any]) -> StepInputs:
+        slots = self._slots
         grads, extra, stats = checks.gather(self.name, self.artifact, slots, grads, inputs,
                                             cache=self._grads, row_sparse=self._row_sparse)
         for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
@@ -278,8 +288,9 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
             clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
 
-    def run_step(self, step: StepInputs, skip: bool = False) -> bool:
-        """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient)."""
+    def run_step(self, step: StepInputs, skip: bool = False, count: bool = True) -> bool:
+        """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient);
+        ``count=False``: a part (``check_part``), the update count ``t`` left as it is."""
         art, grads = self.artifact, step.grads
         scale, norm = (step.scale, step.norm) if self._shards is None else \
             self._grad_scale(grads)
@@ -290,7 +301,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if self._centralized:   # (new arrays: what the runs read this step)
             preprocess.centralize(grads, self._centralized)
             self._grads.replaced(grads, self._centralized)
-        self.t += 1
+        self.t += count
         step.t, step.seed, step.statistics, step.scalar_buffers = self.t, self.seed, art.statistics, \
             self._scalars
         step.envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lr, scale,
