@@ -65,14 +65,19 @@ CASES = {   # name: (class, group-0 defaults, group-1 overrides, model width)
 @pytest.mark.parametrize("case", list(CASES))
 def test_equal_to_the_ordinary_step(case):
     """50 steps, two groups, a LambdaLR stepping each iteration: the in-backward run
-    equals the ordinary one; its .grads are None after each backward; no scheduler
-    warning though the loop never calls opt.step()."""
+    equals the ordinary one; each gradient is released as it completes (none is held
+    when the next completes) and none is left after backward; no scheduler warning
+    though the loop never calls opt.step()."""
     cls, kw, second, wide = CASES[case]
     cls = cls()
     nets = model(wide), model(wide)
     opts = cls(two_groups(nets[0], **second), **kw), \
         cls(two_groups(nets[1], **second), **kw, step_in_backward=True)
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda k: 0.97 ** k) for o in opts]
+    alive = []   # at each gradient's completion (after the optimizer's hook): grads held
+    for p in nets[1].parameters():
+        p.register_post_accumulate_grad_hook(lambda _: alive.append(
+            sum(q.grad is not None for q in nets[1].parameters())))
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # (torch's "lr_scheduler.step() before ...")
         for i in range(50):
@@ -84,6 +89,7 @@ def test_equal_to_the_ordinary_step(case):
             for s in scheds:
                 s.step()
     close(*nets)
+    assert len(alive) == 50 * 6 and max(alive) == 0
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert float(opts[1].state[q]["step"]) == float(opts[0].state[p].get("step", 50))
     assert opts[1].param_groups[1]["lr"] == opts[0].param_groups[1]["lr"] != second["lr"]

@@ -195,6 +195,7 @@ class StepInBackward:
                 self._sync()
                 self._follow()
                 self._round, self._round_stepped, self._ddp_stepped = task, False, []
+                self._round_scalars: dict = {}
                 if task != -1:   # (after DDP's own end-of-backward callback: see _ended)
                     Variable._execution_engine.queue_callback(self._ended)
         return task != -1
@@ -223,10 +224,12 @@ class StepInBackward:
                 index = {id(p): i for i, p in enumerate(self._params)}
                 self._index = (self._params, index)
             full: list = [None] * len(index)
-            for p, g in zip(params, grads):
+            for p, g in zip(params, self._kernel_grads(grads)):
                 full[index[id(p)]] = g
             core = self._core
-            core.run_step(core.check_part(self._kernel_grads(full)), count=False)
+            part = core.check_part(full)
+            part.shared = self._round_scalars   # (one backward's parts: equal host scalars
+            core.run_step(part, count=False)    # for equal kernel, group and step count)
             self._round_stepped = True
 
     def _step_held(self, closure: Any, statistics: dict[str, Any]) -> Any:
