@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from optgen.core import formats
 from .sparse import RowSparse
 
 NONFINITE = (None, "skip", "raise")
+NO_INPUTS: Mapping[str, Any] = MappingProxyType({})   # a parameter's extra inputs, none
 
 
 def label(i: int, names: Sequence[str | None] | None = None) -> str:
@@ -207,18 +209,17 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
     state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) only
     the gradients it has not seen, in this form and place, are checked, and noted
     there; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
-    params = [s.array for s in slots]
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
     grads = list(grads)
-    if len(grads) != len(params):
+    if len(grads) != len(slots):
         raise ValueError(f"{owner}: got {len(grads)} "
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
-                         f"{len(params)} parameters")
+                         f"{len(slots)} parameters")
     label_ = "gradient" if what == "grads" else what
     # (with a cache: the gradients not given, checked and noted last step as they lie now)
     for i in range(len(grads)) if cache is None else cache.unseen(grads, slots):
-        p, g, lib = params[i], grads[i], slots[i].lib
+        p, g, lib = slots[i].array, grads[i], slots[i].lib
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             if cache is not None:
                 cache.none(i)
@@ -318,6 +319,8 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
                         if missing else f"got unexpected input {extra[0]!r}")
                         + (f" ({'; '.join(f'{n}: {d}' for n, d in wanted.items())})"
                            if want else ""))
+    if not inputs:   # (most specs: one empty mapping for all, read only)
+        return [NO_INPUTS] * len(grads)
     per_param: list[dict[str, Any]] = [{} for _ in grads]
     for name, arrays in inputs.items():
         checked = check_grads(owner, slots, arrays, name)

@@ -273,9 +273,10 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         slots = self._slots
         grads, extra, stats = checks.gather(self.name, self.artifact, slots, grads, inputs,
                                             cache=self._grads, row_sparse=self._row_sparse)
-        for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
+        present = [i for i, g in enumerate(grads) if g is not None]
+        for i in (i for i in present if not slots[i].kernel):
             self._launch.select(i, self._flags(i))
-        used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
+        used = sorted({slots[i].group for i in present})
         out = StepInputs(grads, extra, self._refresh_due(grads, stats),
                          {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
         if self._shards is None:
