@@ -202,13 +202,14 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
 
 # -- gradients and extra inputs ----------------------------------------------------------
 def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
-                cache: Any = None,
-                row_sparse: Callable[[Any, RowSparse], Any] | None = None) -> list[Any]:
+                cache: Any = None, row_sparse: Callable[[Any, RowSparse], Any] | None = None,
+                among: Sequence[int] | None = None) -> list[Any]:
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
     parameter (``slots``: their records; a gradient must not overlap the parameter's
     state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) only
     the gradients it has not seen, in this form and place, are checked, and noted
-    there; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
+    there; ``row_sparse(slot, g)`` checks a RowSparse gradient; ``among``: only those
+    parameters have one (a step in parts)."""
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
     grads = list(grads)
@@ -218,7 +219,8 @@ def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
                          f"{len(slots)} parameters")
     label_ = "gradient" if what == "grads" else what
     # (with a cache: the gradients not given, checked and noted last step as they lie now)
-    for i in range(len(grads)) if cache is None else cache.unseen(grads, slots):
+    for i in (range(len(grads)) if among is None else among) if cache is None else \
+            cache.unseen(grads, slots, among):
         p, g, lib = slots[i].array, grads[i], slots[i].lib
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             if cache is not None:
@@ -335,13 +337,16 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
 
 
 def gather(owner: str, artifact: Any, slots: Sequence[Any], grads: Any,
-           inputs: dict[str, Any], *, cache: Any, row_sparse: Callable[[Any, RowSparse], Any]
+           inputs: dict[str, Any], *, cache: Any, row_sparse: Callable[[Any, RowSparse], Any],
+           among: Sequence[int] | None = None
            ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
     """A step's arrays, checked: the gradients (each noted in ``cache``: a
     runtime.gradcache.GradCache), the spec's extra inputs per parameter, and the
-    statistics passed (taken out of ``inputs`` by name; checked when due: refresh.py)."""
+    statistics passed (taken out of ``inputs`` by name; checked when due: refresh.py);
+    ``among``: the parameters with a gradient, where the caller knows them."""
     stats = {n: inputs.pop(n) for n in list(inputs) if n in artifact.statistics}
-    grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse)
+    grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse,
+                        among=among)
     return grads, check_inputs(owner, artifact.inputs, inputs, grads, slots), stats
 
 

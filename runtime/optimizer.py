@@ -262,18 +262,23 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         self.follow()                                  # parameters' data that moved
         return self._check(grads, inputs)
 
-    def check_part(self, grads: Sequence[Any]) -> StepInputs:
-        """``check_step`` for the parameters with a gradient in ``grads`` (None elsewhere)
-        as one part of a step stepped in parts (the torch drop-ins' step inside backward,
-        one parameter at a time; ``run_step(..., count=False)`` each part): the same
-        checks, no extra inputs, moved data not followed (``follow()`` once a step)."""
-        return self._check(grads, {})
+    def check_part(self, grads: Mapping[int, Any]) -> StepInputs:
+        """``check_step`` for a part of a step stepped in parts (``run_step(...,
+        count=False)`` each; the torch drop-ins' step inside backward): ``grads`` by
+        index; moved data not followed (``follow()`` once a step); no extra inputs."""
+        full: list[Any] = [None] * len(self._slots)
+        for i, g in grads.items():
+            full[i] = g
+        return self._check(full, {}, sorted(grads))
 
-    def _check(self, grads: Sequence[Any], inputs: dict[str, Any]) -> StepInputs:
+    def _check(self, grads: Sequence[Any], inputs: dict[str, Any],
+               parts: Sequence[int] | None = None) -> StepInputs:
         slots = self._slots
         grads, extra, stats = checks.gather(self.name, self.artifact, slots, grads, inputs,
-                                            cache=self._grads, row_sparse=self._row_sparse)
-        present = [i for i, g in enumerate(grads) if g is not None]
+                                            cache=self._grads, row_sparse=self._row_sparse,
+                                            among=parts)
+        present = [i for i, g in enumerate(grads) if g is not None] if parts is None else \
+            [i for i in parts if grads[i] is not None]
         for i in (i for i in present if not slots[i].kernel):
             self._launch.select(i, self._flags(i))
         used = sorted({slots[i].group for i in present})
@@ -282,6 +287,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if self._shards is None:
             out.scale, out.norm = self._grad_scale(grads)
             out.skips = out.scale is None
+        out.parts = parts
         return out
 
     def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:

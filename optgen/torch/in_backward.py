@@ -223,11 +223,9 @@ class StepInBackward:
             if at is not self._params:   # (add_param_group made a new list)
                 index = {id(p): i for i, p in enumerate(self._params)}
                 self._index = (self._params, index)
-            full: list = [None] * len(index)
-            for p, g in zip(params, self._kernel_grads(grads)):
-                full[index[id(p)]] = g
             core = self._core
-            part = core.check_part(full)
+            part = core.check_part({index[id(p)]: g for p, g in
+                                    zip(params, self._kernel_grads(grads))})
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
             self._round_stepped = True
