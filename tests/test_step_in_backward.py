@@ -214,6 +214,9 @@ def test_more_refusals():
         ot.Adam(model().parameters(), step_in_backward=1)
     with pytest.raises(ValueError, match="step_in_backward.*capturable=True"):
         ot.Adam(model().parameters(), capturable=True, step_in_backward=True)
+    with pytest.raises(ValueError, match="step_in_backward steps each parameter as its "
+                                         "gradient completes; svrg_sgd takes grad_snapshot"):
+        ot.make("svrg")(model().parameters(), step_in_backward=True)
     opt = ot.Adam(model().parameters())
     with pytest.raises(ValueError, match="accumulating\\(\\) is for optimizers made with "
                                          "step_in_backward=True"):
