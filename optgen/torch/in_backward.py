@@ -84,6 +84,8 @@ class StepInBackward:
         if why:
             raise ValueError(f"{art.name}: {RULE}; {why}")
         self._in_backward = on
+        if not on:
+            return
         self._held = 0                       # depth of accumulating()
         self._part_lock = threading.RLock()  # (DDP: buckets complete on gloo's threads)
         self._by_ddp: dict[int, Any] = {}    # id(p) -> the attached DDP model stepping p
@@ -154,8 +156,8 @@ class StepInBackward:
     def _grad_ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete: step ``p`` and release the gradient (not inside
         accumulating(), nor for the parameters an attached DDP model steps)."""
-        if self._held or id(p) in self._by_ddp:
-            return
+        if self._held or id(p) in self._by_ddp or id(p) not in self._positions():
+            return   # (not stepped here; a group whose adding failed: not this optimizer's)
         in_backward = self._open_round()
         self._step_part([p], [p.grad])
         p.grad = None
@@ -215,14 +217,19 @@ class StepInBackward:
             self._opt_called = True   # (torch's lr schedulers read it)
             self._mirror()
 
+    def _positions(self) -> dict[int, int]:
+        """id(p) -> p's index in the runtime, for this optimizer's parameters."""
+        at, index = self._index
+        if at is not self._params:   # (add_param_group made a new list)
+            index = {id(p): i for i, p in enumerate(self._params)}
+            self._index = (self._params, index)
+        return index
+
     @torch.no_grad()
     def _step_part(self, params: list, grads: list) -> None:
         """Step ``params`` (this optimizer's) with ``grads``, as one part of the step."""
         with self._part_lock:
-            at, index = self._index
-            if at is not self._params:   # (add_param_group made a new list)
-                index = {id(p): i for i, p in enumerate(self._params)}
-                self._index = (self._params, index)
+            index = self._positions()
             core = self._core
             part = core.check_part({index[id(p)]: g for p, g in
                                     zip(params, self._kernel_grads(grads))})
