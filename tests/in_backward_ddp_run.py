@@ -7,9 +7,11 @@ The ranks train AdamW with ``step_in_backward=True`` on their halves of each glo
 batch of 16 rows, the optimizer attached to the DDP model (``opt.attach(ddp)``: the
 step after each bucket's all-reduce; small buckets, so there are several); step 3
 accumulates two micro-batches (the first one's forward and backward under
-``opt.accumulating()``, which enters DDP's no_sync). The single process trains the same
-model on whole batches with the ordinary step. DDP's average of the halves' mean losses' gradients is the whole
-batch's; the parameters must agree to float32 rounding.
+``opt.accumulating()``, which enters DDP's no_sync). They train twice: with DDP's
+gradients as views of its buckets (``gradient_as_bucket_view=True``) and as copies.
+The single process trains the same model on whole batches with the ordinary step.
+DDP's average of the halves' mean losses' gradients is the whole batch's; the
+parameters must agree to float32 rounding.
 """
 from __future__ import annotations
 
@@ -39,12 +41,12 @@ def rows(i: int, world: int, rank: int):
     return x[rank * part:(rank + 1) * part], y[rank * part:(rank + 1) * part]
 
 
-def train(world: int, rank: int) -> list[np.ndarray]:
+def train(world: int, rank: int, views: bool = True) -> list[np.ndarray]:
     net = model()
     ddp = None
     if world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.002,
-                                                        gradient_as_bucket_view=True)
+                                                        gradient_as_bucket_view=views)
     opt = ot.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1, step_in_backward=ddp is not None)
     if ddp is not None:
         opt.attach(ddp)
@@ -72,10 +74,11 @@ def main() -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(seconds=60))
     try:
-        params = train(world=2, rank=rank)
+        params = {views: train(world=2, rank=rank, views=views) for views in (True, False)}
     finally:
         torch.distributed.destroy_process_group()
-    np.savez(out, **{str(i): p for i, p in enumerate(params)})
+    np.savez(out, **{f"{views}-{i}": p for views, ps in params.items()
+                     for i, p in enumerate(ps)})
 
 
 if __name__ == "__main__":
