@@ -169,6 +169,38 @@ def test_add_param_group_and_a_parameter_without_gradient():
     assert float(opts[1].state[nets[1][0].weight]["step"]) == 8
 
 
+class Tied(torch.nn.Module):
+    """An embedding whose weight is also the output layer's, and a checkpointed layer."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.mid, self.reentrant = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8), \
+            reentrant
+
+    def forward(self, i):
+        h = torch.utils.checkpoint.checkpoint(lambda z: torch.tanh(self.mid(z)), self.emb(i),
+                                              use_reentrant=self.reentrant)
+        return h @ self.emb.weight.T
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_tied_weights_and_checkpointing(reentrant):
+    """A weight with two uses steps once with their summed gradient; a reentrant
+    checkpoint's inner backward (a graph task of its own) counts no extra update."""
+    nets = Tied(reentrant), Tied(reentrant)
+    opts = [ot.AdamW(n.parameters(), lr=1e-2, **kw)
+            for n, kw in zip(nets, ({}, {"step_in_backward": True}))]
+    i, y = torch.tensor([1, 2, 3]), torch.tensor([3, 1, 2])
+    for _ in range(6):
+        torch.nn.functional.cross_entropy(nets[0](i), y).backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        torch.nn.functional.cross_entropy(nets[1](i), y).backward()
+    close(*nets)
+    assert opts[1]._core.t == 6 and float(opts[1].state[nets[1].emb.weight]["step"]) == 6
+
+
 def test_accumulation():
     """k=3 micro-batches: under accumulating() for the first k-1 (the last one's
     backward steps), or for all k then opt.step(): both equal the ordinary

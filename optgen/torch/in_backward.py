@@ -12,8 +12,9 @@ gradient steps that parameter alone through the runtime's step in parts
 of a whole step, one parameter, its own step count, its group's values of now), then
 sets its ``.grad`` to None. What one backward steps is one step: its first hook passes
 changed group values on and follows moved data (what ``step()`` does first), and a
-callback at the end of the backward counts the update (the runtime's ``t``), mirrors
-the step counts into ``opt.state`` and tells lr schedulers the optimizer stepped.
+callback at the end of the backward sets the runtime's update count ``t`` (the most
+steps any parameter has taken: a reentrant checkpoint's inner backward, a backward
+of its own, ends before the outer one), mirrors the step counts into ``opt.state`` and tells lr schedulers the optimizer stepped.
 A hook that raises (a gradient the checks refuse) leaves its parameter, its state and
 its ``.grad`` as they were; parameters stepped earlier in that backward stay stepped.
 
@@ -91,7 +92,6 @@ class StepInBackward:
         self._by_ddp: dict[int, Any] = {}    # id(p) -> the attached DDP model stepping p
         self._ddp_stepped: list = []         # parameters a DDP hook stepped this backward
         self._round: Any = None              # the graph task of the open step
-        self._round_stepped = False
         self._index: tuple[Any, dict[int, int]] = (None, {})
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -196,7 +196,7 @@ class StepInBackward:
             if task == -1 or task != self._round:
                 self._sync()
                 self._follow()
-                self._round, self._round_stepped, self._ddp_stepped = task, False, []
+                self._round, self._ddp_stepped = task, []
                 self._round_scalars: dict = {}
                 if task != -1:   # (after DDP's own end-of-backward callback: see _ended)
                     Variable._execution_engine.queue_callback(self._ended)
@@ -206,14 +206,14 @@ class StepInBackward:
         Variable._execution_engine.queue_callback(self._close_round)
 
     def _close_round(self) -> None:
-        """The end of a backward that stepped: the update counted, step counts mirrored,
-        the gradients DDP wrote back released."""
+        """The end of a backward that stepped: the update count set, step counts
+        mirrored, the gradients DDP wrote back released."""
         with self._part_lock:
-            if self._round_stepped:
-                self._core.t += 1
+            core = self._core
+            core.t = max(core.t, max((s.steps for s in core.records), default=0))
             for p in self._ddp_stepped:
                 p.grad = None
-            self._round, self._round_stepped, self._ddp_stepped = None, False, []
+            self._round, self._ddp_stepped = None, []
             self._opt_called = True   # (torch's lr schedulers read it)
             self._mirror()
 
@@ -235,7 +235,6 @@ class StepInBackward:
                                     zip(params, self._kernel_grads(grads))})
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
-            self._round_stepped = True
 
     def _step_held(self, closure: Any, statistics: dict[str, Any]) -> Any:
         """``step()``: the closure (its backward steps), then the parameters still
