@@ -13,8 +13,9 @@ of a whole step, one parameter, its own step count, its group's values of now), 
 sets its ``.grad`` to None. What one backward steps is one step: its first hook passes
 changed group values on and follows moved data (what ``step()`` does first), and a
 callback at the end of the backward sets the runtime's update count ``t`` (the most
-steps any parameter has taken: a reentrant checkpoint's inner backward, a backward
-of its own, ends before the outer one), mirrors the step counts into ``opt.state`` and tells lr schedulers the optimizer stepped.
+steps any parameter has taken: a reentrant checkpoint's inner backward, a backward of
+its own, ends before the outer one), mirrors the step counts into ``opt.state`` and
+tells lr schedulers the optimizer stepped.
 A hook that raises (a gradient the checks refuse) leaves its parameter, its state and
 its ``.grad`` as they were; parameters stepped earlier in that backward stay stepped.
 
@@ -98,11 +99,11 @@ class StepInBackward:
         super().add_param_group(param_group)
         if not self._in_backward:
             return
-        group = self.param_groups[-1]
-        why = "capturable=True steps in a captured graph, not in backward" if \
-            group.get("capturable") else "FSDP2's DTensor parameters are stepped by " \
-            "shards after their reduce-scatter" if any(
-                fsdp.is_dtensor(p) for p in group["params"]) else None
+        group, why = self.param_groups[-1], None
+        if group.get("capturable"):
+            why = "capturable=True steps in a captured graph, not in backward"
+        elif any(fsdp.is_dtensor(p) for p in group["params"]):
+            why = "FSDP2's DTensor parameters are stepped by shards after their reduce-scatter"
         if why:
             self.param_groups.pop()
             raise ValueError(f"{self._artifact.name}: {RULE}; {why}")
