@@ -1,5 +1,6 @@
 """Every check of what a trainer hands the optimizer: options, parameters, gradients,
-row-sparse gradients, the spec's extra inputs and a refresh rule's statistics.
+row-sparse gradients and the spec's extra inputs (a refresh rule's statistics:
+refresh.py, where they are read).
 
 Each check is a function of what it checks (and the optimizer's name, ``owner``, for
 the message); it returns the validated value or raises the typed error of
@@ -348,36 +349,6 @@ def gather(owner: str, artifact: Any, slots: Sequence[Any], grads: Any,
     grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse,
                         among=among)
     return grads, check_inputs(owner, artifact.inputs, inputs, grads, slots), stats
-
-
-# -- a refresh rule's statistics ---------------------------------------------------------
-def check_statistic_lists(owner: str, stats: Mapping[str, Any], n: int) -> None:
-    """Each statistic is a list with one matrix (or None) per parameter."""
-    for name, arrays in stats.items():
-        if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
-            raise TypeError(f"{owner}: {name} must be a list with one matrix (or "
-                            "None) per parameter")
-        if len(arrays) != n:
-            raise ValueError(f"{owner}: got {len(arrays)} {name} matrices for "
-                             f"{n} parameters")
-
-
-def check_statistic(what: str, a: Any, n: int, reads: Sequence[str]) -> np.ndarray:
-    """One statistic matrix (``what`` names it for the message) as a float64 numpy
-    ``n x n`` copy, present, finite; ``reads`` are the statistics its rule reads."""
-    if a is None:
-        raise ValueError(f"{what}, which is missing: pass step(grads, "
-                         f"{', '.join(f'{s}=[...]' for s in reads)}) "
-                         "on steps where opt.refresh_due is True")
-    lib = tensors.library(a)
-    if lib is None:
-        raise TypeError(f"{what}; got {type(a).__name__}, not an array")
-    host = np.asarray(tensors.to_numpy(a, lib), dtype=np.float64)
-    if host.shape != (n, n):
-        raise ValueError(f"{what}; got shape {tuple(host.shape)}")
-    if not np.isfinite(host).all():
-        raise ValueError(f"{what}; it has NaN or Inf values")
-    return host
 
 
 def check_seed(owner: str, seed: Any) -> int:

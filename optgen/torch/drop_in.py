@@ -240,12 +240,9 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         """One update of every parameter with a ``.grad``; returns the closure's loss.
         Statistics (THOR's ``A=[...], G=[...]``, one per parameter of the optimizer, in
         its order) go to the refresh rule (``KFACStatistics.collect`` builds them)."""
+        loss = self._run_closure(closure)
         if self._in_backward:   # (the hooks stepped: optgen/torch/in_backward.py)
-            return self._step_held(closure, statistics)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            return self._step_held(loss, statistics)
         if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"

@@ -237,16 +237,20 @@ class StepInBackward:
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
 
-    def _step_held(self, closure: Any, statistics: dict[str, Any]) -> Any:
-        """``step()``: the closure (its backward steps), then the parameters still
+    @staticmethod
+    def _run_closure(closure: Any) -> Any:
+        """``step(closure)``'s closure, with gradients on; its loss (None: no closure)."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _step_held(self, loss: Any, statistics: dict[str, Any]) -> Any:
+        """``step()`` after its closure (whose backward stepped): the parameters still
         holding a gradient (accumulated under ``accumulating()``; normally none), their
-        gradients released; returns the closure's loss."""
+        gradients released; returns the closure's ``loss``."""
         if statistics:
             raise TypeError(f"{self._artifact.name}: {RULE}; step() takes no statistics")
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
         held = [p for p in self._params if p.grad is not None]
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
