@@ -284,10 +284,11 @@ def test_a_refused_gradient_changes_nothing_of_its_parameter():
     assert float(opt.state[bad]["step"]) == 2 and float(opt.state[net[4].weight]["step"]) == 3
 
 
-def test_mixed_precision():
-    """bfloat16 parameters with float32 master copies (multi_precision=True)."""
-    nets = model(dtype=torch.bfloat16), model(dtype=torch.bfloat16)
-    opts = [ot.AdamW(n.parameters(), lr=1e-2, weight_decay=0.1, multi_precision=True, **kw)
+def bf16_pair(width: int, **options):
+    """20 steps of AdamW on a bfloat16 model, ordinary and in backward, with ``options``;
+    the parameters must be equal bit for bit; returns (nets, opts)."""
+    nets = model(width, torch.bfloat16), model(width, torch.bfloat16)
+    opts = [ot.AdamW(n.parameters(), lr=1e-2, weight_decay=0.1, **options, **kw)
             for n, kw in zip(nets, ({}, {"step_in_backward": True}))]
     for i in range(20):
         loss_of(nets[0], i, torch.bfloat16).backward()
@@ -295,6 +296,12 @@ def test_mixed_precision():
         opts[0].zero_grad()
         loss_of(nets[1], i, torch.bfloat16).backward()
     close(*nets, tol=0)
+    return nets, opts
+
+
+def test_mixed_precision():
+    """bfloat16 parameters with float32 master copies (multi_precision=True)."""
+    nets, opts = bf16_pair(16, multi_precision=True)
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert torch.equal(opts[0].state[p]["master"], opts[1].state[q]["master"])
 
@@ -306,16 +313,7 @@ def test_split_master():
     from optgen.torch import drop_in
     if "master_format" not in drop_in.RUNTIME_OPTIONS:
         pytest.skip("this tree has no master_format")
-    nets = model(64, torch.bfloat16), model(64, torch.bfloat16)
-    kw = dict(lr=1e-2, weight_decay=0.1, master_format="split8", state_format="q8")
-    opts = [ot.AdamW(nets[0].parameters(), **kw),
-            ot.AdamW(nets[1].parameters(), step_in_backward=True, **kw)]
-    for i in range(20):
-        loss_of(nets[0], i, torch.bfloat16).backward()
-        opts[0].step()
-        opts[0].zero_grad()
-        loss_of(nets[1], i, torch.bfloat16).backward()
-    close(*nets, tol=0)
+    nets, opts = bf16_pair(64, master_format="split8", state_format="q8")
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert opts[0].state[p].keys() == opts[1].state[q].keys()
         assert all(torch.equal(v, opts[1].state[q][k]) for k, v in opts[0].state[p].items())
