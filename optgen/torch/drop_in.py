@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
-from . import agreement as torch_agreement, sharded_checkpoint, state_load
+from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups
 from optgen.core import hyper as hyper_rules
@@ -41,7 +41,7 @@ def _value(v: Any) -> Any:
     return v
 
 
-class OptgenOptimizer(torch.optim.Optimizer):
+class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     """The base of the generated classes: torch's bookkeeping around an optgen runtime
     optimizer that runs the fused kernels."""
 
@@ -75,6 +75,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
                                             stochastic_rounding=options.get(
                                                 "stochastic_rounding", False))
         self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
+        self._setup_in_backward(kwargs.pop("step_in_backward", False), art)   # in_backward.py
         self._params: list = []   # the torch parameters, in the runtime's order
         self._core: _Core | None = None
         self._synced: list[dict[str, Any]] = []
@@ -239,10 +240,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """One update of every parameter with a ``.grad``; returns the closure's loss.
         Statistics (THOR's ``A=[...], G=[...]``, one per parameter of the optimizer, in
         its order) go to the refresh rule (``KFACStatistics.collect`` builds them)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
+        if self._in_backward:   # (the hooks stepped: optgen/torch/in_backward.py)
+            return self._step_held(loss, statistics)
         if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
