@@ -14,6 +14,7 @@ from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
 from .matmul import MatmulPass, schedule_matmul
 from .templates import render
+from .tvm_backend import host_has
 
 VECTOR_BYTES = 64                 # one AVX-512 register; also fine on AVX2 (two registers)
 PARALLEL_MIN_ELEMENTS = 1 << 15   # below this a thread-pool launch costs more than it saves
@@ -42,6 +43,7 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
                       per_task=Q8_BLOCKS_PER_TASK, mids=nibble_midpoints(k),
+                      vector_body=_permuted_body(k, vec),
                       fast={f.map: _fast(f.map) for f in k.formats.values() if f.fast},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "multi":
@@ -81,3 +83,49 @@ def _fast(kind: str) -> dict:
     return {"slope": pick(c["slope"], 0, last), "offset": pick(c["offset"], 0, last),
             "cap": repr(float(c["cap"])), "zero": c["zero"], "signed": kind == "signed",
             "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS)}
+
+
+# A map lookup of 16 lanes without a gather (TVM splits a vector gather into 16 scalar
+# loads): AVX-512's two-table permute picks each lane's entry of a 32-entry piece of
+# the map by the code's low 5 bits, and selects by the code's higher bits pick the
+# piece (a 16-entry map: one single-table permute). The same map entries as the
+# gather, so the same values; used where LLVM targets this CPU with AVX-512F.
+PERMUTE_FEATURE = "avx512f"
+PERMUTE_LANES = 16
+PERMUTE2 = "llvm.x86.avx512.vpermi2var.ps.512"   # (table lo, index, table hi)
+PERMUTE1 = "llvm.x86.avx512.permvar.sf.512"      # (table, index)
+
+
+def _permuted(table: str, code: str, size: int) -> str:
+    """TVMScript of ``table[code]`` (float32, ``size`` entries, a power of two of at
+    least 16) for the 16 lanes of a vectorized loop over ``jj``, by permutes."""
+    def piece(at: int) -> str:
+        return f"{table}[T.int64({at}) + jj]"
+    if size == PERMUTE_LANES:
+        return f'T.call_llvm_pure_intrin("float32", "{PERMUTE1}", {piece(0)}, {code})'
+    level = [f'T.call_llvm_pure_intrin("float32", "{PERMUTE2}", {piece(at)}, {code}, '
+             f"{piece(at + PERMUTE_LANES)})" for at in range(0, size, 2 * PERMUTE_LANES)]
+    bit = 2 * PERMUTE_LANES
+    while len(level) > 1:
+        level = [f"T.Select(T.bitwise_and({code}, T.int32({bit})) != T.int32(0), "
+                 f"{hi}, {lo})" for lo, hi in zip(level[0::2], level[1::2])]
+        bit *= 2
+    return level[0]
+
+
+def _permuted_body(k: LoweredKernel, vec: int) -> list[str] | None:
+    """The element body of a full block with its map lookups by permutes (None where
+    the vectors are not 16 lanes, no state looks up a map, or the CPU has no AVX-512)."""
+    loads = {}
+    for s, f in k.formats.items():
+        found = f.lookup(s, "i")
+        if found is not None:
+            loads[f.load(s, "i")] = f"({_permuted(*found)} * qa_{s})"
+    if vec != PERMUTE_LANES or not loads or not host_has(PERMUTE_FEATURE):
+        return None
+    body = []
+    for line in k.body:
+        for old, new in loads.items():
+            line = line.replace(old, new)
+        body.append(line)
+    return body
