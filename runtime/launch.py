@@ -195,10 +195,16 @@ class Launcher:
         values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
                                              host["w"].shape)
                              for n, f in k.formats.items()}}
+        split, corr = formats.master(k.state_format), "w" + formats.CORR
+        if split:      # the float32 master, from the bfloat16 weight and its correction
+            values["w"] = split.family.decode(split, host["w"], host[corr])
         at = dict(zip(k.scalars, scalars))
-        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)
+        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d,
+                                 [*k.stochastic, *(["w"] if split else [])])
         for name, value in new.items():
-            if name in k.formats:        # block-quantized: the codes of the new values
+            if split and name == "w":
+                host["w"][...], host[corr][...] = split.family.encode(split, value)
+            elif name in k.formats:        # block-quantized: the codes of the new values
                 fmt = k.formats[name]
                 for arr, new in zip([host[name], *(host[c] for c in fmt.companions(name, 0))],
                                     fmt.quantize(value)):

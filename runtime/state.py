@@ -87,6 +87,18 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
                                        init, dtype)
 
 
+def allocate_correction(slot: Any, fmt: Mapping[str, str]) -> None:
+    """A bfloat16 parameter stepped through a split master (``fmt``: the artifact's
+    format dict has one, optgen/core/formats/split.py) keeps the master's low bits as
+    the state ``w__corr``: zero at first (the master is the weight)."""
+    split, name = formats.master(fmt), "w" + formats.CORR
+    if split is None or slot.mixed or name in slot.state or \
+            tensors.dtype_name(slot.array, slot.lib) != split.dtype:
+        return
+    slot.state[name] = tensors.full_like(slot.array, slot.lib, tuple(slot.array.shape), 0,
+                                         split.family.corr_dtypes[split.name])
+
+
 def master_copy(p: Any, lib: str) -> Any:
     """The float32 master copy of a low-precision parameter (mixed precision)."""
     return tensors.cast_copy(p, lib, "float32")

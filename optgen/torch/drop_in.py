@@ -18,7 +18,8 @@ from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
 RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
-                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding", "seed")
+                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
+                   "master_format", "seed")
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +74,8 @@ class OptgenOptimizer(torch.optim.Optimizer):
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
-                                                "stochastic_rounding", False))
+                                                "stochastic_rounding", False),
+                                            master_format=options.get("master_format"))
         self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
         self._params: list = []   # the torch parameters, in the runtime's order
         self._core: _Core | None = None
