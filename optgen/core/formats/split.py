@@ -16,7 +16,8 @@ encodes the new θ back into both, in the same pass (``master_format=``).
                θ' = bfloat16(θ) rounded to nearest even, ρ = rint(clip((θ - θ') /
                (ULP(θ') / 2), -1, 1) * 127) as an int8, and θ̂ = θ' + ρ / 127 * ULP(θ') / 2,
                with ULP(θ') = 2^(exponent(θ') - 7) (zero and subnormal θ': the
-               subnormal spacing 2^-133). The master keeps 8 more bits than bfloat16:
+               subnormal spacing 2^-133; ρ = 0 decodes θ' itself, -0 included). The
+               master keeps 8 more bits than bfloat16:
                |θ̂ - θ| <= ULP(θ') / 254.
 
 Non-finite values: a NaN master stores bfloat16's quiet NaN of its sign and a zero
@@ -66,8 +67,9 @@ class Split(StateFormat):
         if fmt.name == "split16":
             corr = np.where(nan, 0, (b - hi).astype(np.int32)).astype(np.int16)
         else:
-            d = (b.view(np.float32) - hi.view(np.float32)) / half_ulp(hi)
-            rho = np.rint(np.clip(d, -1, 1) * np.float32(127))
+            with np.errstate(invalid="ignore"):
+                d = (b.view(np.float32) - hi.view(np.float32)) / half_ulp(hi)
+                rho = np.rint(np.clip(d, -1, 1) * np.float32(127))
             corr = np.where(_finite(hi), rho, 0).astype(np.int8)
         return _bfloat16(hi), corr
 
@@ -80,8 +82,9 @@ class Split(StateFormat):
         with np.errstate(invalid="ignore"):
             low = (np.asarray(corr, np.int8).astype(np.float32) / np.float32(127)) * \
                 half_ulp(hi)
-            return np.where(_finite(hi), hi.view(np.float32) + low,
-                            hi.view(np.float32)).astype(np.float32)
+            keep = ~_finite(hi) | (np.asarray(corr) == 0)     # (θ' itself: -0 stays)
+            return np.where(keep, hi.view(np.float32), hi.view(np.float32) + low
+                            ).astype(np.float32)
 
     # -- TVMScript: the kernels' load and store of the parameter ----------------------------
     def load_param(self, fmt: Format, w: str, corr: str) -> str:
@@ -91,8 +94,8 @@ class Split(StateFormat):
             return f'T.reinterpret("float32", {hi} + T.Cast("uint32", T.Cast("int32", {corr})))'
         low = (f'(T.Cast("float32", {corr}) / T.float32(127.0)) * '
                f'{_tvm_half_ulp(hi)}')
-        return (f'T.Select({_tvm_finite(hi)}, T.reinterpret("float32", {hi}) + {low}, '
-                f'T.reinterpret("float32", {hi}))')
+        return (f'T.Select(T.And({_tvm_finite(hi)}, {corr} != T.int8(0)), '
+                f'T.reinterpret("float32", {hi}) + {low}, T.reinterpret("float32", {hi}))')
 
     def store_param(self, fmt: Format, name: str, value: str, w: str, corr: str
                     ) -> list[str]:
