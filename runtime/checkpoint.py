@@ -35,6 +35,8 @@ from . import tempfiles, tensors
 from optgen.core import formats
 from optgen.core.formats import ABSMAX
 
+MASTER = "master"   # a mixed-precision parameter's float32 master (runtime/state.py)
+
 FORMAT = 1
 META = "meta.json"
 
@@ -85,6 +87,8 @@ def restore_states(slots: Any, saved: list) -> None:
     its saved value (checked by ``check``)."""
     for s, theirs in zip(slots, saved):
         mine = s.state
+        if formats.PARAM in theirs:     # a master converted into this one's weight too
+            tensors.copy_into(s.array, s.lib, np.asarray(theirs[formats.PARAM]))
         for n in list(mine):
             if isinstance(mine[n], np.floating):
                 mine[n] = np.float64(theirs[n])
@@ -174,7 +178,7 @@ def check(opt, sd: Any) -> dict[str, Any]:
         if isinstance(rec, Mapping):
             rec = _reformat(opt, i, rec, stored[i] if i < len(stored) else {}, converted)
         restored_states.append(rec)
-        if not isinstance(rec, Mapping) or set(st) != set(rec):
+        if not isinstance(rec, Mapping) or set(st) != set(rec) - {formats.PARAM}:
             _fail(opt, f"state_dict state {i} has "
                        f"{sorted(rec) if isinstance(rec, Mapping) else rec!r}, "
                        f"expected {sorted(st)}")
@@ -209,7 +213,7 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
     dequantized (then cast to its dtype); codes of another block size, map or format
     (q8 <-> q4) are dequantized and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
     widened. Anything else is left to the checks."""
-    st, out, shape = opt.state[i], dict(rec), tuple(opt.params[i].shape)
+    st, out, shape = opt.state[i], _remaster(opt, i, rec, converted), tuple(opt.params[i].shape)
     for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
               and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
@@ -238,6 +242,34 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
             values = theirs_fmt.dequantize((src, np.asarray(rec[n + ABSMAX])), shape)
             out[n], out[n + ABSMAX] = ours.quantize(values)
             converted.add(f"{stored[n]} -> {opt.artifact.stored[n]}")
+    return out
+
+
+def _remaster(opt, i: int, rec: Mapping, converted: set[str]) -> dict:
+    """Parameter ``i``'s saved record with its master in this optimizer's form: a
+    float32 master ("master", multi_precision) or a split one (``w__corr``, decoded with
+    the parameter's weight) becomes the other, or the other split format; a split master
+    encoded anew also gives the weight (``formats.PARAM``; ``restore_states`` writes it)."""
+    st, out, corr = opt.state[i], dict(rec), "w" + formats.CORR
+    slot, ours = opt.records[i], formats.master(opt.artifact.state_format)
+    saved = np.asarray(out[corr]) if corr in out else None
+    theirs = None if saved is None else formats.split.SPLIT.by_corr(saved.dtype.name)
+    if corr in st and saved is not None and theirs == ours or \
+            (corr not in st and saved is None) or (saved is not None and theirs is None):
+        return out
+    if saved is not None:
+        theta = theirs.family.decode(theirs, tensors.to_numpy(slot.array, slot.lib),
+                                     out.pop(corr))
+    elif MASTER in out and MASTER not in st:
+        theta = np.asarray(out.pop(MASTER), np.float32)
+    else:
+        return out
+    if corr in st:
+        out[formats.PARAM], out[corr] = ours.family.encode(ours, theta)
+    else:
+        out[MASTER] = theta
+    converted.add(f"{theirs.name if theirs else 'float32 master'} -> "
+                  f"{ours.name if corr in st else 'float32 master'}")
     return out
 
 

@@ -132,3 +132,61 @@ def test_checkpoint_round_trip_is_bit_exact(master, tmp_path):
     assert np.array_equal(resumed.view(np.uint16), whole.view(np.uint16))
     assert np.array_equal(c.state[0]["w__corr"], a.state[0]["w__corr"])
     assert np.array_equal(c.state[0]["m"], a.state[0]["m"])
+
+
+@pytest.mark.parametrize("master", ["split16", "split8"])
+def test_float32_master_checkpoints_convert(master):
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal(N) * 0.3).astype(BF16)
+    fp32 = optgen.create("adamw", [w], multi_precision=True, **HYPER)
+    for g in _grads(rng, 3):
+        fp32.step([g])
+    theta = fp32.state[0]["master"].copy()
+    mine = w.copy()
+    split = optgen.create("adamw", [mine], master_format=master, **HYPER)
+    with pytest.warns(UserWarning, match=f"converted .*float32 master -> {master}"):
+        split.load_state_dict(fp32.state_dict())
+    fmt = formats.of(master)
+    got = fmt.family.decode(fmt, mine, split.state[0]["w__corr"])
+    if master == "split16":
+        assert np.array_equal(got.view(np.uint32), theta.view(np.uint32))
+    else:
+        np.testing.assert_allclose(got, theta, rtol=2.0 ** -15, atol=0)
+    assert np.array_equal(split.state[0]["m"], fp32.state[0]["m"]) and split.t == 3
+    # and back: the float32 master is the split one decoded
+    back = optgen.create("adamw", [mine.copy()], multi_precision=True, **HYPER)
+    with pytest.warns(UserWarning, match=f"converted .*{master} -> float32 master"):
+        back.load_state_dict(split.state_dict())
+    assert np.array_equal(back.state[0]["master"], got)
+
+
+def test_torch_drop_in_with_a_bfloat16_linear():
+    torch = pytest.importorskip("torch")
+    import optgen.torch as ot
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 33, dtype=torch.bfloat16)
+    head = torch.nn.Parameter(torch.zeros(33))        # a float32 parameter beside
+    twins = [p.detach().clone() for p in model.parameters()] + [head.detach().clone()]
+    kw = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = ot.AdamW([*model.parameters(), head], master_format="split8", **kw)
+    ref = optgen.create("adamw", twins, master_format="split8", lr=1e-2, beta1=0.9,
+                        beta2=0.999, eps=1e-8, weight_decay=0.01)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    for _ in range(4):
+        opt.zero_grad()
+        loss = ((model(x).float() + head) ** 2).mean()
+        loss.backward()
+        ref.step([p.grad.clone() for p in [*model.parameters(), head]])
+        opt.step()
+    for p, q in zip([*model.parameters(), head], twins):
+        assert p.dtype == q.dtype and torch.equal(p.detach(), q)
+    sd = opt.state_dict()
+    assert sd["state"][0]["w__corr"].dtype == torch.int8
+    assert "w__corr" not in sd["state"][2]          # (float32: its plain kernel)
+    assert len(sd["state"][0]) == len(sd["state"][2]) + 1
+    again = ot.AdamW([*model.parameters(), head], master_format="split8", **kw)
+    again.load_state_dict(sd)
+    assert torch.equal(again.state_dict()["state"][0]["w__corr"], sd["state"][0]["w__corr"])
+    with pytest.raises(TypeError, match="adamw.*float16.*master_format='split16'"):
+        ot.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))],
+                 master_format="split16")

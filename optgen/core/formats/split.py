@@ -51,6 +51,11 @@ class Split(StateFormat):
     def parse(self, owner: str, what: str, text: str) -> Format | None:
         return Format(text, self, "bfloat16") if text in self.corr_dtypes else None
 
+    def by_corr(self, dtype: str) -> Format | None:
+        """The split format whose correction is stored as ``dtype`` (checkpoints)."""
+        return next((Format(n, self, "bfloat16") for n, dt in self.corr_dtypes.items()
+                     if dt == dtype), None)
+
     def syntax(self) -> str:
         return ""        # (not a state format: master_format= takes these)
 
