@@ -162,6 +162,7 @@ class Launcher:
             return
         for i in members if self.hooks else ():
             self.hooks[0](i)
+        gspan = bfloat16_tensor(gspan)     # (numpy bfloat16 gradients: a tvm_ffi view)
         for fn, args in calls:
             fn(*[gspan if a is GRAD else a for a in args], scalars)
         for i in members if self.hooks else ():

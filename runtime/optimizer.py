@@ -168,7 +168,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         s = self._slots[i]
         chain = self._slots[s.chain[0]:s.chain[1]] if s.chain else (s,)
         state.allocate(self.artifact.states, s, chain, self._state_init)
-        state.allocate_correction(s, self.artifact.state_format)
+        state.allocate_correction(s, chain, self.artifact.state_format)
 
     def _param_kernel(self, i: int) -> KernelInfo:
         """Parameter ``i``'s kernel under the current flags, its states and strategy ready

@@ -87,16 +87,27 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
                                        init, dtype)
 
 
-def allocate_correction(slot: Any, fmt: Mapping[str, str]) -> None:
+def allocate_correction(slot: Any, chain: Sequence[Any], fmt: Mapping[str, str]) -> None:
     """A bfloat16 parameter stepped through a split master (``fmt``: the artifact's
     format dict has one, optgen/core/formats/split.py) keeps the master's low bits as
-    the state ``w__corr``: zero at first (the master is the weight)."""
+    the state ``w__corr``: zero at first (the master is the weight); one buffer for a
+    flat chain (``chain``: its records) whose parameters all take one."""
     split, name = formats.master(fmt), "w" + formats.CORR
-    if split is None or slot.mixed or name in slot.state or \
-            tensors.dtype_name(slot.array, slot.lib) != split.dtype:
+
+    def takes(x: Any) -> bool:
+        return not x.mixed and name not in x.state and \
+            tensors.dtype_name(x.array, x.lib) == split.dtype
+
+    if split is None or not takes(slot):
+        return
+    dtype = split.family.corr_dtypes[split.name]
+    if len(chain) > 1 and all(takes(x) for x in chain):
+        for x, v in zip(chain, flat.split_full([x.array for x in chain], slot.lib,
+                                               [tuple(x.array.shape) for x in chain], 0, dtype)):
+            x.state[name] = v
         return
     slot.state[name] = tensors.full_like(slot.array, slot.lib, tuple(slot.array.shape), 0,
-                                         split.family.corr_dtypes[split.name])
+                                         dtype)
 
 
 def master_copy(p: Any, lib: str) -> Any:

@@ -214,3 +214,23 @@ def test_dtypes_and_options_refused():
     opt.step([np.ones(8, BF16), np.ones(8, np.float32)])
     assert sorted(opt.state[0]) == ["m", "v", "w__corr"] and sorted(opt.state[1]) == ["m", "v"]
     assert opt.records[1].kernel.symbol == "adamw_f32"
+
+
+def test_flat_chain_steps_as_tensors_apart():
+    """Parameters back to back (optgen.flatten) keep their corrections back to back and
+    step in one fused call, bit for bit as the same tensors apart."""
+    rng = np.random.default_rng(4)
+    shapes = [(300,), (17,), (8, 8)]
+    arrays = [(rng.standard_normal(s) * 0.5).astype(BF16) for s in shapes]
+    flat, apart = optgen.flatten([a.copy() for a in arrays]), [a.copy() for a in arrays]
+    a = optgen.create("adamw", flat, master_format="split16", lr=1e-2)
+    b = optgen.create("adamw", apart, master_format="split16", lr=1e-2)
+    c0, c1 = a.state[0]["w__corr"], a.state[1]["w__corr"]
+    assert c1.__array_interface__["data"][0] == c0.__array_interface__["data"][0] + 600
+    for _ in range(3):
+        grads = optgen.flatten([rng.standard_normal(s).astype(BF16) for s in shapes])
+        a.step(grads)
+        b.step([g.copy() for g in grads])
+    for x, y, sx, sy in zip(flat, apart, a.state, b.state):
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16))
+        assert np.array_equal(sx["w__corr"], sy["w__corr"])
