@@ -14,7 +14,7 @@ multipliers, last refresh), ``opt.groups``, ``opt.hyper`` and ``opt.t``;
 ``Optimizer.load_state_dict`` sets what ``check`` returns (``restore_states`` writes the
 states in place).
 
-May import: numpy, formats, hyper, tempfiles, tensors.
+May import: numpy, formats, hyper, state, tempfiles, tensors.
 """
 from __future__ import annotations
 
@@ -31,11 +31,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from optgen.core import hyper as hyper_rules
-from . import tempfiles, tensors
+from . import state, tempfiles, tensors
 from optgen.core import formats
 from optgen.core.formats import ABSMAX
-
-MASTER = "master"   # a mixed-precision parameter's float32 master (runtime/state.py)
 
 FORMAT = 1
 META = "meta.json"
@@ -246,30 +244,13 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
 
 
 def _remaster(opt, i: int, rec: Mapping, converted: set[str]) -> dict:
-    """Parameter ``i``'s saved record with its master in this optimizer's form: a
-    float32 master ("master", multi_precision) or a split one (``w__corr``, decoded with
-    the parameter's weight) becomes the other, or the other split format; a split master
-    encoded anew also gives the weight (``formats.PARAM``; ``restore_states`` writes it)."""
-    st, out, corr = opt.state[i], dict(rec), "w" + formats.CORR
-    slot, ours = opt.records[i], formats.master(opt.artifact.state_format)
-    saved = np.asarray(out[corr]) if corr in out else None
-    theirs = None if saved is None else formats.split.SPLIT.by_corr(saved.dtype.name)
-    if corr in st and saved is not None and theirs == ours or \
-            (corr not in st and saved is None) or (saved is not None and theirs is None):
-        return out
-    if saved is not None:
-        theta = theirs.family.decode(theirs, tensors.to_numpy(slot.array, slot.lib),
-                                     out.pop(corr))
-    elif MASTER in out and MASTER not in st:
-        theta = np.asarray(out.pop(MASTER), np.float32)
-    else:
-        return out
-    if corr in st:
-        out[formats.PARAM], out[corr] = ours.family.encode(ours, theta)
-    else:
-        out[MASTER] = theta
-    converted.add(f"{theirs.name if theirs else 'float32 master'} -> "
-                  f"{ours.name if corr in st else 'float32 master'}")
+    """Parameter ``i``'s saved record with its master in this optimizer's form
+    (``state.remaster``)."""
+    slot = opt.records[i]
+    out, label = state.remaster(rec, opt.state[i], lambda: tensors.to_numpy(slot.array, slot.lib),
+                                opt.artifact.state_format)
+    if label:
+        converted.add(label)
     return out
 
 

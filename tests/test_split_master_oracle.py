@@ -190,3 +190,26 @@ def test_torch_drop_in_with_a_bfloat16_linear():
     with pytest.raises(TypeError, match="adamw.*float16.*master_format='split16'"):
         ot.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))],
                  master_format="split16")
+
+
+def test_torch_float32_master_state_dict_converts():
+    torch = pytest.importorskip("torch")
+    import optgen.torch as ot
+    torch.manual_seed(1)
+    model = torch.nn.Linear(32, 16, dtype=torch.bfloat16)
+    fp32 = ot.AdamW(model.parameters(), lr=1e-2, multi_precision=True)
+    model(torch.randn(4, 32, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    fp32.step()
+    masters = [fp32.state[p]["master"].clone() for p in model.parameters()]
+    split = ot.AdamW(model.parameters(), lr=1e-2, master_format="split16")
+    with pytest.warns(UserWarning, match=r"converted .*\(float32 master -> split16\)"):
+        split.load_state_dict(fp32.state_dict())
+    for p, m in zip(model.parameters(), masters):
+        corr = split.state[p]["w__corr"].numpy()
+        got = S16.family.decode(S16, p.detach().view(torch.int16).numpy().view(BF16), corr)
+        assert np.array_equal(got, m.numpy())
+    back = ot.AdamW(model.parameters(), lr=1e-2, multi_precision=True)
+    with pytest.warns(UserWarning, match=r"converted .*\(split16 -> float32 master\)"):
+        back.load_state_dict(split.state_dict())
+    for p, m in zip(model.parameters(), masters):
+        assert torch.equal(back.state[p]["master"], m)

@@ -384,11 +384,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
         state_dict = self._optgen_form(state_dict)
         core = self._core
         plan = state_load.plan(self._artifact.name, state_dict, self.param_groups,
-                               self._params, core.state)
+                               self._params, core.state, self._artifact.state_format)
         super().load_state_dict(state_dict)
         if self._offload is not None:   # the model's weights may have been loaded before
             self._offload.refresh(self._params)
-        state_load.copy_in(core.state, plan)
+        state_load.copy_in(core.state, plan, self._params)
         core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
         core.restore_refreshes([i for i, _ in plan])
         core.t = max((s.steps for s in core.records), default=0)
