@@ -234,3 +234,28 @@ def test_flat_chain_steps_as_tensors_apart():
     for x, y, sx, sy in zip(flat, apart, a.state, b.state):
         assert np.array_equal(x.view(np.uint16), y.view(np.uint16))
         assert np.array_equal(sx["w__corr"], sy["w__corr"])
+
+
+# -- cuda: the build, compiled by nvcc (no GPU needed) ----------------------------------
+CUDA_BUILDS = [("adamw", {"*": "q8", "w": "split8"}), ("adamw", {"w": "split16"}),
+               ("lion", {"*": "fp8", "w": "split16"}), ("lamb", {"w": "split8"}),
+               ("sgd", {"*": "q4", "w": "split8"})]
+
+
+@pytest.mark.parametrize("name,req", [CUDA_BUILDS[0]] + [pytest.param(*b, marks=EXHAUSTIVE)
+                                                         for b in CUDA_BUILDS[1:]],
+                         ids=[f"{n}-{'.'.join(r.values())}" for n, r in CUDA_BUILDS])
+def test_cuda_build_compiles_for_sm_90(name, req, tmp_path):
+    import shutil
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed: the CUDA source is not compiled here")
+    from optgen.compiler.pipeline import build
+    from optgen.runtime import catalog
+    art = optgen.Artifact.load(build(catalog.resolve(name), "cuda", out=str(tmp_path),
+                                     arch="sm_90", state_format=req, variants=None).path)
+    split = [k for k in art.kernels if "w__corr" in k.buffers]
+    assert split and all(k.param_dtype == "bfloat16" for k in split)
+    build(catalog.resolve(name), "cuda", out=str(tmp_path), arch="sm_90", state_format=req,
+          variants=sorted({k.variant for k in split}))
+    v = art.variant(split[0].variant)        # (verified: compiled and loadable)
+    assert v is not None
