@@ -206,6 +206,9 @@ def test_dtypes_and_options_refused():
         with pytest.raises(TypeError, match=f"adamw.*{np.dtype(dt).name}.*master_format="
                                             "'split8' steps bfloat16"):
             optgen.create("adamw", [np.zeros(8, dt)], master_format="split8")
+    with pytest.raises(optgen.errors.BuildError, match="master_format 'split8' steps "
+                                                       "bfloat16 parameters, which the opencl"):
+        optgen.get_artifact("adamw", "opencl", master_format="split8")
     with pytest.raises(ValueError, match="is a master format: pass it as master_format"):
         optgen.create("adamw", [w], state_format="split8")
     # float32 parameters beside keep their plain kernels

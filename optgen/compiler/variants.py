@@ -84,6 +84,11 @@ def kernel_irs(spec, traces, tg: targets.Target,
         raise BuildError(f"state_format {' and '.join(map(repr, quantized))} builds for the "
                          f"targets {with_quant} so far, not {tg.name}")
     maps = quant_maps(spec, traces, {n: formats.of(fmt[n]) for n in formats.quantized(fmt)})
+    split = formats.master(fmt)
+    if split is not None and split.dtype not in tg.mixed:
+        raise BuildError(f"master_format {split.name!r} steps {split.dtype} parameters, which "
+                         f"the {tg.name} target cannot store (it has "
+                         f"{', '.join(tg.mixed) or 'none'})")
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
