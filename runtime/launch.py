@@ -321,8 +321,14 @@ class Launcher:
             return
         sub = {"grad": rows.reshape(-1),
                **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
+        split, corr = formats.master(k.state_format), "w" + formats.CORR
+        if split:      # the float32 master, from the bfloat16 weight and its correction
+            sub["w"] = split.family.decode(split, sub["w"], sub[corr])
         new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
-                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size))
+                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size),
+                                 ["w"] if split else ())
+        if split:
+            new["w"], new[corr] = split.family.encode(split, new["w"])
         for name, value in new.items():
             full[name].reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
 

@@ -262,3 +262,25 @@ def test_cuda_build_compiles_for_sm_90(name, req, tmp_path):
           variants=sorted({k.variant for k in split}))
     v = art.variant(split[0].variant)        # (verified: compiled and loadable)
     assert v is not None
+
+
+def test_row_sparse_updates_step_the_rows_as_a_float32_master():
+    """lazyadam's row-sparse kernel with a split16 master: the named rows step as a
+    float32 parameter does (compiled and interpreted), the others keep their bits."""
+    rng = np.random.default_rng(9)
+    emb = rng.standard_normal((50, 8)).astype(BF16)
+    fp32 = emb.astype(np.float32)
+    ref = optgen.create("lazyadam", [fp32], lr=1e-2)
+    runs = [(e, optgen.create("lazyadam", [e], master_format="split16", lr=1e-2, backend=b))
+            for e, b in ((emb.copy(), "compiled"), (emb.copy(), "reference"))]
+    for _ in range(4):
+        idx = rng.choice(10, size=6, replace=False)
+        rows = rng.standard_normal((6, 8)).astype(BF16)
+        for _, opt in runs:
+            opt.step([optgen.RowSparse(idx, rows.copy())])
+        ref.step([optgen.RowSparse(idx, rows.astype(np.float32))])
+    for e, opt in runs:
+        assert opt.records[0].kernel.lazy is not None
+        theta = S16.family.decode(S16, e, opt.state[0]["w__corr"])
+        assert_close(theta, fp32, "float32", "lazyadam split16")
+        assert np.array_equal(e[10:].view(np.uint16), emb[10:].view(np.uint16))
