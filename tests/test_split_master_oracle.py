@@ -187,6 +187,8 @@ def test_torch_drop_in_with_a_bfloat16_linear():
     again = ot.AdamW([*model.parameters(), head], master_format="split8", **kw)
     again.load_state_dict(sd)
     assert torch.equal(again.state_dict()["state"][0]["w__corr"], sd["state"][0]["w__corr"])
+    with pytest.raises(ValueError, match="offload='cpu' keeps a float32 master copy"):
+        ot.AdamW(model.parameters(), master_format="split8", offload="cpu")
     with pytest.raises(TypeError, match="adamw.*float16.*master_format='split16'"):
         ot.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))],
                  master_format="split16")

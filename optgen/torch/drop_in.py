@@ -70,7 +70,7 @@ class OptgenOptimizer(torch.optim.Optimizer):
         name = os.path.basename(self.spec)[:-3]
         self._agree = torch_agreement.check(name, kwargs.pop("agree", torch_agreement.AUTO))
         self._agreement: torch_agreement.Agreement | None = None   # (set with the core)
-        torch_offload.check(name, offload, self._target, flat)
+        torch_offload.check(name, offload, self._target, flat, options.get("master_format"))
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
