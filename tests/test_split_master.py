@@ -122,27 +122,28 @@ def test_split8_follows_flashoptim():
 
 def test_edge_values_through_a_kernel():
     """The compiled encode/decode on the edge values, bit for bit as the interpreter's
-    (numpy): one SGD step with lr 0 from each format's (weight, correction) of them
-    (θ unchanged but ±inf, which 0 * inf makes NaN; -0 stays -0)."""
+    (numpy): one AdamW step with lr 0 and a zero gradient from each format's (weight,
+    correction) of them gives them back (-0 and ±inf too)."""
     for fmt in (S16, S8):
         w, c = fmt.family.encode(fmt, EDGES)
         out = []
         for backend in ("compiled", "reference"):
             w2 = w.copy()
-            opt = optgen.create("sgd", [w2], lr=0.0, master_format=fmt.name, backend=backend)
+            opt = optgen.create("adamw", [w2], lr=0.0, weight_decay=0.0,
+                                master_format=fmt.name, backend=backend)
             opt.state[0]["w__corr"][...] = c
             opt.step([np.zeros_like(w2)])
             out.append((w2.view(np.uint16), opt.state[0]["w__corr"]))
         assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
-        fin = np.isfinite(w.astype(np.float32))     # (split8: θ' = ±inf decodes ±inf)
-        assert np.array_equal(out[0][0][fin], w.view(np.uint16)[fin]), fmt.name
-        assert np.array_equal(out[0][1][fin], c[fin]), fmt.name
+        assert np.array_equal(out[0][0], w.view(np.uint16)), fmt.name
+        assert np.array_equal(out[0][1], c), fmt.name
 
 
 # -- compiled kernel == reference interpreter --------------------------------------------
-CASES = [("adamw", {}, "split16", None), ("adam", {}, "split8", "q8"),
+QMIX = {"m": "q8@128", "v": "q4"}     # q8 and q4 in one kernel (one block size)
+CASES = [("adamw", {}, "split16", None), ("adam", {}, "split8", QMIX),
          ("lion", {}, "split16", "fp8"), ("sgd", {"momentum": 0.9}, "split8", None),
-         ("adagrad", {}, "split8", "q4"), ("lamb", {}, "split8", None)]
+         ("lamb", {}, "split8", None)]
 MORE = [(s, kw, m, f) for s, kw in [("adam", {}), ("adamw", {}), ("lion", {}),
                                       ("sgd", {"momentum": 0.9}), ("adagrad", {}),
                                       ("rmsprop", {"centered": True})]
@@ -152,7 +153,8 @@ MORE = [(s, kw, m, f) for s, kw in [("adam", {}), ("adamw", {}), ("lion", {}),
 
 
 def _case_id(c):
-    return f"{c[0]}-{c[2]}-{c[3] or 'default'}"
+    fmt = ".".join(f"{k}-{v}" for k, v in c[3].items()) if isinstance(c[3], dict) else c[3]
+    return f"{c[0]}-{c[2]}-{fmt or 'default'}"
 
 
 @pytest.mark.parametrize("spec,kw,master,fmt", CASES + [pytest.param(*c, marks=EXHAUSTIVE)
@@ -170,7 +172,7 @@ def test_kernel_matches_reference(spec, kw, master, fmt):
         grads = [(rng.standard_normal(s)).astype(BF16) for s in SHAPES]
         got.step(grads)
         want.step(grads)
-    coded = fmt in ("q8", "q4", "fp8")   # (a fused multiply-add may move a value across
+    coded = fmt is not None and fmt != "bf16"   # (a fused multiply-add may move a value across
     for i, (pg, pw) in enumerate(zip(*params)):   # a code boundary: one code, rarely)
         mine = S16 if master == "split16" else S8
         tg = mine.family.decode(mine, pg, got.state[i]["w__corr"])
