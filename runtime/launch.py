@@ -196,7 +196,7 @@ class Launcher:
         values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
                                              host["w"].shape)
                              for n, f in k.formats.items()}}
-        split, corr = formats.master(k.state_format), "w" + formats.CORR
+        split, corr = formats.master(k.state_format), formats.CORRECTION
         if split:      # the float32 master, from the bfloat16 weight and its correction
             values["w"] = split.family.decode(split, host["w"], host[corr])
         at = dict(zip(k.scalars, scalars))
@@ -321,7 +321,7 @@ class Launcher:
             return
         sub = {"grad": rows.reshape(-1),
                **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
-        split, corr = formats.master(k.state_format), "w" + formats.CORR
+        split, corr = formats.master(k.state_format), formats.CORRECTION
         if split:      # the float32 master, from the bfloat16 weight and its correction
             sub["w"] = split.family.decode(split, sub["w"], sub[corr])
         new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,

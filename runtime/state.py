@@ -92,7 +92,7 @@ def allocate_correction(slot: Any, chain: Sequence[Any], fmt: Mapping[str, str])
     format dict has one, optgen/core/formats/split.py) keeps the master's low bits as
     the state ``w__corr``: zero at first (the master is the weight); one buffer for a
     flat chain (``chain``: its records) whose parameters all take one."""
-    split, name = formats.master(fmt), "w" + formats.CORR
+    split, name = formats.master(fmt), formats.CORRECTION
 
     def takes(x: Any) -> bool:
         return not x.mixed and name not in x.state and \
@@ -118,7 +118,7 @@ def remaster(rec: Mapping[str, Any], mine: Mapping[str, Any], weight: Callable[[
     (``w__corr``, decoded with the parameter's bfloat16 weight, ``weight()`` as numpy)
     becomes the other, or the other split format. A split master encoded anew also gives
     the weight, under ``formats.PARAM`` (the caller writes it into the parameter)."""
-    out, corr, ours = dict(rec), "w" + formats.CORR, formats.master(fmt)
+    out, corr, ours = dict(rec), formats.CORRECTION, formats.master(fmt)
     saved = np.asarray(out[corr]) if corr in out else None
     theirs = None if saved is None else formats.split.SPLIT.by_corr(saved.dtype.name)
     if saved is not None and (theirs is None or (corr in mine and theirs == ours)):

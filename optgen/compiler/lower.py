@@ -210,7 +210,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     companions = {c for n, f in fmts.items() for c in f.companions(n, 0)}
     tables = {t for f in fmts.values() for t in f.tables()}
     split = formats.master(kir.state_format)    # w: a bfloat16 weight and its correction
-    corr = "w" + formats.CORR
+    corr = formats.CORRECTION
 
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"

@@ -117,7 +117,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
             if matrix:
                 raise TypeError(f"{spec.name} (flags {trace.flags}) multiplies matrices; "
                                 f"master_format {split.name!r} applies to elementwise rules")
-            corr = ["w" + formats.CORR]
+            corr = [formats.CORRECTION]
             storage[corr[0]] = split.family.corr_dtypes[split.name]
             axes[corr[0]] = "brc"
     elif param_dtype is not None:
@@ -300,7 +300,8 @@ def plan(kir: KernelIR, merge: bool = False) -> None:
     kir.launches = launches
     # row-wise elementwise rules also get a lazy (row-sparse) variant: the same body over
     # the rows named by an index array (MXNet lazy_update, MindSpore LazyAdam)
-    has_inputs = any(b not in ("w", "w" + formats.CORR, "grad") and b not in kir.tensor_updates
+    has_inputs = any(b not in ("w", formats.CORRECTION, "grad")
+                     and b not in kir.tensor_updates
                      for b in kir.buffers if not b.startswith("_red"))
     if not reduces and not has_inputs and all(a in ("brc", "") for a in kir.buffer_axes.values()):
         kir.lazy = Launch("update", "brc", "lazy", [*kir.buffers, "_indices"],

@@ -59,7 +59,7 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
 def _remaster(rec: dict[str, Any], mine: dict[str, Any], p: Any, fmt: dict[str, str],
               converted: set[str]) -> dict[str, Any]:
     """``rec`` with its master in the form of ``mine`` (runtime/state.py ``remaster``)."""
-    keys = ("w" + formats.CORR, state.MASTER)
+    keys = (formats.CORRECTION, state.MASTER)
     host = {n: fsdp.local(rec[n]).detach().cpu().numpy() for n in keys if n in rec}
     new, label = state.remaster(host, mine, lambda: tensors.to_numpy(fsdp.local(p), "torch"),
                                 fmt)

@@ -55,7 +55,7 @@ PARAM = "w"                      # a request's entry for bfloat16 parameters ste
                                  # without a master copy (stochastic_rounding=True)
 EVERY = "*"                      # a request dict's entry for every tensor state
 MASTERS = ("fp32", *split.SPLIT.names)   # master_format's choices (None: the default)
-CORR = split.CORR                # the parameter's correction: "w__corr"
+CORRECTION = PARAM + split.CORR  # a split master's correction: a state of the parameter
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
 TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
 
