@@ -39,6 +39,18 @@ def check_bool(owner: str, what: str, value: Any) -> bool:
     return bool(value)
 
 
+def check_master(owner: str, multi_precision: Any, master_format: Any) -> bool:
+    """multi_precision as master_format says: "fp32" turns it on, a split format
+    (optgen/core/formats/split.py) takes the place of the float32 master it keeps."""
+    mp = check_bool(owner, "multi_precision", multi_precision)
+    formats.mastered(owner, None, master_format)          # (a ValueError if unknown)
+    if master_format not in (None, "fp32") and mp:
+        raise ValueError(f"{owner}: master_format={master_format!r} keeps the master as the "
+                         "bfloat16 weight and a correction; multi_precision=True keeps a "
+                         "float32 copy instead: pass one of them")
+    return mp or master_format == "fp32"
+
+
 def check_positive(owner: str, what: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {what} must be a float, got "
@@ -81,7 +93,8 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
     with another."""
     device = backends.get(artifact.target).device   # (runtime/backends/)
     plain, mixed = artifact.dtypes, artifact.mixed_dtypes
-    sr = formats.PARAM in artifact.state_format          # stochastic_rounding=True
+    sr = formats.PARAM in artifact.state_format    # stochastic_rounding=True or a split master
+    split = formats.master(artifact.state_format)
     libs, ranges = [], []
     for i, p in enumerate(params):
         lib = tensors.library(p)
@@ -98,6 +111,10 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                             "non-native byte order; the kernels read native byte order "
                             "(convert with .astype(p.dtype.newbyteorder('=')))")
         dt = tensors.dtype_name(p, lib)
+        if split and dt not in ("float32", split.dtype):
+            raise TypeError(f"{owner}: parameter {i} has dtype {dt}; master_format="
+                            f"{split.name!r} steps {split.dtype} parameters (float32 ones "
+                            "keep their plain kernels)")
         if dt in tensors.LOW_PRECISION and dt in mixed:
             if not multi_precision and not (dt == "bfloat16" and sr):
                 raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
@@ -126,7 +143,7 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                 raise ValueError(f"{owner}: parameters {j} and {i} share memory")
         libs.append(lib)
         ranges.append(r)
-    if sr and not formats.stochastic(artifact.state_format) and not any(
+    if sr and not split and not formats.stochastic(artifact.state_format) and not any(
             tensors.dtype_name(p, lib) == "bfloat16" for p, lib in zip(params, libs)
             if not multi_precision):
         raise ValueError(f"{owner}: stochastic_rounding=True rounds bfloat16 stores, and "

@@ -50,7 +50,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
                  state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
-                 stochastic_rounding: bool = False, seed: int = 0,
+                 stochastic_rounding: bool = False, master_format: Any = None, seed: int = 0,
                  shards: shards_.Shards | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
@@ -60,7 +60,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if lazy_update is None:
             lazy_update = artifact.lazy_update_default
         self.lazy_update = checks.check_bool(name, "lazy_update", lazy_update)
-        self.multi_precision = checks.check_bool(name, "multi_precision", multi_precision)
+        self.multi_precision = checks.check_master(name, multi_precision, master_format)
         self.multi_tensor = checks.check_bool(name, "multi_tensor", multi_tensor)
         self._scalars = capture.scalar_buffers(name, checks.check_bool(name, "capturable", capturable),
                                   shards, clip_global_norm or nonfinite)
@@ -106,8 +106,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         groups.decay_filter(name, decay_filter, self._slots, self._groups)
 
         # states, kernels and launches
-        self.state_format = formats.rounded(name, formats.request(name, state_format),
-                                            stochastic_rounding)
+        self.state_format = formats.mastered(name, formats.rounded(
+            name, formats.request(name, state_format), stochastic_rounding), master_format)
         self.seed = checks.check_seed(name, seed)    # of stochastic rounding
         for s, fmt in zip(self._slots, state.formatted(
                 name, artifact, self.state_format, shards_.whole_shapes(arrays, shards),
@@ -168,6 +168,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         s = self._slots[i]
         chain = self._slots[s.chain[0]:s.chain[1]] if s.chain else (s,)
         state.allocate(self.artifact.states, s, chain, self._state_init)
+        state.allocate_correction(s, chain, self.artifact.state_format)
 
     def _param_kernel(self, i: int) -> KernelInfo:
         """Parameter ``i``'s kernel under the current flags, its states and strategy ready

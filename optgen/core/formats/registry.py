@@ -250,7 +250,7 @@ def parse(owner: str, what: str, text: Any) -> Format:
 
 
 def syntax() -> str:
-    return ", ".join(["'default'", *(f.syntax() for f in FAMILIES)])
+    return ", ".join(["'default'", *(f.syntax() for f in FAMILIES if f.syntax())])
 
 
 @functools.lru_cache(maxsize=None)
