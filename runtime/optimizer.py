@@ -372,6 +372,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         self.follow()                       # (then the checkpoint's master copies win)
         plan = checkpoint.check(self, sd)
         checkpoint.restore_states(self._slots, plan["states"])
+        self._storage.settle()              # (the checkpoint's masters match the data)
         self._defaults = plan["defaults"]
         for g, h in zip(self._groups, plan["groups"]):
             g.hyper = h

@@ -30,11 +30,13 @@ parameter's layout (runtime/gradcache.py: storage has the cache forget a moved
 parameter's gradient). The torch layer hands over a new object where its runtime array
 is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
 
-May import: numpy, capture, flat, checks (labels), state, tensors.
+May import: numpy, optgen.core.formats, capture, flat, checks (labels), state, tensors.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from optgen.core import formats
 
 from . import flat, state, tensors
 from .capture import CaptureError
@@ -67,6 +69,14 @@ class Storage:
         self.watched = [s for s in slots if s.lib == "torch"]
         self.handed: set[int] = set()       # re-pointed by ``repoint``, checked next
         self.chains = self._chain()
+        self.settle()
+
+    def settle(self) -> None:
+        """The watched parameters' contents as the master copies now hold them: writes
+        after this (torch's version counter; the kernels' own writes leave it) are the
+        user's (``written``)."""
+        for s in self.watched:
+            s.version = s.array._version
 
     def _chain(self) -> list[tuple[int, int]]:
         """Flat chains of the parameters as they lie now (runtime/flat.py); parameters
@@ -93,18 +103,22 @@ class Storage:
         if self.handed:
             moved += [self.slots[i] for i in sorted(self.handed)
                       if self.slots[i] not in moved]
+        written = [s for s in self.watched if s.array._version != s.version and s not in moved]
         if not moved:
+            for s in written:
+                self.written(s, _unchanged(s))
             return False
         self.check(moved, staging)
         for s in moved:
-            if s.mixed and not tensors.equal(s.array, s.karg, s.lib):
-                tensors.copy_cast(s.state[state.MASTER], s.array, s.lib)   # yours win
+            self.written(s, tensors.equal(s.array, s.karg, s.lib))
             s.where = where(s.array, s.lib)
             self.launcher.bind(s)
             s.forget_kernel()
         self.grads.forget([s.index for s in moved])   # (a GradCache)
         self.handed.clear()
         self.chains = self._chain()
+        for s in written:
+            self.written(s, _unchanged(s))
         return True
 
     def check(self, moved: Sequence[Any], staging: bool) -> None:
@@ -148,6 +162,26 @@ class Storage:
                         "" if is_param else "'s states")
                     raise ValueError(f"{what}: its new data shares memory with {whose}; "
                                      "give each parameter its own memory")
+
+    @staticmethod
+    def written(s: Any, same: bool) -> None:
+        """Parameter ``s``'s values were replaced from outside (``p.data = new``, or
+        written in place: ``p.copy_(new)``, ``nn.Module.load_state_dict``): unless they
+        are the values the master rounds to (``same``), yours win — a float32 master is
+        taken again from them and a split master's correction is zeroed (the master is
+        the bfloat16 weight), so no stale master or correction reaches the next step."""
+        if not same and s.mixed:
+            tensors.copy_cast(s.state[state.MASTER], s.array, s.lib)
+        elif not same and formats.CORRECTION in s.state:
+            s.state[formats.CORRECTION][...] = 0
+        if s.lib == "torch":
+            s.version = s.array._version
+
+
+def _unchanged(s: Any) -> bool:
+    """Whether parameter ``s``, written in place since the last step, still holds what
+    its float32 master rounds to (a split master cannot tell: its weight is the data)."""
+    return s.mixed and tensors.equal(s.array, s.state[state.MASTER].to(s.array.dtype), s.lib)
 
 
 __all__ = ["Storage", "where"]

@@ -217,6 +217,19 @@ def pairwise(sizes: Sequence[int], rotate: int = 0) -> list[tuple[int, ...]]:
     return sorted(out)
 
 
+def flag_combinations(config, names: Sequence[str], extra: Sequence[Sequence] = ()):
+    """``(flags, *levels)`` over the boolean flags ``names`` and the ``extra`` factors
+    (each a list of levels): every combination in an exhaustive run (``--exhaustive``),
+    else a pairwise covering, where every two factors still meet in each pair of their
+    values (adafactor's 4 flags x 2 parameter dtypes: 6 of 32)."""
+    sizes = [2] * len(names) + [len(e) for e in extra]
+    combos = itertools.product(*(range(n) for n in sizes)) if exhaustive(config) \
+        else pairwise(sizes)
+    for c in combos:
+        flags = {n: bool(b) for n, b in zip(names, c)}
+        yield (flags, *(e[i] for e, i in zip(extra, c[len(names):])))
+
+
 def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
                     head_ids: Sequence[str], factor_ids: Sequence[Sequence[str]]) -> list:
     """``pytest.param``s of head x factors (each head row: a tuple of arguments, followed

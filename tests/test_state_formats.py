@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import optgen
-from helpers import assert_close, busy_hypers, load_example, valid
+from helpers import assert_close, busy_hypers, flag_combinations, load_example, valid
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief", "lamb", "adafactor"]
@@ -37,11 +37,15 @@ def _flag_sets(art):
         yield dict(zip(names, bits))
 
 
-def _stepped_pairs(art, fmt, shapes, rng):
+def _stepped_pairs(art, fmt, shapes, rng, config=None):
     """For every valid flag combination (busy hyperparameters) and parameter dtype
-    (float32; bfloat16 under multi_precision): a compiled and a reference optimizer with
-    every tensor's states in ``fmt``, after the same three steps."""
-    for flags, pdt in itertools.product(_flag_sets(art), ["float32", "bfloat16"]):
+    (float32; bfloat16 under multi_precision), or, given the run's ``config`` outside
+    an exhaustive run, a pairwise covering of them: a compiled and a reference
+    optimizer with every tensor's states in ``fmt``, after the same three steps."""
+    pdts = ["float32", "bfloat16"]
+    pairs = itertools.product(_flag_sets(art), pdts) if config is None else \
+        flag_combinations(config, list(art.flags), [pdts])
+    for flags, pdt in pairs:
         hyper = busy_hypers(art, flags)
         if not valid(art, hyper):
             continue
@@ -62,14 +66,15 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("name", SPECS)
-def test_bf16_states_compiled_match_reference(name, rng):
-    """Every flag combination, every shape, float32 and mixed-precision bfloat16
-    parameters: states stored as bfloat16 wherever the kernel dtype held them, and the
-    compiled step equal to the interpreter's (states to one bfloat16 rounding)."""
+def test_bf16_states_compiled_match_reference(name, rng, request):
+    """Flag combinations x float32 and mixed-precision bfloat16 parameters (a pairwise
+    covering; every one with --exhaustive), every shape: states stored as bfloat16
+    wherever the kernel dtype held them, and the compiled step equal to the
+    interpreter's (states to one bfloat16 rounding)."""
     art = _art(name)
     assert art.state_format and set(art.state_format.values()) == {"bf16"}
     ran = 0
-    for flags, pdt, opts in _stepped_pairs(art, "bf16", SHAPES, rng):
+    for flags, pdt, opts in _stepped_pairs(art, "bf16", SHAPES, rng, request.config):
         label = f"{name} {pdt} flags {flags}"
         for i, s in enumerate(SHAPES):
             for n, v in opts[1].state[i].items():

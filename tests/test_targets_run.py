@@ -15,7 +15,9 @@
   stepping them is a TypeError.
 
 Like test_kernel_vs_reference (the llvm version), the table comes from the catalog:
-every spec, every flag combination the target has, "busy" hyperparameters (rescale,
+every spec, its flag combinations (a pairwise covering of the flags: every two of them
+meet in all four pairs of values; every combination with --exhaustive), "busy"
+hyperparameters (rescale,
 clipping, weight decay, momentum all moved off their defaults), misaligned arrays,
 several steps. LARS runs on base="adam" with a second parameter named like a bias (its
 ``apply_lars`` name flag off), so both of its kernels per flag set run.
@@ -43,7 +45,8 @@ from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
 from optgen.core import scalar_expr
 from conftest import OCLGRIND_LOG, offset_array
-from helpers import EXHAUSTIVE, assert_close, busy_hypers, matrix_specs, valid as _valid
+from helpers import (EXHAUSTIVE, assert_close, busy_hypers, flag_combinations, matrix_specs,
+                     valid as _valid)
 
 TARGETS = ["opencl:pocl", "opencl:oclgrind", "c"]   # opencl:<runtime> (see the docstring)
 INSTALL = {"pocl": "pip install 'pyopencl[pocl]'",
@@ -177,9 +180,11 @@ def _prebuild(request):
         return
     pool = multiprocessing.get_context("spawn").Pool(2)
     for (name, target), dtypes in needed.items():   # (OPTGEN_CACHE_DIR: conftest's)
-        try:               # the variants of those dtypes, every flag combination
-            variants = [v for v, d in optgen.get_artifact(name, target, base=BASE.get(
-                name)).variants.items() if "*" in dtypes or d["param_dtype"] in dtypes]
+        try:               # the variants of those dtypes and the tests' flag combinations
+            art = optgen.get_artifact(name, target, base=BASE.get(name))
+            sets = flag_sets(art, request.config)
+            variants = [v for v, d in art.variants.items()
+                        if ("*" in dtypes or d["param_dtype"] in dtypes) and _runs(d, sets)]
         except Exception:  # noqa: BLE001 — the test that needs it reports it
             continue
         pool.apply_async(optgen.build, (name, target),
@@ -190,11 +195,16 @@ def _prebuild(request):
 
 
 # -- helpers ------------------------------------------------------------------------------
-def flag_sets(art):
-    """Every combination of the spec's flags (hyperparameter flags, not shape/name flags)."""
-    names = list(art.flags)
-    for bits in itertools.product([False, True], repeat=len(names)):
-        yield dict(zip(names, bits))
+def flag_sets(art, config) -> list[dict]:
+    """Combinations of the spec's flags (hyperparameter flags, not shape/name flags): a
+    pairwise covering (every two flags meet in all four pairs of values), every one in
+    an exhaustive run (``--exhaustive``). Each is a variant to build for these targets."""
+    return [flags for flags, in flag_combinations(config, list(art.flags))]
+
+
+def _runs(record: dict, sets: list[dict]) -> bool:
+    """Whether a variant (its record in ``Artifact.variants``) holds one of ``sets``."""
+    return any(all(record["flags"].get(n, v) == v for n, v in fs.items()) for fs in sets)
 
 
 def matching_kernels(art, dtype: str, flags: dict) -> list:
@@ -266,7 +276,7 @@ def run_case(art, flags, dtype, shapes, rng, label) -> None:
         compare(comp, ref, params_c, params_r, dtype, f"{label} shape {shape}")
 
 
-# -- every spec, every flag combination, both dtypes --------------------------------------
+# -- every spec, its flag combinations, both dtypes ---------------------------------------
 def _grid() -> list:
     """target x spec x dtype, sampled: the c target runs every spec in both dtypes; each
     spec runs one dtype on PoCL and the other on Oclgrind, alternating from spec to spec,
@@ -282,12 +292,12 @@ def _grid() -> list:
 
 
 @pytest.mark.parametrize("target,name,dtype", _grid())
-def test_target_matches_reference(target, name, dtype, rng, monkeypatch, memcheck):
+def test_target_matches_reference(target, name, dtype, rng, monkeypatch, memcheck, request):
     tname = require(target, monkeypatch)
     art = artifact(name, target)
     assert art.target == tname and dtype in art.dtypes
     ran = 0
-    for flags in flag_sets(art):
+    for flags in flag_sets(art, request.config):
         if not _valid(art, busy_hypers(art, flags)):   # e.g. nesterov needs momentum > 0
             continue
         label = f"{name} on {target}, {dtype}, flags {flags}"
@@ -342,7 +352,7 @@ def test_opencl_lacks_only_float16_storage_kernels(name):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["lazyadam"])
 @pytest.mark.parametrize("target", TARGETS)
-def test_lazy_row_sparse_steps(target, name, dtype, rng, monkeypatch, memcheck):
+def test_lazy_row_sparse_steps(target, name, dtype, rng, monkeypatch, memcheck, request):
     """RowSparse gradients with lazy_update: the lazy kernel updates only the named rows
     (duplicates summed), as the reference interpreter's lazy path does; rows not named in
     a step keep their parameter and state bits. Different rows each step, so a dense
@@ -350,7 +360,7 @@ def test_lazy_row_sparse_steps(target, name, dtype, rng, monkeypatch, memcheck):
     require(target, monkeypatch)
     art = artifact(name, target)
     shape = (37, 5, 3)
-    for flags in flag_sets(art):
+    for flags in flag_sets(art, request.config):
         hyper = busy_hypers(art, flags)
         assert all(k.lazy is not None for k in matching_kernels(art, dtype, flags))
         w0 = rng.standard_normal(shape).astype(dtype)
