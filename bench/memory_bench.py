@@ -45,9 +45,9 @@ STATE_FORMATS = (None, "q8", "q4", "fp8")
 MASTERS = ("fp32", "split16", "split8")
 # the goals: AdamW, bf16 weights, an 8-bit correction of the master, steps in backward,
 # and q8 (<= 5 B/param) or q4/fp8 (<= 4 B/param) states
-GOALS = (("optgen AdamW bf16 split8 q8 in-backward", 5.0),
-         ("optgen AdamW bf16 split8 q4 in-backward", 4.0),
-         ("optgen AdamW bf16 split8 fp8 in-backward", 4.0))
+GOALS = (("optgen AdamW bf16 + split8 + q8 + in-backward", 5.0),
+         ("optgen AdamW bf16 + split8 + q4 + in-backward", 4.0),
+         ("optgen AdamW bf16 + split8 + fp8 + in-backward", 4.0))
 
 
 # -- models --------------------------------------------------------------------------
@@ -136,17 +136,23 @@ def optgen_adamw(**options: Any) -> Callable[[list], Any]:
 
 
 def optgen_name(dtype: str, master: str | None, fmt: str | None, sib: bool) -> str:
-    parts = ["optgen AdamW", dtype] + ([master] if master else []) + [fmt or "fp32 states"]
-    return " ".join(parts) + (" in-backward" if sib else "")
+    """"optgen AdamW bf16 + split8 + q8 + in-backward": weights, master, states, where."""
+    parts = [dtype] + ([master] if master else []) + ([fmt] if fmt else []) + \
+        (["in-backward"] if sib else [])
+    return "optgen AdamW " + " + ".join(parts)
 
 
 def rows() -> list[Row]:
     f32, bf16 = torch.float32, torch.bfloat16
-    out = [Row("torch AdamW fp32 (foreach)", f32, lambda p: torch.optim.AdamW(p, lr=LR, foreach=True)),
+    out = [Row("torch AdamW fp32 (foreach)", f32,
+               lambda p: torch.optim.AdamW(p, lr=LR, foreach=True)),
            Row("torch AdamW fp32 (fused)", f32, lambda p: torch.optim.AdamW(p, lr=LR, fused=True)),
-           Row("torch AdamW fp32 in-backward (per-param)", f32, lambda p: InBackward(p, fused=True)),
-           Row("torch AdamW bf16 (no master)", bf16, lambda p: torch.optim.AdamW(p, lr=LR, fused=True)),
-           Row("torch AdamW bf16 in-backward (no master)", bf16, lambda p: InBackward(p, fused=True))]
+           Row("torch AdamW fp32 + in-backward (per-param)", f32,
+               lambda p: InBackward(p, fused=True)),
+           Row("torch AdamW bf16 (no master)", bf16,
+               lambda p: torch.optim.AdamW(p, lr=LR, fused=True)),
+           Row("torch AdamW bf16 + in-backward (no master)", bf16,
+               lambda p: InBackward(p, fused=True))]
     for name in ("torchao AdamW8bit", "torchao AdamW4bit", "torchao AdamWFp8",
                  "bitsandbytes Adam8bit", "bitsandbytes AdamW8bit"):
         out.append(Row(name + " fp32", f32, third_party(name)))
@@ -156,13 +162,14 @@ def rows() -> list[Row]:
         for fmt in STATE_FORMATS:
             sf = {"state_format": fmt} if fmt else {}
             out.append(Row(optgen_name("fp32", None, fmt, sib), f32, optgen_adamw(**sf, **extra)))
-        out.append(Row(optgen_name("bf16", "stochastic-rounding", None, sib), bf16,
+        out.append(Row(optgen_name("bf16", "stochastic rounding", None, sib), bf16,
                        optgen_adamw(stochastic_rounding=True, **extra)))
         for master in MASTERS:
             mo = {"multi_precision": True} if master == "fp32" else {"master_format": master}
             for fmt in STATE_FORMATS:
                 sf = {"state_format": fmt} if fmt else {}
-                out.append(Row(optgen_name("bf16", master, fmt, sib), bf16,
+                label = "fp32 master" if master == "fp32" else master
+                out.append(Row(optgen_name("bf16", label, fmt, sib), bf16,
                                optgen_adamw(**mo, **sf, **extra)))
     return out
 
@@ -185,15 +192,15 @@ def run_row(row: Row, ms: ModelSpec) -> dict:
 
 
 def print_table(results: list[dict], names: bool) -> None:
-    head = (f"{'config':<46} {'weights':>7} {'master':>6} {'grads':>6} {'states':>6} "
+    head = (f"{'config':<50} {'weights':>7} {'master':>6} {'grads':>6} {'states':>6} "
             f"{'other':>6} {'total':>6} {'steady':>6}  peak at")
     print(head)
     print("-" * len(head))
     for r in results:
         if "error" in r:
-            print(f"{r['config']:<46} not available: {r['error'][:150]}")
+            print(f"{r['config']:<50} not available: {r['error'][:150]}")
             continue
-        print(f"{r['config']:<46} {r['weights']:7.3f} {r['master']:6.3f} {r['grads']:6.3f} "
+        print(f"{r['config']:<50} {r['weights']:7.3f} {r['master']:6.3f} {r['grads']:6.3f} "
               f"{r['states']:6.3f} {r['other']:6.3f} {r['total']:6.3f} {r['steady']:6.3f}  "
               f"{r['peak_at']}")
         if names and r["names"]:
