@@ -37,12 +37,13 @@ import json
 import os
 import platform
 import sys
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optgen.benchmark import (ORDERS, Contender, cpu_model, interleave,  # noqa: E402
-                              quiet_pools, thread_env)
+                              quiet_pools, thread_env, wall_clock)
 from bandwidth import (AXPY_TORCH, TRIAD_NUMPY, TRIAD_TORCH, make_numpy_triad,  # noqa: E402
                        make_torch_axpy, make_torch_triad)
 from contenders import (ADAM_B, DROP_IN_ROWS, FOREACH, FUSED, NUMPY_EXPR,  # noqa: E402
@@ -146,6 +147,9 @@ def main(argv=None) -> int:
                          "instead of spinning into the next contender's step")
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="diagnostic: sleep this long (untimed) before each sample")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="one thread everywhere (torch, TVM) and time.process_time() as the "
+                         "clock: CPU time a step, steadier than wall time on a loaded machine")
     ap.add_argument("--order", choices=ORDERS, default="interleave",
                     help="diagnostic: 'blocked' runs each contender's reps back to back")
     args = ap.parse_args(argv)
@@ -154,8 +158,10 @@ def main(argv=None) -> int:
     if args.quiet_pools:
         quiet_pools()
 
+    if args.cpu_time:
+        os.environ["TVM_NUM_THREADS"] = "1"
     import torch
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(1 if args.cpu_time else os.cpu_count())
 
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal(args.n).astype(args.dtype)
@@ -180,7 +186,8 @@ def main(argv=None) -> int:
     del w0, g0
 
     load0 = os.getloadavg()[0]
-    interleave(contenders, args.reps, args.warmup, args.order, args.gap_ms / 1e3)
+    interleave(contenders, args.reps, args.warmup, args.order, args.gap_ms / 1e3,
+               sample=wall_clock(time.process_time) if args.cpu_time else None)
     load1 = os.getloadavg()[0]
     info = machine_info(torch)
     info["loadavg_1min_before_after"] = [load0, load1]
@@ -188,12 +195,14 @@ def main(argv=None) -> int:
     print(f"machine: os.cpu_count()={info['cpu_count']} ({info['affinity']} in affinity), "
           f"{info['cpu_model']}; python {info['python']}, numpy {info['numpy']}, "
           f"torch {info['torch']}; 1-min loadavg {load0:.2f} before, {load1:.2f} after")
-    print(f"threads: torch.set_num_threads(os.cpu_count()) -> torch.get_num_threads()="
+    print(f"threads: torch.set_num_threads({1 if args.cpu_time else 'os.cpu_count()'}) -> "
+          f"torch.get_num_threads()="
           f"{info['torch_threads']}; thread env after the run: {env}; numpy: 1 thread")
     print(f"n={args.n:,} {args.dtype} in {args.tensors} tensor(s); {args.reps} reps "
           f"{args.order}{'d, rotating start' if args.order == 'interleave' else ''}"
           f"{f', {args.gap_ms:g} ms sleep before each sample' if args.gap_ms else ''}; "
-          f"warmup {args.warmup}; {args.inner} step(s) per sample\n")
+          f"warmup {args.warmup}; {args.inner} step(s) per sample"
+          f"{'; CPU time (time.process_time)' if args.cpu_time else ''}\n")
     rows, limits = summarize(contenders, args.n)
     print_table(rows, limits)
     print()
