@@ -17,9 +17,8 @@ object ("master" where its name says master copy or correction, else "states"); 
 is memory that appeared after the optimizer was built, lives through the step, and no
 walk reached (a sweep of ``gc.get_objects()``): it should read 0. Activations and the
 batch are never counted. The columns are the census with the largest total, over the
-parameter count; "steady" is the total after ``opt.step()`` (what lives between steps
-with the loop's ``zero_grad(set_to_none=True)`` still to come, so gradients a plain step
-leaves are in it: subtract "grads" for the memory between steps).
+parameter count; "steady" is the total after ``opt.zero_grad(set_to_none=True)``: what
+lives between steps.
 
 Rows whose options are not built yet print "not available: <the error>". A script,
 not a test: tests/test_memory_bench.py checks the counter on a known case.

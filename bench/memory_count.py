@@ -36,7 +36,8 @@ activation is alive.
 The instants of the step: a post-accumulate-grad hook on every parameter, registered
 before the optimizer is built, so it runs before any hook the optimizer registers (the
 gradient of that parameter is complete and alive); a second hook registered after the
-optimizer (what its hook left); just before ``opt.step()``; just after it. The peak is
+optimizer (what its hook left); just before ``opt.step()``; just after it; after
+``opt.zero_grad()`` (what lives between steps: "steady"). The peak is
 the instant with the largest total (weights + master + grads + states), plus the "other"
 of the sweep (memory outside the walk that lives through the step).
 The step measured is the last of a few (``warmup`` before it), so states that optimizers
@@ -236,7 +237,7 @@ class Peak:
     """The largest census of the measured step, over the number of parameters."""
     n_params: int
     peak: Census
-    steady: Census          # after opt.step(), gradients as the loop leaves them
+    steady: Census          # between steps: after opt.zero_grad()
     other: dict             # (address, bytes) -> object, for inspection
     instants: list[Census]
 
@@ -279,13 +280,15 @@ def measure(model: torch.nn.Module, make_opt: Callable[[list], Any],
                 other.update(_unreached(pre, params, opt))
                 instants.append(census("after step", params, opt))
             opt.zero_grad(set_to_none=set_to_none)
+            if box["on"]:
+                instants.append(census("after zero_grad", params, opt))
     finally:
         for h in handles:
             h.remove()
     for c in instants:   # memory outside the walk, alive through the step
         c.bytes["other"] = census(c.where, params, opt, other).bytes["other"]
     peak = max(reversed(instants), key=lambda c: c.total)   # (ties: the latest)
-    steady = [c for c in instants if c.where == "after step"][-1]
+    steady = [c for c in instants if c.where == "after zero_grad"][-1]
     return Peak(sum(p.numel() for p in params), peak, steady, other, instants)
 
 

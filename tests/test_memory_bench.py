@@ -41,6 +41,7 @@ def test_torch_adamw_is_16_bytes_per_parameter():
     assert pp["states"] == pytest.approx(8.0 + STEP_BYTES, abs=1e-12)
     assert pp["total"] == pytest.approx(16.0 + STEP_BYTES, abs=1e-12)
     assert r.peak.where in ("before step", "after step")
+    assert r.per_param(r.steady)["total"] == pytest.approx(12.0 + STEP_BYTES, abs=1e-12)
 
 
 def test_gradients_freed_in_backward_leave_the_largest_alive():
