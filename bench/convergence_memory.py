@@ -251,7 +251,8 @@ def plot(rows: list[dict], results: dict, steps: dict[str, int], path: str) -> N
             if idx and ref_row and ref_row["ref_std"] is not None:
                 lo = ref_row["ref_mean"] - 2 * ref_row["ref_std"]
                 hi = ref_row["ref_mean"] + 2 * ref_row["ref_std"]
-                ax.fill_between([min(idx) - 0.4, max(idx) + 0.4], lo, hi, color="C2",
+                ax.fill_between([min(idx) - 0.4, max(idx) + 0.4], lo, hi,
+                                color="C2" if rule == "adamw" else "C4",
                                 alpha=0.2, label=f"{ref}: mean ± 2 std over seeds")
         ax.set_xticks(range(len(trows)))
         ax.set_xticklabels([r["config"] for r in trows], rotation=30, ha="right", fontsize=8)
