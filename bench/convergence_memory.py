@@ -71,7 +71,7 @@ class Task:
 
 TASKS = {"charlm": Task("charlm", {"adamw": 3e-3, "lion": 3e-4}, {"adamw": 0.01, "lion": 0.1},
                         64, char_lm.CONTEXT, 2000),
-         "gpt2": Task("gpt2", {"adamw": 1e-3, "lion": 1e-4}, {"adamw": 0.01, "lion": 0.1},
+         "gpt2": Task("gpt2", {"adamw": 3e-4, "lion": 1e-4}, {"adamw": 0.01, "lion": 0.1},
                       8, 32, 400)}
 
 
