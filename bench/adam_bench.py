@@ -147,11 +147,12 @@ def main(argv=None) -> int:
                          "instead of spinning into the next contender's step")
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="diagnostic: sleep this long (untimed) before each sample")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="one thread everywhere (torch, TVM) and time.process_time() as the "
-                         "clock: CPU time a step, steadier than wall time on a loaded machine")
     ap.add_argument("--order", choices=ORDERS, default="interleave",
                     help="diagnostic: 'blocked' runs each contender's reps back to back")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="one thread for torch and TVM, and each sample is the process's "
+                         "CPU time (time.process_time), not wall time: steadier than wall "
+                         "time on a machine that runs other jobs")
     args = ap.parse_args(argv)
     if not 1 <= args.tensors <= args.n:
         ap.error("--tensors must be between 1 and --n")
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
         quiet_pools()
 
     if args.cpu_time:
-        os.environ["TVM_NUM_THREADS"] = "1"
+        os.environ["TVM_NUM_THREADS"] = "1"      # (read when TVM's pool first starts)
     import torch
     torch.set_num_threads(1 if args.cpu_time else os.cpu_count())
 
@@ -195,14 +196,13 @@ def main(argv=None) -> int:
     print(f"machine: os.cpu_count()={info['cpu_count']} ({info['affinity']} in affinity), "
           f"{info['cpu_model']}; python {info['python']}, numpy {info['numpy']}, "
           f"torch {info['torch']}; 1-min loadavg {load0:.2f} before, {load1:.2f} after")
-    print(f"threads: torch.set_num_threads({1 if args.cpu_time else 'os.cpu_count()'}) -> "
-          f"torch.get_num_threads()="
+    asked = "1 (--cpu-time: samples are CPU time)" if args.cpu_time else "os.cpu_count()"
+    print(f"threads: torch.set_num_threads({asked}) -> torch.get_num_threads()="
           f"{info['torch_threads']}; thread env after the run: {env}; numpy: 1 thread")
     print(f"n={args.n:,} {args.dtype} in {args.tensors} tensor(s); {args.reps} reps "
           f"{args.order}{'d, rotating start' if args.order == 'interleave' else ''}"
           f"{f', {args.gap_ms:g} ms sleep before each sample' if args.gap_ms else ''}; "
-          f"warmup {args.warmup}; {args.inner} step(s) per sample"
-          f"{'; CPU time (time.process_time)' if args.cpu_time else ''}\n")
+          f"warmup {args.warmup}; {args.inner} step(s) per sample\n")
     rows, limits = summarize(contenders, args.n)
     print_table(rows, limits)
     print()

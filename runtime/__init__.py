@@ -27,11 +27,13 @@ __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSpar
 
 def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool = True,
                  base: str | None = None, state_format: Any = None,
-                 stochastic_rounding: bool = False) -> Artifact:
+                 stochastic_rounding: bool = False, master_format: Any = None) -> Artifact:
     """The cached artifact of a spec (catalog name or file), building it if needed.
     ``base`` names the base optimizer of a wrapper spec (``get_artifact("lars", base="adam")``);
     ``state_format`` gets the artifact that also holds that format's kernels
-    (optgen/core/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr).
+    (optgen/core/formats.py; ``stochastic_rounding`` makes its bf16 states bf16sr;
+    ``master_format`` "split16"/"split8" adds kernels for bfloat16 parameters stepped
+    through a split master, optgen/core/formats/split.py).
 
     The artifact lists every kernel; each variant's library (a parameter dtype and flag
     values) is compiled when its kernels are first called, so a step with new settings
@@ -45,8 +47,8 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
     owner = os.path.basename(path)
-    state_format = formats.rounded(owner, formats.request(owner, state_format),
-                                   stochastic_rounding)
+    state_format = formats.mastered(owner, formats.rounded(
+        owner, formats.request(owner, state_format), stochastic_rounding), master_format)
     fmt = formats.key(state_format)
     with open(path, encoding="utf-8") as f:
         backend = backends.get(target)
@@ -110,9 +112,10 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
     ``clip_global_norm``, ``nonfinite``, ``loss_scale``, ``lr_mult``, ``wd_mult``,
     ``decay_filter``, ``param_names``, ``name_filters``, ``lazy_update``, ``backend``,
     ``begin_num_update``, ``state_format``, ``state_format_min_size``,
-    ``stochastic_rounding``, ``seed``). ``base``: the
+    ``stochastic_rounding``, ``master_format``, ``seed``). ``base``: the
     base optimizer of a wrapper spec (LARS)."""
     art = spec if isinstance(spec, Artifact) else get_artifact(
         spec, target, build=build, base=base, state_format=options.get("state_format"),
-        stochastic_rounding=options.get("stochastic_rounding", False))
+        stochastic_rounding=options.get("stochastic_rounding", False),
+        master_format=options.get("master_format"))
     return Optimizer(art, params, **options)

@@ -14,7 +14,7 @@ multipliers, last refresh), ``opt.groups``, ``opt.hyper`` and ``opt.t``;
 ``Optimizer.load_state_dict`` sets what ``check`` returns (``restore_states`` writes the
 states in place).
 
-May import: numpy, formats, hyper, tempfiles, tensors.
+May import: numpy, formats, hyper, state, tempfiles, tensors.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from optgen.core import hyper as hyper_rules
-from . import tempfiles, tensors
+from . import state, tempfiles, tensors
 from optgen.core import formats
 from optgen.core.formats import ABSMAX
 
@@ -85,6 +85,8 @@ def restore_states(slots: Any, saved: list) -> None:
     its saved value (checked by ``check``)."""
     for s, theirs in zip(slots, saved):
         mine = s.state
+        if formats.PARAM in theirs:     # a master converted into this one's weight too
+            tensors.copy_into(s.array, s.lib, np.asarray(theirs[formats.PARAM]))
         for n in list(mine):
             if isinstance(mine[n], np.floating):
                 mine[n] = np.float64(theirs[n])
@@ -174,7 +176,7 @@ def check(opt, sd: Any) -> dict[str, Any]:
         if isinstance(rec, Mapping):
             rec = _reformat(opt, i, rec, stored[i] if i < len(stored) else {}, converted)
         restored_states.append(rec)
-        if not isinstance(rec, Mapping) or set(st) != set(rec):
+        if not isinstance(rec, Mapping) or set(st) != set(rec) - {formats.PARAM}:
             _fail(opt, f"state_dict state {i} has "
                        f"{sorted(rec) if isinstance(rec, Mapping) else rec!r}, "
                        f"expected {sorted(st)}")
@@ -209,7 +211,7 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
     dequantized (then cast to its dtype); codes of another block size, map or format
     (q8 <-> q4) are dequantized and quantized again; a float32 state kept as bfloat16 is rounded, and the reverse
     widened. Anything else is left to the checks."""
-    st, out, shape = opt.state[i], dict(rec), tuple(opt.params[i].shape)
+    st, out, shape = opt.state[i], _remaster(opt, i, rec, converted), tuple(opt.params[i].shape)
     for n in [n for n in st if not n.endswith(ABSMAX) and n in rec
               and not isinstance(st[n], np.floating)]:
         mine, theirs = n + ABSMAX in st, n + ABSMAX in rec
@@ -238,6 +240,17 @@ def _reformat(opt, i: int, rec: Mapping, stored: Any, converted: set[str]) -> di
             values = theirs_fmt.dequantize((src, np.asarray(rec[n + ABSMAX])), shape)
             out[n], out[n + ABSMAX] = ours.quantize(values)
             converted.add(f"{stored[n]} -> {opt.artifact.stored[n]}")
+    return out
+
+
+def _remaster(opt, i: int, rec: Mapping, converted: set[str]) -> dict:
+    """Parameter ``i``'s saved record with its master in this optimizer's form
+    (``state.remaster``)."""
+    slot = opt.records[i]
+    out, label = state.remaster(rec, opt.state[i], lambda: tensors.to_numpy(slot.array, slot.lib),
+                                opt.artifact.state_format)
+    if label:
+        converted.add(label)
     return out
 
 

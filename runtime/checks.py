@@ -1,5 +1,6 @@
 """Every check of what a trainer hands the optimizer: options, parameters, gradients,
-row-sparse gradients, the spec's extra inputs and a refresh rule's statistics.
+row-sparse gradients and the spec's extra inputs (a refresh rule's statistics:
+refresh.py, where they are read).
 
 Each check is a function of what it checks (and the optimizer's name, ``owner``, for
 the message); it returns the validated value or raises the typed error of
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -21,6 +23,7 @@ from optgen.core import formats
 from .sparse import RowSparse
 
 NONFINITE = (None, "skip", "raise")
+NO_INPUTS: Mapping[str, Any] = MappingProxyType({})   # a parameter's extra inputs, none
 
 
 def label(i: int, names: Sequence[str | None] | None = None) -> str:
@@ -34,6 +37,18 @@ def check_bool(owner: str, what: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{owner}: {what} must be a bool, got {value!r}")
     return bool(value)
+
+
+def check_master(owner: str, multi_precision: Any, master_format: Any) -> bool:
+    """multi_precision as master_format says: "fp32" turns it on, a split format
+    (optgen/core/formats/split.py) takes the place of the float32 master it keeps."""
+    mp = check_bool(owner, "multi_precision", multi_precision)
+    formats.mastered(owner, None, master_format)          # (a ValueError if unknown)
+    if master_format not in (None, "fp32") and mp:
+        raise ValueError(f"{owner}: master_format={master_format!r} keeps the master as the "
+                         "bfloat16 weight and a correction; multi_precision=True keeps a "
+                         "float32 copy instead: pass one of them")
+    return mp or master_format == "fp32"
 
 
 def check_positive(owner: str, what: str, value: Any) -> float:
@@ -78,7 +93,8 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
     with another."""
     device = backends.get(artifact.target).device   # (runtime/backends/)
     plain, mixed = artifact.dtypes, artifact.mixed_dtypes
-    sr = formats.PARAM in artifact.state_format          # stochastic_rounding=True
+    sr = formats.PARAM in artifact.state_format    # stochastic_rounding=True or a split master
+    split = formats.master(artifact.state_format)
     libs, ranges = [], []
     for i, p in enumerate(params):
         lib = tensors.library(p)
@@ -95,6 +111,10 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                             "non-native byte order; the kernels read native byte order "
                             "(convert with .astype(p.dtype.newbyteorder('=')))")
         dt = tensors.dtype_name(p, lib)
+        if split and dt not in ("float32", split.dtype):
+            raise TypeError(f"{owner}: parameter {i} has dtype {dt}; master_format="
+                            f"{split.name!r} steps {split.dtype} parameters (float32 ones "
+                            "keep their plain kernels)")
         if dt in tensors.LOW_PRECISION and dt in mixed:
             if not multi_precision and not (dt == "bfloat16" and sr):
                 raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
@@ -123,7 +143,7 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                 raise ValueError(f"{owner}: parameters {j} and {i} share memory")
         libs.append(lib)
         ranges.append(r)
-    if sr and not formats.stochastic(artifact.state_format) and not any(
+    if sr and not split and not formats.stochastic(artifact.state_format) and not any(
             tensors.dtype_name(p, lib) == "bfloat16" for p, lib in zip(params, libs)
             if not multi_precision):
         raise ValueError(f"{owner}: stochastic_rounding=True rounds bfloat16 stores, and "
@@ -200,25 +220,26 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
 
 # -- gradients and extra inputs ----------------------------------------------------------
 def check_grads(owner: str, slots: Sequence[Any], grads: Any, what: str, *,
-                cache: Any = None,
-                row_sparse: Callable[[Any, RowSparse], Any] | None = None) -> list[Any]:
+                cache: Any = None, row_sparse: Callable[[Any, RowSparse], Any] | None = None,
+                among: Sequence[int] | None = None) -> list[Any]:
     """``grads`` (or the extra input ``what``) as a list, each one checked against its
     parameter (``slots``: their records; a gradient must not overlap the parameter's
     state arrays either). With a ``cache`` (gradients only: runtime/gradcache.py) only
     the gradients it has not seen, in this form and place, are checked, and noted
-    there; ``row_sparse(slot, g)`` checks a RowSparse gradient."""
-    params = [s.array for s in slots]
+    there; ``row_sparse(slot, g)`` checks a RowSparse gradient; ``among``: only those
+    parameters have one (a step in parts)."""
     if tensors.library(grads) is not None:
         raise TypeError(f"{owner}: {what} must be a list of arrays, got a single array")
     grads = list(grads)
-    if len(grads) != len(params):
+    if len(grads) != len(slots):
         raise ValueError(f"{owner}: got {len(grads)} "
                          f"{'gradients' if what == 'grads' else what + ' arrays'} for "
-                         f"{len(params)} parameters")
+                         f"{len(slots)} parameters")
     label_ = "gradient" if what == "grads" else what
     # (with a cache: the gradients not given, checked and noted last step as they lie now)
-    for i in range(len(grads)) if cache is None else cache.unseen(grads, slots):
-        p, g, lib = params[i], grads[i], slots[i].lib
+    for i in (range(len(grads)) if among is None else among) if cache is None else \
+            cache.unseen(grads, slots, among):
+        p, g, lib = slots[i].array, grads[i], slots[i].lib
         if g is None:   # no gradient (torch's p.grad is None): the parameter is skipped
             if cache is not None:
                 cache.none(i)
@@ -318,6 +339,8 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
                         if missing else f"got unexpected input {extra[0]!r}")
                         + (f" ({'; '.join(f'{n}: {d}' for n, d in wanted.items())})"
                            if want else ""))
+    if not inputs:   # (most specs: one empty mapping for all, read only)
+        return [NO_INPUTS] * len(grads)
     per_param: list[dict[str, Any]] = [{} for _ in grads]
     for name, arrays in inputs.items():
         checked = check_grads(owner, slots, arrays, name)
@@ -332,44 +355,17 @@ def check_inputs(owner: str, wanted: Mapping[str, str], inputs: Mapping[str, Any
 
 
 def gather(owner: str, artifact: Any, slots: Sequence[Any], grads: Any,
-           inputs: dict[str, Any], *, cache: Any, row_sparse: Callable[[Any, RowSparse], Any]
+           inputs: dict[str, Any], *, cache: Any, row_sparse: Callable[[Any, RowSparse], Any],
+           among: Sequence[int] | None = None
            ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
     """A step's arrays, checked: the gradients (each noted in ``cache``: a
     runtime.gradcache.GradCache), the spec's extra inputs per parameter, and the
-    statistics passed (taken out of ``inputs`` by name; checked when due: refresh.py)."""
+    statistics passed (taken out of ``inputs`` by name; checked when due: refresh.py);
+    ``among``: the parameters with a gradient, where the caller knows them."""
     stats = {n: inputs.pop(n) for n in list(inputs) if n in artifact.statistics}
-    grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse)
+    grads = check_grads(owner, slots, grads, "grads", cache=cache, row_sparse=row_sparse,
+                        among=among)
     return grads, check_inputs(owner, artifact.inputs, inputs, grads, slots), stats
-
-
-# -- a refresh rule's statistics ---------------------------------------------------------
-def check_statistic_lists(owner: str, stats: Mapping[str, Any], n: int) -> None:
-    """Each statistic is a list with one matrix (or None) per parameter."""
-    for name, arrays in stats.items():
-        if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
-            raise TypeError(f"{owner}: {name} must be a list with one matrix (or "
-                            "None) per parameter")
-        if len(arrays) != n:
-            raise ValueError(f"{owner}: got {len(arrays)} {name} matrices for "
-                             f"{n} parameters")
-
-
-def check_statistic(what: str, a: Any, n: int, reads: Sequence[str]) -> np.ndarray:
-    """One statistic matrix (``what`` names it for the message) as a float64 numpy
-    ``n x n`` copy, present, finite; ``reads`` are the statistics its rule reads."""
-    if a is None:
-        raise ValueError(f"{what}, which is missing: pass step(grads, "
-                         f"{', '.join(f'{s}=[...]' for s in reads)}) "
-                         "on steps where opt.refresh_due is True")
-    lib = tensors.library(a)
-    if lib is None:
-        raise TypeError(f"{what}; got {type(a).__name__}, not an array")
-    host = np.asarray(tensors.to_numpy(a, lib), dtype=np.float64)
-    if host.shape != (n, n):
-        raise ValueError(f"{what}; got shape {tuple(host.shape)}")
-    if not np.isfinite(host).all():
-        raise ValueError(f"{what}; it has NaN or Inf values")
-    return host
 
 
 def check_seed(owner: str, seed: Any) -> int:

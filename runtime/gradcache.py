@@ -58,12 +58,15 @@ class GradCache:
         self.gens = [0] * n
         self.version = 0
 
-    def unseen(self, grads: Sequence[Any], slots: Sequence[Any]) -> list[int]:
+    def unseen(self, grads: Sequence[Any], slots: Sequence[Any],
+               among: Sequence[int] | None = None) -> list[int]:
         """The parameters whose gradient in ``grads`` is not the one they were given
         last, in the same place and form (``slots``: their records): the ones to check
-        and note; a missing gradient that was missing last time is seen."""
+        and note; a missing gradient that was missing last time is seen. ``among``:
+        only those parameters are looked at (a step in parts)."""
         refs, layouts, out = self.refs, self.layouts, []
-        for i, g in enumerate(grads):
+        for i in range(len(grads)) if among is None else among:
+            g = grads[i]
             if g is None:
                 if layouts[i] is not NONE:
                     out.append(i)

@@ -162,6 +162,7 @@ class Launcher:
             return
         for i in members if self.hooks else ():
             self.hooks[0](i)
+        gspan = bfloat16_tensor(gspan)     # (numpy bfloat16 gradients: a tvm_ffi view)
         for fn, args in calls:
             fn(*[gspan if a is GRAD else a for a in args], scalars)
         for i in members if self.hooks else ():
@@ -195,10 +196,16 @@ class Launcher:
         values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
                                              host["w"].shape)
                              for n, f in k.formats.items()}}
+        split, corr = formats.master(k.state_format), formats.CORRECTION
+        if split:      # the float32 master, from the bfloat16 weight and its correction
+            values["w"] = split.family.decode(split, host["w"], host[corr])
         at = dict(zip(k.scalars, scalars))
-        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d, k.stochastic)
+        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d,
+                                 [*k.stochastic, *(["w"] if split else [])])
         for name, value in new.items():
-            if name in k.formats:        # block-quantized: the codes of the new values
+            if split and name == "w":
+                host["w"][...], host[corr][...] = split.family.encode(split, value)
+            elif name in k.formats:        # block-quantized: the codes of the new values
                 fmt = k.formats[name]
                 for arr, new in zip([host[name], *(host[c] for c in fmt.companions(name, 0))],
                                     fmt.quantize(value)):
@@ -314,8 +321,14 @@ class Launcher:
             return
         sub = {"grad": rows.reshape(-1),
                **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
+        split, corr = formats.master(k.state_format), formats.CORRECTION
+        if split:      # the float32 master, from the bfloat16 weight and its correction
+            sub["w"] = split.family.decode(split, sub["w"], sub[corr])
         new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
-                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size))
+                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size),
+                                 ["w"] if split else ())
+        if split:
+            new["w"], new[corr] = split.family.encode(split, new["w"])
         for name, value in new.items():
             full[name].reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
 

@@ -50,7 +50,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
                  clip_global_norm: float | None = None, nonfinite: str | None = None,
                  loss_scale: float = 1.0, begin_num_update: int = 0,
                  state_format: Any = None, state_format_min_size: int = formats.MIN_SIZE,
-                 stochastic_rounding: bool = False, seed: int = 0,
+                 stochastic_rounding: bool = False, master_format: Any = None, seed: int = 0,
                  shards: shards_.Shards | None = None, **hyper: Any):
         self.artifact = artifact
         self.name = name = artifact.name
@@ -60,7 +60,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if lazy_update is None:
             lazy_update = artifact.lazy_update_default
         self.lazy_update = checks.check_bool(name, "lazy_update", lazy_update)
-        self.multi_precision = checks.check_bool(name, "multi_precision", multi_precision)
+        self.multi_precision = checks.check_master(name, multi_precision, master_format)
         self.multi_tensor = checks.check_bool(name, "multi_tensor", multi_tensor)
         self._scalars = capture.scalar_buffers(name, checks.check_bool(name, "capturable", capturable),
                                   shards, clip_global_norm or nonfinite)
@@ -106,8 +106,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         groups.decay_filter(name, decay_filter, self._slots, self._groups)
 
         # states, kernels and launches
-        self.state_format = formats.rounded(name, formats.request(name, state_format),
-                                            stochastic_rounding)
+        self.state_format = formats.mastered(name, formats.rounded(
+            name, formats.request(name, state_format), stochastic_rounding), master_format)
         self.seed = checks.check_seed(name, seed)    # of stochastic rounding
         for s, fmt in zip(self._slots, state.formatted(
                 name, artifact, self.state_format, shards_.whole_shapes(arrays, shards),
@@ -168,6 +168,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         s = self._slots[i]
         chain = self._slots[s.chain[0]:s.chain[1]] if s.chain else (s,)
         state.allocate(self.artifact.states, s, chain, self._state_init)
+        state.allocate_correction(s, chain, self.artifact.state_format)
 
     def _param_kernel(self, i: int) -> KernelInfo:
         """Parameter ``i``'s kernel under the current flags, its states and strategy ready
@@ -259,18 +260,35 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         """Every check of a step, nothing changed: gradients, extra inputs, statistics,
         kernels, lr schedules; without split parameters also the global norm and the
         non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
-        slots = self._slots
         self.follow()                                  # parameters' data that moved
+        return self._check(grads, inputs)
+
+    def check_part(self, grads: Mapping[int, Any]) -> StepInputs:
+        """``check_step`` for a part of a step stepped in parts (``run_step(...,
+        count=False)`` each; the torch drop-ins' step inside backward): ``grads`` by
+        index; moved data not followed (``follow()`` once a step); no extra inputs."""
+        full: list[Any] = [None] * len(self._slots)
+        for i, g in grads.items():
+            full[i] = g
+        return self._check(full, {}, sorted(grads))
+
+    def _check(self, grads: Sequence[Any], inputs: dict[str, Any],
+               parts: Sequence[int] | None = None) -> StepInputs:
+        slots = self._slots
         grads, extra, stats = checks.gather(self.name, self.artifact, slots, grads, inputs,
-                                            cache=self._grads, row_sparse=self._row_sparse)
-        for i in (i for i, g in enumerate(grads) if g is not None and not slots[i].kernel):
+                                            cache=self._grads, row_sparse=self._row_sparse,
+                                            among=parts)
+        present = [i for i, g in enumerate(grads) if g is not None] if parts is None else \
+            [i for i in parts if grads[i] is not None]
+        for i in (i for i in present if not slots[i].kernel):
             self._launch.select(i, self._flags(i))
-        used = sorted({slots[i].group for i, g in enumerate(grads) if g is not None})
+        used = sorted({slots[i].group for i in present})
         out = StepInputs(grads, extra, self._refresh_due(grads, stats),
                          {gi: self._lr_value(gi, self.t) for gi in used})   # (schedules)
         if self._shards is None:
             out.scale, out.norm = self._grad_scale(grads)
             out.skips = out.scale is None
+        out.parts = parts
         return out
 
     def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:
@@ -278,8 +296,9 @@ class Optimizer(refresh.RefreshRules, RecordTable):
             g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
             clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
 
-    def run_step(self, step: StepInputs, skip: bool = False) -> bool:
-        """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient)."""
+    def run_step(self, step: StepInputs, skip: bool = False, count: bool = True) -> bool:
+        """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient);
+        ``count=False``: a part (``check_part``), the update count ``t`` left as it is."""
         art, grads = self.artifact, step.grads
         scale, norm = (step.scale, step.norm) if self._shards is None else \
             self._grad_scale(grads)
@@ -290,7 +309,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if self._centralized:   # (new arrays: what the runs read this step)
             preprocess.centralize(grads, self._centralized)
             self._grads.replaced(grads, self._centralized)
-        self.t += 1
+        self.t += count
         step.t, step.seed, step.statistics, step.scalar_buffers = self.t, self.seed, art.statistics, \
             self._scalars
         step.envs = {gi: scalars.group_env(art.hypers, self._groups[gi].hyper, lr, scale,

@@ -5,7 +5,7 @@ A kernel with a refresh rule recomputes some states on the host (numpy, float64,
 reference interpreter) from the parameter, its states and statistics the trainer
 passes (THOR's ``A`` and ``G``), before a parameter's step ``start`` (its first step
 unless the spec says otherwise; SOAP: its second) and then every ``every`` steps (a
-number or a hyperparameter). The statistics are read, and checked, only on
+number or a hyperparameter). The statistics are read, and checked (here), only on
 the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
 
 May import: numpy, checks, reference, tensors.
@@ -54,6 +54,36 @@ def last(k: Any, steps: int, hyper: Mapping[str, Any]) -> int | None:
     return (steps - start(k)) // n * n + start(k) - 1
 
 
+# -- the statistics a refresh reads -------------------------------------------------------
+def check_statistic_lists(owner: str, stats: Mapping[str, Any], n: int) -> None:
+    """Each statistic is a list with one matrix (or None) per parameter."""
+    for name, arrays in stats.items():
+        if tensors.library(arrays) is not None or not isinstance(arrays, (list, tuple)):
+            raise TypeError(f"{owner}: {name} must be a list with one matrix (or "
+                            "None) per parameter")
+        if len(arrays) != n:
+            raise ValueError(f"{owner}: got {len(arrays)} {name} matrices for "
+                             f"{n} parameters")
+
+
+def check_statistic(what: str, a: Any, n: int, reads: Sequence[str]) -> np.ndarray:
+    """One statistic matrix (``what`` names it for the message) as a float64 numpy
+    ``n x n`` copy, present, finite; ``reads`` are the statistics its rule reads."""
+    if a is None:
+        raise ValueError(f"{what}, which is missing: pass step(grads, "
+                         f"{', '.join(f'{s}=[...]' for s in reads)}) "
+                         "on steps where opt.refresh_due is True")
+    lib = tensors.library(a)
+    if lib is None:
+        raise TypeError(f"{what}; got {type(a).__name__}, not an array")
+    host = np.asarray(tensors.to_numpy(a, lib), dtype=np.float64)
+    if host.shape != (n, n):
+        raise ValueError(f"{what}; got shape {tuple(host.shape)}")
+    if not np.isfinite(host).all():
+        raise ValueError(f"{what}; it has NaN or Inf values")
+    return host
+
+
 def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
             slots: Sequence[Any], *, kinds: Mapping[str, str],
             kernel_of: Callable[[int], Any], is_due: Callable[[int, Any], bool]
@@ -64,7 +94,7 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
     statistic is checked before anything changes."""
     n = len(grads)
     names = [s.name for s in slots]
-    checks.check_statistic_lists(owner, stats, n)
+    check_statistic_lists(owner, stats, n)
     out = {}
     for i, g in enumerate(grads):
         if g is None:
@@ -79,8 +109,7 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
             m = d[1] if kinds[name] == "rr" else d[2]
             what = (f"{owner}: step {slots[i].steps + 1} of {checks.label(i, names)} refreshes "
                     f"and reads statistic {name!r} ({m} x {m})")
-            out[i][name] = checks.check_statistic(what, stats.get(name, [None] * n)[i], m,
-                                                  reads)
+            out[i][name] = check_statistic(what, stats.get(name, [None] * n)[i], m, reads)
     return out
 
 

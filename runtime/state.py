@@ -87,6 +87,56 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
                                        init, dtype)
 
 
+def allocate_correction(slot: Any, chain: Sequence[Any], fmt: Mapping[str, str]) -> None:
+    """A bfloat16 parameter stepped through a split master (``fmt``: the artifact's
+    format dict has one, optgen/core/formats/split.py) keeps the master's low bits as
+    the state ``w__corr``: zero at first (the master is the weight); one buffer for a
+    flat chain (``chain``: its records) whose parameters all take one."""
+    split, name = formats.master(fmt), formats.CORRECTION
+
+    def takes(x: Any) -> bool:
+        return not x.mixed and name not in x.state and \
+            tensors.dtype_name(x.array, x.lib) == split.dtype
+
+    if split is None or not takes(slot):
+        return
+    dtype = split.family.corr_dtypes[split.name]
+    if len(chain) > 1 and all(takes(x) for x in chain):
+        for x, v in zip(chain, flat.split_full([x.array for x in chain], slot.lib,
+                                               [tuple(x.array.shape) for x in chain], 0, dtype)):
+            x.state[name] = v
+        return
+    slot.state[name] = tensors.full_like(slot.array, slot.lib, tuple(slot.array.shape), 0,
+                                         dtype)
+
+
+def remaster(rec: Mapping[str, Any], mine: Mapping[str, Any], weight: Callable[[], Any],
+             fmt: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+    """A saved record of a parameter's states with its master in the form of the states
+    ``mine`` (``fmt``: the artifact's format dict), and the conversion made ("float32
+    master -> split8"; None: none): a float32 master (``MASTER``) or a split one
+    (``w__corr``, decoded with the parameter's bfloat16 weight, ``weight()`` as numpy)
+    becomes the other, or the other split format. A split master encoded anew also gives
+    the weight, under ``formats.PARAM`` (the caller writes it into the parameter)."""
+    out, corr, ours = dict(rec), formats.CORRECTION, formats.master(fmt)
+    saved = np.asarray(out[corr]) if corr in out else None
+    theirs = None if saved is None else formats.split.SPLIT.by_corr(saved.dtype.name)
+    if saved is not None and (theirs is None or (corr in mine and theirs == ours)):
+        return out, None
+    if saved is not None and (corr in mine or MASTER in mine):
+        theta = theirs.family.decode(theirs, weight(), out.pop(corr))
+    elif saved is None and corr in mine and MASTER in out and MASTER not in mine:
+        theta = np.asarray(out.pop(MASTER), np.float32)
+    else:
+        return out, None
+    if corr in mine:
+        out[formats.PARAM], out[corr] = ours.family.encode(ours, theta)
+    else:
+        out[MASTER] = theta
+    return out, (f"{theirs.name if theirs else 'float32 master'} -> "
+                 f"{ours.name if corr in mine else 'float32 master'}")
+
+
 def master_copy(p: Any, lib: str) -> Any:
     """The float32 master copy of a low-precision parameter (mixed precision)."""
     return tensors.cast_copy(p, lib, "float32")

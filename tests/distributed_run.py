@@ -3,7 +3,7 @@ tests/test_distributed.py: the test runs this file in ``world`` processes and co
 what each writes with a single-process run of ``train`` in the test process.
 
     python tests/distributed_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | fsdp-q | dcp-save | dcp-load | optgen-save | optgen-load
+    # MODE: ddp | zero | fsdp | fsdp-docs | fsdp-bad | fsdp-q | fsdp-split | dcp-save | dcp-load | optgen-save | optgen-load
 
 Every rank trains on the same data, so DDP's averaged gradient is each rank's own (a sum
 of equal values divided by the world size) and ZeRO-1's ranks, which step only their
@@ -248,6 +248,35 @@ def q_shards(fmt: str) -> dict[str, np.ndarray]:
     return out
 
 
+def split_data() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A (1001, 5) bfloat16 parameter and Q_STEPS bfloat16 gradients: alike on every rank."""
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(1001, 5, generator=g).bfloat16(), \
+        [torch.randn(1001, 5, generator=g).bfloat16() for _ in range(Q_STEPS)]
+
+
+def split_shards(world: int = 0) -> dict[str, np.ndarray]:
+    """AdamW with a split8 master (docs/state-formats.md) on the ``split_data`` parameter,
+    split on every rank (``world`` 0: whole, one process): this rank's rows of the weight
+    and of its correction after Q_STEPS steps."""
+    whole, grads = split_data()
+    if world:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (world,))
+        p = torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)]))
+    else:
+        p = torch.nn.Parameter(whole.clone())
+    opt = ot.AdamW([p], lr=1e-2, weight_decay=0.1, master_format="split8")
+    for g in grads:
+        p.grad = distribute_tensor(g, mesh, [Shard(0)]) if world else g.clone()
+        opt.step()
+    local = p._local_tensor if world else p.detach()
+    return {"split8/w": local.view(torch.int16).numpy().copy(),
+            "split8/corr": opt.state_dict()["state"][0]["w__corr"].numpy().copy()
+            if not world else opt._core.state[0]["w__corr"].numpy().copy()}
+
+
 class _NoSum:
     def all_reduce(self, arrays: list) -> None:
         """Sums nothing: each rank keeps its own shard's partial sums (the mutant)."""
@@ -342,7 +371,8 @@ def main() -> None:
             results = resharded(mode, os.path.join(os.path.dirname(out), "ckpt"))
         else:
             results = bad_steps() if mode == "fsdp-bad" else \
-                {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else run_all(mode)
+                {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else \
+                split_shards(world) if mode == "fsdp-split" else run_all(mode)
         np.savez(out, **results)
     finally:
         torch.distributed.destroy_process_group()

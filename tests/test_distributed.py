@@ -295,3 +295,16 @@ def test_q8_q4_states_on_shards_are_the_papers_quantizer_per_shard(tmp_path):
                 np.testing.assert_allclose(got[f"{fmt}/{t}/w"], o.w, rtol=1e-4, atol=1e-6,
                                            err_msg=f"{label}: w")
         assert agree / total > 0.999, f"{fmt}: {1 - agree / total:.2e} of the codes differ"
+
+
+def test_split8_master_on_shards_equals_the_single_process_run(tmp_path):
+    """AdamW with a split8 master (bfloat16 weight + int8 correction) on a (1001, 5)
+    bfloat16 parameter split on 2 ranks: each rank's rows of the weight and of its
+    correction (a state shaped like the parameter, sharded like it) are the one-process
+    run's rows, bit for bit (an elementwise rule)."""
+    from optgen.runtime import exchange
+    want = distributed_run.split_shards()
+    for r, got in enumerate(_launch("fsdp-split", 2, tmp_path)):
+        a, b = exchange.rows_of(1001, 2, r)
+        for name in ("split8/w", "split8/corr"):
+            assert np.array_equal(got[name], want[name][a:b]), f"rank {r}: {name}"

@@ -152,6 +152,20 @@ def test_kernel_decodes_every_code_exactly():
         np.testing.assert_array_equal(opt.state[0][name + "__absmax"], want, err_msg=name)
 
 
+def test_full_blocks_look_up_maps_by_permutes_with_avx512():
+    """On a CPU with AVX-512 the full blocks' map lookups are permutes (the decoding
+    test above then checks every code through them); elsewhere gathers, nothing to
+    check here."""
+    from optgen.compiler import schedule_llvm, tvm_backend
+    if not tvm_backend.host_has(schedule_llvm.PERMUTE_FEATURE):
+        pytest.skip("this CPU has no AVX-512: the kernels gather")
+    from optgen import commands
+    for fmt, intrinsic in (("q8", schedule_llvm.PERMUTE2), ("q4", schedule_llvm.PERMUTE1)):
+        text = commands.stage_text(optgen.get_artifact("adam", "llvm", state_format=fmt),
+                                   "tvmscript", "adam_f32_sf_m_" + fmt + "_v_" + fmt)
+        assert intrinsic in text, fmt
+
+
 if __name__ == "__main__":   # the exhaustive check: every float32 in [-1, 1]
     for kind in KINDS:
         for fused in (False, True):

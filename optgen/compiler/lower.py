@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from .kernel_ir import KernelIR
+from .lower_bits import nan_bits, stochastic
 from .specialize import MASTER_DTYPE
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -37,7 +38,7 @@ class LoweredBuffer:
     @property
     def align(self) -> int:
         """The element size: numpy guarantees no more (tvm-notes §3)."""
-        return {"uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+        return {"int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
                 "int64": 8}[self.dtype]
 
 
@@ -133,32 +134,6 @@ def narrow(value: str, dtype: str) -> str:
     return f'T.Cast("{dtype}", {value})'
 
 
-def stochastic(body: list[str], name: str, value: str, salt: int, key: list[str]) -> str:
-    """``value`` (float32) rounded stochastically to a bfloat16 value, still as float32
-    (``narrow`` then casts it exactly): adds the element's 16-bit hash
-    (optgen/core/rounding.py, from its flat index ``i``, the key scalars and the state's
-    salt) to the bits and drops the low 16. Appends the hash's let lines to ``body``."""
-    u = 'T.uint32'
-    hi, lo = (f'T.Cast("uint32", {k})' for k in key)
-    h = f"sr_{name}"
-    body += [
-        f'{h}0: T.let = T.bitwise_xor(T.Cast("uint32", i) * {u}({rounding.GOLDEN}) + '
-        f'T.bitwise_or(T.shift_left({hi}, {u}(16)), {lo}), {u}({salt}))',
-        f"{h}1: T.let = T.bitwise_xor({h}0, T.shift_right({h}0, {u}(16))) * {u}({rounding.MIX1})",
-        f"{h}2: T.let = T.bitwise_xor({h}1, T.shift_right({h}1, {u}(13))) * {u}({rounding.MIX2})",
-        f"{h}3: T.let = T.bitwise_and(T.bitwise_xor({h}2, T.shift_right({h}2, {u}(16))), "
-        f"{u}(65535))",
-        f'{h}b: T.let = T.reinterpret("uint32", {value})']
-    up = f'T.reinterpret("float32", T.bitwise_and({h}b + {h}3, {u}(4294901760)))'
-    return f"T.Select({nan_bits(h + 'b')}, {value}, {up})"
-
-
-def nan_bits(bits: str) -> str:
-    """Whether the float32 with uint32 ``bits`` is a NaN (tested on the bits: see
-    ``narrow``)."""
-    return f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
-
-
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
           red_stride: int | None = None, multi: bool = False) -> list[LoweredKernel]:
     """Every pass of one kernel IR (reductions level by level, then the updates).
@@ -234,6 +209,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     fmts = formats.kernel_formats(kir.quant, kir.quant_block)
     companions = {c for n, f in fmts.items() for c in f.companions(n, 0)}
     tables = {t for f in fmts.values() for t in f.tables()}
+    split = formats.master(kir.state_format)    # w: a bfloat16 weight and its correction
+    corr = formats.CORRECTION
 
     def const(v: float) -> str:
         return f"T.{ty}({float(v)!r})"
@@ -255,6 +232,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
     def load(name: str, transposed: bool = False) -> str:
+        if split and name == "w":
+            return split.family.load_param(split, slot_of("w"), slot_of(corr))
         if name in fmts:         # block-quantized: the format's load
             return fmts[name].load(name, "i")
         if name in kir.storage:  # float16 state, low-precision gradient: computed in ty
@@ -264,6 +243,11 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return slot_of(name, transposed)
 
     def store(name: str, value: str) -> str:
+        if split and name == "w":     # let lines and the correction's store, then w's
+            *lines, last = split.family.store_param(split, "sw", value, slot_of("w"),
+                                                    slot_of(corr))
+            body.extend(lines)
+            return last
         if name in fmts:         # block-quantized: the format's store
             return fmts[name].store(name, value)
         if name in kir.stochastic:   # bf16sr: the value rounded stochastically first
@@ -395,5 +379,6 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         body.append(store(out, ref(e)))
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in buffers], list(kir.scalars), body,
-                         writes=list(outs), quant=dict(kir.quant), quant_block=kir.quant_block)
+                         writes=list(outs) + ([corr] if split and "w" in outs else []),
+                         quant=dict(kir.quant), quant_block=kir.quant_block)
 

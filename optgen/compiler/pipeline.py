@@ -102,7 +102,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
                 _publish(tmp, dest)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        manifest = load_verified(dest, lambda _, m: m, targets.get)
+        manifest = load_verified(dest, lambda _, m: m)
         todo = [v for v in _wanted(manifest, variants)
                 if force or not _variant_current(dest, manifest, v)]
         if todo:
@@ -187,7 +187,7 @@ def _variant_current(dest: str, manifest: dict, name: str) -> bool:
     """Whether ``dest`` holds variant ``name`` verified; a broken one is reported with an
     ArtifactWarning and rebuilt."""
     try:
-        load_variant(dest, manifest, name, targets.get)
+        load_variant(dest, manifest, name)
     except VariantNotBuilt:
         return False
     except ArtifactError as e:
@@ -214,7 +214,7 @@ def _is_current(dest: str, key: str) -> bool:
     if not os.path.lexists(dest):
         return False
     try:
-        found = load_verified(os.path.abspath(dest), _key_of, targets.get)
+        found = load_verified(os.path.abspath(dest), _key_of)
     except ArtifactError as e:
         warn_rebuild(dest, e.problem)
         return False

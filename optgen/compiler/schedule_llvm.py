@@ -14,6 +14,7 @@ from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
 from .matmul import MatmulPass, schedule_matmul
 from .templates import render
+from .tvm_backend import host_has
 
 VECTOR_BYTES = 64                 # one AVX-512 register; also fine on AVX2 (two registers)
 PARALLEL_MIN_ELEMENTS = 1 << 15   # below this a thread-pool launch costs more than it saves
@@ -39,10 +40,13 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.blocked:
+        permute = vec == PERMUTE_LANES and host_has(PERMUTE_FEATURE)
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
                       key_bits=quant.KEY_BITS, key_base=quant.KEY_BASE, buckets=quant.BUCKETS,
                       per_task=Q8_BLOCKS_PER_TASK, mids=nibble_midpoints(k),
-                      fast={f.map: _fast(f.map) for f in k.formats.values() if f.fast},
+                      vector_body=_permuted_body(k) if permute else None,
+                      fast={f.map: _fast(f.map, permute) for f in k.formats.values()
+                            if f.fast},
                       parallel_min=PARALLEL_MIN_ELEMENTS)
     if k.view == "multi":
         name = "kernel_llvm_multi.py.j2"
@@ -61,12 +65,16 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
                   parallel_min=PARALLEL_MIN_ELEMENTS, stride=RED_SCALAR_SIZE)
 
 
-def _fast(kind: str) -> dict:
+def _fast(kind: str, permute: bool = False) -> dict:
     """An 8-bit map's table-free codes (optgen/core/quant.py fast_codes) as the template
     writes them: the slope and offset of |x|'s decade as a balanced tree of selects by
     the bounds between regions (depth 3, not a chain of 7), float32 constants by their
-    exact repr."""
+    exact repr; ``permute``: by permutes of a table by |x|'s octave (``_octaves``)."""
     c = quant.fast_constants(kind)
+    if permute:
+        return {**_octaves(kind, c), "cap": repr(float(c["cap"])), "zero": c["zero"],
+                "signed": kind == "signed", "eps": repr(quant.FAST_EPS),
+                "eps1": repr(1 - quant.FAST_EPS)}
 
     def f32(v) -> str:
         return f"T.float32({float(v)!r})"
@@ -81,3 +89,89 @@ def _fast(kind: str) -> dict:
     return {"slope": pick(c["slope"], 0, last), "offset": pick(c["offset"], 0, last),
             "cap": repr(float(c["cap"])), "zero": c["zero"], "signed": kind == "signed",
             "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS)}
+
+
+# A map lookup of 16 lanes without a gather (TVM splits a vector gather into 16 scalar
+# loads): AVX-512's two-table permute picks each lane's entry of a 32-entry piece of
+# the map by the code's low 5 bits, and selects by the code's higher bits pick the
+# piece (a 16-entry map: one single-table permute). The same map entries as the
+# gather, so the same values; used where LLVM targets this CPU with AVX-512F.
+PERMUTE_FEATURE = "avx512f"
+PERMUTE_LANES = 16
+PERMUTE2 = "llvm.x86.avx512.vpermi2var.ps.512"   # (table lo, index, table hi)
+PERMUTE1 = "llvm.x86.avx512.permvar.sf.512"      # (table, index)
+
+
+def _permuted(table: str, code: str, size: int) -> str:
+    """TVMScript of ``table[code]`` (float32, ``size`` entries, a power of two of at
+    least 16) for the 16 lanes of a vectorized loop over ``jj``, by permutes."""
+    def piece(at: int) -> str:
+        return f"{table}[T.int64({at}) + jj]"
+    if size == PERMUTE_LANES:
+        return f'T.call_llvm_pure_intrin("float32", "{PERMUTE1}", {piece(0)}, {code})'
+    level = [f'T.call_llvm_pure_intrin("float32", "{PERMUTE2}", {piece(at)}, {code}, '
+             f"{piece(at + PERMUTE_LANES)})" for at in range(0, size, 2 * PERMUTE_LANES)]
+    bit = 2 * PERMUTE_LANES
+    while len(level) > 1:
+        level = [f"T.Select(T.bitwise_and({code}, T.int32({bit})) != T.int32(0), "
+                 f"{hi}, {lo})" for lo, hi in zip(level[0::2], level[1::2])]
+        bit *= 2
+    return level[0]
+
+
+def _permuted_body(k: LoweredKernel) -> list[str] | None:
+    """The element body of a full block with its map lookups by permutes (None where
+    no state looks up a map)."""
+    loads = {}
+    for s, f in k.formats.items():
+        found = f.lookup(s, "i")
+        if found is not None:
+            loads[f.load(s, "i")] = f"({_permuted(*found)} * qa_{s})"
+    if not loads:
+        return None
+    body = []
+    for line in k.body:
+        for old, new in loads.items():
+            line = line.replace(old, new)
+        body.append(line)
+    return body
+
+
+# The decade of |x| for the codes (``_fast``) by permutes: |x|'s float32 exponent, clamped
+# to 96 .. 127 (2**-31 .. 1: every bound lies in there, none below 2**-31, and what is
+# not below 2 is above every bound), picks one of 32 octaves by its low 5 bits; an
+# octave holds at most one bound, so the decade is the octave's first one, or the next
+# above its bound (the tree's compare "bound < a" on the same bound). Rows of the
+# table E_<map>: the bound (or the largest float32: none), the slope below and above
+# it, the offset below and above it.
+OCTAVE_LOW, OCTAVES = 96, 32
+OCTAVE_ROWS = ("bound", "slope", "slope above", "offset", "offset above")
+
+
+def _octaves(kind: str, c: dict) -> dict:
+    """The octave table of a map (``table``: float32 literals) and the template's
+    ``octave``, ``slope`` and ``offset`` expressions of ``a`` (|x|) reading it."""
+    bounds = c["bounds"]
+    rows = {r: [] for r in OCTAVE_ROWS}
+    for e in range(OCTAVE_LOW, OCTAVE_LOW + OCTAVES):
+        low, high = np.float32(2.0 ** (e - 127)), np.float32(2.0 ** (e - 126))
+        inside = [b for b in bounds if low <= b < high]
+        assert len(inside) <= 1, (kind, e)
+        first = int(np.sum(bounds < low))
+        above = first + len(inside)
+        rows["bound"].append(inside[0] if inside else np.finfo(np.float32).max)
+        rows["slope"].append(c["slope"][first])
+        rows["slope above"].append(c["slope"][above])
+        rows["offset"].append(c["offset"][first])
+        rows["offset above"].append(c["offset"][above])
+
+    def row(name: str) -> str:
+        at = OCTAVE_ROWS.index(name) * OCTAVES
+        return (f'T.call_llvm_pure_intrin("float32", "{PERMUTE2}", E_{kind}[T.int64({at}) '
+                f"+ jj], oc, E_{kind}[T.int64({at + PERMUTE_LANES}) + jj])")
+    above = f"{row('bound')} < a"
+    return {"table": [f"T.float32({float(v)!r})" for r in OCTAVE_ROWS for v in rows[r]],
+            "octave": f'T.min(T.max(T.shift_right(T.reinterpret("int32", a), T.int32(23)), '
+                      f"T.int32({OCTAVE_LOW})), T.int32({OCTAVE_LOW + OCTAVES - 1}))",
+            "slope": f"T.Select({above}, {row('slope above')}, {row('slope')})",
+            "offset": f"T.Select({above}, {row('offset above')}, {row('offset')})"}

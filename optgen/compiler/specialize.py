@@ -49,7 +49,8 @@ def _needs_host(e: Expr) -> bool:
 
 def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
                merge: bool = False, state_format: dict[str, str] | None = None,
-               maps: dict[str, str] | None = None, master: bool = True) -> KernelIR:
+               maps: dict[str, str] | None = None, master: bool = True,
+               param_format: str = str(formats.cast.STOCHASTIC)) -> KernelIR:
     """The IR of one traced update; ``param_dtype`` (one of MIXED_DTYPES) makes the
     mixed-precision variant (see the module docstring); ``merge`` plans for the CPU
     family's reduction template (``plan``); ``state_format`` (state -> format,
@@ -57,7 +58,9 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     keeps in the kernel dtype in the format's dtype (loads widen, stores round), or as
     q8 codes with the dynamic map ``maps`` names ("signed"/"unsigned"; ``quantize``).
     ``master=False`` (with ``param_dtype`` bfloat16): no float32 master; ``w`` itself
-    is stored as bfloat16, rounded stochastically (``formats.PARAM``)."""
+    is stored as bfloat16, rounded stochastically (``formats.PARAM``), or with a split
+    ``param_format`` ("split16", "split8") decoded from and encoded into ``w`` and its
+    correction ``w__corr`` (optgen/core/formats/split.py)."""
     host: dict[str, str] = {}            # python text -> host scalar name
     memo: dict[int, Expr] = {}
 
@@ -105,10 +108,18 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     formatted = {n: f for n, f in (state_format or {}).items()
                  if n in tensor_states and n not in storage}
     storage.update(formats.dtypes(formatted))
-    low_copy = []
+    low_copy, corr = [], []
     if param_dtype is not None and not master:   # bfloat16 w, stored stochastically
         storage.update({n: param_dtype for n in ["w", "grad", *spec.inputs]})
-        formatted[formats.PARAM] = str(formats.cast.STOCHASTIC)
+        formatted[formats.PARAM] = param_format
+        split = formats.master(formatted)        # (or a split master)
+        if split is not None:
+            if matrix:
+                raise TypeError(f"{spec.name} (flags {trace.flags}) multiplies matrices; "
+                                f"master_format {split.name!r} applies to elementwise rules")
+            corr = [formats.CORRECTION]
+            storage[corr[0]] = split.family.corr_dtypes[split.name]
+            axes[corr[0]] = "brc"
     elif param_dtype is not None:
         assert param_dtype in MIXED_DTYPES, param_dtype
         low_copy = [LOW_COPY]
@@ -117,7 +128,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         storage.update({n: param_dtype for n in [LOW_COPY, "grad", *spec.inputs]})
     kir = KernelIR(
         flags=dict(trace.flags),
-        buffers=["w", *low_copy, "grad", *spec.inputs, *tensor_states],
+        buffers=["w", *corr, *low_copy, "grad", *spec.inputs, *tensor_states],
         hypers=list(spec.numeric_hypers),
         host_scalars={name: text for text, name in host.items()},
         scalar_state_updates=scalar_updates,
@@ -133,10 +144,14 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         plan_matrix(kir)
     else:
         plan(kir, merge)
+    if corr:     # every pass that reads or writes w reads and writes its correction
+        for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:
+            if corr[0] not in ln.buffers:
+                ln.buffers = [x for b in ln.buffers for x in ([b, *corr] if b == "w" else [b])]
     if formats.block(spec.name, formatted):    # (one block size for all)
         quantize(spec, kir, {n: formats.of(formatted[n]).with_map((maps or {})[n])
                              for n in formats.quantized(formatted)})
-    sr = formats.stochastic(formatted) + ([] if master else ["w"])
+    sr = formats.stochastic(formatted) + ([] if master or corr else ["w"])
     if sr:
         stochastic(spec, kir, sr)
     return kir
@@ -285,7 +300,8 @@ def plan(kir: KernelIR, merge: bool = False) -> None:
     kir.launches = launches
     # row-wise elementwise rules also get a lazy (row-sparse) variant: the same body over
     # the rows named by an index array (MXNet lazy_update, MindSpore LazyAdam)
-    has_inputs = any(b not in ("w", "grad") and b not in kir.tensor_updates
+    has_inputs = any(b not in ("w", formats.CORRECTION, "grad")
+                     and b not in kir.tensor_updates
                      for b in kir.buffers if not b.startswith("_red"))
     if not reduces and not has_inputs and all(a in ("brc", "") for a in kir.buffer_axes.values()):
         kir.lazy = Launch("update", "brc", "lazy", [*kir.buffers, "_indices"],

@@ -48,6 +48,14 @@ def host_cpu() -> str:
     return _tvm().target.codegen.llvm_get_system_cpu()
 
 
+@functools.lru_cache(maxsize=None)
+def host_has(feature: str) -> bool:
+    """Whether LLVM generates code for this machine's CPU with ``feature`` (an LLVM
+    target feature name, "avx512f"): intrinsics that need it compile here."""
+    tvm = _tvm()
+    return bool(tvm.target.codegen.target_has_features(feature, tvm.target.Target(host_target())))
+
+
 def target_for(name: str, arch: str | None = None):
     """The TVM Target of a registered target (optgen.compiler.targets). ``arch`` is the
     architecture TVM generates for where the target takes one; a GPU target gets this

@@ -67,8 +67,8 @@ def kernel_irs(spec, traces, tg: targets.Target,
     64-bit integers, no row-sparse variant. A ``state_format`` request (see
     optgen.core.formats) adds, for every elementwise flag combination, the same IRs
     with those states in the format (matrix rules get none); its ``formats.PARAM`` entry
-    (stochastic_rounding) adds IRs for bfloat16 parameters without a master copy, with
-    plain and with formatted states."""
+    (stochastic_rounding, or a split ``master_format``) adds IRs for bfloat16 parameters
+    without a master copy, with plain and with formatted states."""
     if not tg.matrix:
         matrix = next((tr for tr in traces if tr.matrix), None)
         if matrix is not None:
@@ -84,16 +84,22 @@ def kernel_irs(spec, traces, tg: targets.Target,
         raise BuildError(f"state_format {' and '.join(map(repr, quantized))} builds for the "
                          f"targets {with_quant} so far, not {tg.name}")
     maps = quant_maps(spec, traces, {n: formats.of(fmt[n]) for n in formats.quantized(fmt)})
+    split = formats.master(fmt)
+    if split is not None and split.dtype not in tg.mixed:
+        raise BuildError(f"master_format {split.name!r} steps {split.dtype} parameters, which "
+                         f"the {tg.name} target cannot store (it has "
+                         f"{', '.join(tg.mixed) or 'none'})")
     if fmt and not set(formats.dtypes(fmt).values()) <= set(tg.mixed):
         raise BuildError(f"state_format {formats.key(state_format)!r} stores states as "
                          f"{', '.join(sorted(set(formats.dtypes(fmt).values())))}, which the "
                          f"{tg.name} target cannot store (it has {', '.join(tg.mixed) or 'none'})")
-    sr_params = fmt.pop(formats.PARAM, None) is not None   # bfloat16 w without a master
+    param_format = fmt.pop(formats.PARAM, None)   # bfloat16 w without a master
+    sr_params = param_format is not None
     made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f, maps=maps))
             for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else [None])
             for low in (None, *(() if tr.matrix else tg.mixed))]
     made += [(f, specialize(spec, tr, "bfloat16", merge=tg.family == "cpu", state_format=f,
-                            maps=maps, master=False))
+                            maps=maps, master=False, param_format=param_format))
              for tr in traces if sr_params and not tr.matrix
              for f in ([{}, fmt] if fmt else [{}])]
     # no format IR where none of the formatted states is active: it is the plain one

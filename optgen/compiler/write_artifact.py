@@ -108,7 +108,7 @@ def write_artifact(folder: str, plan: BuildPlan, key: str, seconds: float,
             f.write(text)
     # what the runtime reads, with size and sha256: Artifact.load verifies them
     manifest["files"] = {n: cache.file_record(os.path.join(folder, n))
-                         for n in runtime_files(manifest, targets.get)}
+                         for n in runtime_files(manifest)}
     _write_json(os.path.join(folder, "manifest.json"), manifest)
 
 
@@ -129,7 +129,7 @@ def write_variant(folder: str, plan: BuildPlan, variant: str, sources: dict[str,
     if device is not None:
         record["device_abi"] = abi.DOC
         record["device_kernels"] = device
-    record["files"] = {n: records[n] for n in variant_files(record, targets.get)}
+    record["files"] = {n: records[n] for n in variant_files(record)}
     _write_json(os.path.join(folder, VARIANT_RECORD), record)
 
 

@@ -25,12 +25,6 @@ from ._version import __version__
 
 from . import cache, catalog, targets
 from .cache import FORMAT
-from .targets import TargetFacts
-
-# target name -> its facts: the core's registry (targets.get) unless a caller passes its
-# own registry's lookup (the compiler's Target and the runtime's Backend show the same
-# facts, read from targets.py)
-Facts = Callable[[str], TargetFacts]
 
 
 class ArtifactError(RuntimeError):
@@ -76,20 +70,20 @@ VARIANT_KEYS = ("format", "key", "variant", "target", "library", "files", "sourc
                 "binaries")
 
 
-def runtime_files(manifest: dict, facts: Facts = targets.get) -> list[str]:
+def runtime_files(manifest: dict) -> list[str]:
     """The files of an artifact the runtime reads, which its manifest's ``files``
     records (size, sha256): spec.py (checkpoints hash it), or for a variant's record
     (or the merged manifest ``load_variant`` returns) the variant's (``variant_files``).
     The wrapper module and the other sources are for people and are not verified."""
-    return variant_files(manifest, facts) if "variant" in manifest else ["spec.py"]
+    return variant_files(manifest) if "variant" in manifest else ["spec.py"]
 
 
-def variant_files(record: dict, facts: Facts = targets.get) -> list[str]:
+def variant_files(record: dict) -> list[str]:
     """The files of a variant the runtime reads: its library, the PTX and cubin files
     (cuda) and what the target's runtime backend reads besides (the OpenCL source)."""
     names = [record["library"]]
     names += [f for files in record["binaries"].values() for f in files.values()]
-    names += facts(record["target"]).files(record)
+    names += targets.get(record["target"]).files(record)
     return list(dict.fromkeys(names))
 
 
@@ -158,7 +152,7 @@ def _running_tvm() -> str | None:
         return None
 
 
-def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> None:
+def verify_manifest(path: str, manifest: Any) -> None:
     """The manifest's format, keys and versions; ArtifactError naming what is wrong."""
     mpath = os.path.join(path, "manifest.json")
 
@@ -172,7 +166,7 @@ def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> Non
     if isinstance(target, str) and target not in targets.FACTS:
         fail(f"built for target {target!r}, which this optgen does not know "
              f"(targets: {', '.join(targets.FACTS)})")
-    backend = facts(target) if isinstance(target, str) else None
+    backend = targets.get(target) if isinstance(target, str) else None
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         fail(f"the manifest lacks {', '.join(map(repr, missing))}")
@@ -186,7 +180,7 @@ def verify_manifest(path: str, manifest: Any, facts: Facts = targets.get) -> Non
         fail(f"built with TVM {manifest['tvm_version']}, this is TVM {tvm}")
 
 
-def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
+def verify_files(path: str, manifest: dict) -> None:
     """Every file the runtime reads exists with the size and sha256 the manifest records
     (an artifact's, or a variant's merged one with ``path`` its folder). Hashes are
     computed once per process per file version (cache.file_record)."""
@@ -196,7 +190,7 @@ def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
     home = os.path.dirname(path) if variant else path       # the artifact's folder
     files = manifest["files"]
     try:
-        names = runtime_files(manifest, facts)
+        names = runtime_files(manifest)
         if not isinstance(files, dict):
             raise TypeError("'files' is not an object")
     except (KeyError, TypeError, AttributeError) as e:
@@ -233,8 +227,7 @@ def verify_files(path: str, manifest: dict, facts: Facts = targets.get) -> None:
 T = TypeVar("T")
 
 
-def load_verified(path: str, make: Callable[[str, dict], T],
-                  facts: Facts = targets.get) -> T:
+def load_verified(path: str, make: Callable[[str, dict], T]) -> T:
     """``make(path, manifest)`` for the verified manifest of the artifact at ``path``
     (absolute): its format, keys, versions and the files the runtime reads; a manifest
     ``make`` cannot read (KeyError, TypeError, ...) is a malformed one. Runs no code of
@@ -242,16 +235,16 @@ def load_verified(path: str, make: Callable[[str, dict], T],
     for _ in range(2):
         before = _folder_id(path)
         try:
-            return _load_once(path, make, facts)
+            return _load_once(path, make)
         except ArtifactError:
             # a builder replaced the folder while we read it (old manifest, new
             # library): read the new one; a broken folder that stays put is the error
             if _folder_id(path) == before:
                 raise
-    return _load_once(path, make, facts)
+    return _load_once(path, make)
 
 
-def _load_once(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
+def _load_once(path: str, make: Callable[[str, dict], T]) -> T:
     mpath = os.path.join(path, "manifest.json")
     if not os.path.isdir(path):
         raise ArtifactError(f"{path}: no such artifact directory")
@@ -262,8 +255,8 @@ def _load_once(path: str, make: Callable[[str, dict], T], facts: Facts) -> T:
         raise _broken(mpath, "missing (not a complete optgen artifact)", path) from None
     except (OSError, ValueError) as e:
         raise _broken(mpath, f"unreadable manifest ({e})", path) from None
-    verify_manifest(path, manifest, facts)
-    verify_files(path, manifest, facts)
+    verify_manifest(path, manifest)
+    verify_files(path, manifest)
     try:
         return make(path, manifest)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -290,7 +283,7 @@ def not_built(path: str, manifest: dict, name: str, why: str = "") -> VariantNot
         f"with `{every}`", name, cmd)
 
 
-def load_variant(path: str, manifest: dict, name: str, facts: Facts = targets.get) -> dict:
+def load_variant(path: str, manifest: dict, name: str) -> dict:
     """The manifest of the verified artifact at ``path`` (``manifest``) merged with the
     record of its variant ``name``, verified (format, key, its files' sizes and sha256):
     what the runtime loads the variant's library from, in the folder ``path/name``.
@@ -303,16 +296,16 @@ def load_variant(path: str, manifest: dict, name: str, facts: Facts = targets.ge
     for _ in range(2):
         before = _folder_id(folder)
         try:
-            return _variant_once(path, manifest, name, facts)
+            return _variant_once(path, manifest, name)
         except VariantNotBuilt:
             raise
         except ArtifactError:       # replaced while we read it (as in load_verified)?
             if _folder_id(folder) == before:
                 raise
-    return _variant_once(path, manifest, name, facts)
+    return _variant_once(path, manifest, name)
 
 
-def _variant_once(path: str, manifest: dict, name: str, facts: Facts) -> dict:
+def _variant_once(path: str, manifest: dict, name: str) -> dict:
     folder = os.path.join(path, name)
     rpath = os.path.join(folder, VARIANT_RECORD)
     if not os.path.isdir(folder):
@@ -331,7 +324,7 @@ def _variant_once(path: str, manifest: dict, name: str, facts: Facts) -> dict:
         fail(f"the record is a JSON {type(record).__name__}, not an object")
     if record.get("format") != FORMAT:
         fail(f"record format {record.get('format')!r}, this optgen reads format {FORMAT}")
-    device = facts(manifest["target"]).device_abi
+    device = targets.get(manifest["target"]).device_abi
     missing = [k for k in VARIANT_KEYS + (("device_kernels",) if device else ())
                if k not in record]
     if missing:
@@ -344,5 +337,5 @@ def _variant_once(path: str, manifest: dict, name: str, facts: Facts) -> dict:
     if not isinstance(record["sources"], dict):
         fail("malformed record ('sources' is not an object)")
     merged = {**manifest, **record, "sources": {**manifest["sources"], **record["sources"]}}
-    verify_files(folder, merged, facts)
+    verify_files(folder, merged)
     return merged

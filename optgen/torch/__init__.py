@@ -31,6 +31,9 @@ the Parameter objects stay the same) and gives them ``.grad`` views of a second 
 which backward accumulates into and ``zero_grad`` zeroes in place: an elementwise rule
 then steps a whole group with one kernel call (docs/runtime.md, "Flat groups").
 ``offload="cpu"`` keeps states and master copies in host memory (optgen/torch/offload.py).
+``step_in_backward=True`` steps each parameter in backward as soon as its gradient is
+complete and releases that gradient (``opt.accumulating()``, ``opt.attach(ddp_model)``:
+optgen/torch/in_backward.py).
 Under FSDP2 (and DDP or ZeRO-1 with ``agree=group``) the ranks agree on each step before
 it changes anything: a bad input on one rank raises ``DistributedStepError`` on every
 rank (``agree=``:

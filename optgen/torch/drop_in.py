@@ -11,14 +11,15 @@ import numpy as np
 import torch
 
 from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
-from . import agreement as torch_agreement, sharded_checkpoint, state_load
+from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
 RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
-                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding", "seed")
+                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
+                   "master_format", "seed")
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def _value(v: Any) -> Any:
     return v
 
 
-class OptgenOptimizer(torch.optim.Optimizer):
+class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     """The base of the generated classes: torch's bookkeeping around an optgen runtime
     optimizer that runs the fused kernels."""
 
@@ -69,12 +70,14 @@ class OptgenOptimizer(torch.optim.Optimizer):
         name = os.path.basename(self.spec)[:-3]
         self._agree = torch_agreement.check(name, kwargs.pop("agree", torch_agreement.AUTO))
         self._agreement: torch_agreement.Agreement | None = None   # (set with the core)
-        torch_offload.check(name, offload, self._target, flat)
+        torch_offload.check(name, offload, self._target, flat, options.get("master_format"))
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
-                                                "stochastic_rounding", False))
+                                                "stochastic_rounding", False),
+                                            master_format=options.get("master_format"))
         self._offload = torch_offload.HostCopies(art.name) if offload else None  # host copies
+        self._setup_in_backward(kwargs.pop("step_in_backward", False), art)   # in_backward.py
         self._params: list = []   # the torch parameters, in the runtime's order
         self._core: _Core | None = None
         self._synced: list[dict[str, Any]] = []
@@ -239,10 +242,9 @@ class OptgenOptimizer(torch.optim.Optimizer):
         """One update of every parameter with a ``.grad``; returns the closure's loss.
         Statistics (THOR's ``A=[...], G=[...]``, one per parameter of the optimizer, in
         its order) go to the refresh rule (``KFACStatistics.collect`` builds them)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
+        if self._in_backward:   # (the hooks stepped: optgen/torch/in_backward.py)
+            return self._step_held(loss, statistics)
         if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
@@ -382,11 +384,11 @@ class OptgenOptimizer(torch.optim.Optimizer):
         state_dict = self._optgen_form(state_dict)
         core = self._core
         plan = state_load.plan(self._artifact.name, state_dict, self.param_groups,
-                               self._params, core.state)
+                               self._params, core.state, self._artifact.state_format)
         super().load_state_dict(state_dict)
         if self._offload is not None:   # the model's weights may have been loaded before
             self._offload.refresh(self._params)
-        state_load.copy_in(core.state, plan)
+        state_load.copy_in(core.state, plan, self._params)
         core.set_step_counts({i: int(rec["step"]) for i, rec in plan})
         core.restore_refreshes([i for i, _ in plan])
         core.t = max((s.steps for s in core.records), default=0)

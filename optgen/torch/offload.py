@@ -39,10 +39,14 @@ WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 BUCKET_BYTES = 32 << 20    # gradient bytes per bucket of copies
 
 
-def check(owner: str, offload: Any, target: str, flat: bool) -> None:
+def check(owner: str, offload: Any, target: str, flat: bool, master_format: Any = None
+          ) -> None:
     """The offload option against the others (ValueError naming the rule)."""
     if offload is None:
         return
+    if master_format not in (None, "fp32"):
+        raise ValueError(f"{owner}: offload={offload!r} keeps a float32 master copy on the "
+                         f"host; master_format={master_format!r} applies without offload")
     if offload not in PLACES:
         raise ValueError(f"{owner}: offload must be None or one of {', '.join(PLACES)}, "
                          f"got {offload!r}")

@@ -39,7 +39,7 @@ from optgen.runtime import catalog
 SPLIT = {"betas": ("beta1", "beta2"), "etas": ("etaminus", "etaplus"),
          "step_sizes": ("step_size_min", "step_size_max"),
          "ns_coefficients": ("ns_a", "ns_b", "ns_c"), "eps": ("eps1", "eps2")}
-TAKEN_BY_CALL = (*RUNTIME_OPTIONS, "flat", "offload", "agree")   # optgen's, not torch's
+TAKEN_BY_CALL = (*RUNTIME_OPTIONS, "flat", "offload", "agree", "step_in_backward")   # optgen's, not torch's
 
 
 class TakesRuntimeOptions(type):

@@ -81,10 +81,17 @@ class AdamWScheduleFree(OptgenOptimizer):
     @torch.no_grad()
     def step(self, closure=None, **statistics):
         """One step at y (train mode only); returns the closure's loss."""
+        self._check_train_mode()
+        return super().step(closure, **statistics)
+
+    step._wrapped_by_lr_sched = True   # (as the base's step: lr schedulers leave it as is)
+
+    def _open_round(self) -> bool:   # (step_in_backward: a backward's steps, train mode only)
+        self._check_train_mode()
+        return super()._open_round()
+
+    def _check_train_mode(self) -> None:
         if self._idle_group is not None:
             raise RuntimeError(f"{self._artifact.name}: parameter group {self._idle_group} is "
                                "in eval mode; call optimizer.train() before step() (and "
                                "optimizer.eval() before evaluating or saving)")
-        return super().step(closure, **statistics)
-
-    step._wrapped_by_lr_sched = True   # (as the base's step: lr schedulers leave it as is)

@@ -8,18 +8,24 @@ torch's dtype-cast copies), so float64 scalar states and every stored dtype roun
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import fsdp
+from optgen.core import formats
+from optgen.runtime import state, tensors
 
 
 def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any]],
-         params: list, states: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+         params: list, states: list[dict[str, Any]], fmt: dict[str, str] | None = None
+         ) -> list[tuple[int, dict[str, Any]]]:
     """(parameter index, saved record) of every parameter ``state_dict`` holds a state
-    for, each checked against ``states`` (the runtime's)."""
+    for, each checked against ``states`` (the runtime's); a saved master of another
+    form (float32, split: ``fmt`` is the artifact's format dict) converted first, with
+    one warning line."""
     saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
     if len(saved_groups) != len(param_groups) or any(
             len(a["params"]) != len(b["params"])
@@ -27,14 +33,15 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
         raise ValueError(f"{name}: state_dict has another group layout "
                          "(number of groups or parameters per group)")
     index = {id(p): i for i, p in enumerate(params)}
-    out = []
+    out, converted = [], set()
     for sg, g in zip(saved_groups, param_groups):
         for pid, p in zip(sg["params"], g["params"]):
             if pid not in saved_state:
                 continue
             i, rec = index[id(p)], saved_state[pid]
+            rec = _remaster(rec, states[i], p, fmt or {}, converted)
             want = set(states[i]) | {"step"}
-            if set(rec) != want:
+            if set(rec) - {formats.PARAM} != want:
                 raise ValueError(f"{name}: state_dict state of parameter "
                                  f"{i} has {sorted(rec)}, expected {sorted(want)}")
             for n, v in states[i].items():   # (a DTensor state: its local shard)
@@ -43,12 +50,34 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
                     raise ValueError(f"{name}: state_dict state {i}.{n} has "
                                      f"shape {tuple(got.shape)}, expected {tuple(v.shape)}")
             out.append((i, rec))
+    if converted:
+        warnings.warn(f"{name}: state_dict states converted to this optimizer's state "
+                      f"format ({', '.join(sorted(converted))})", stacklevel=3)
     return out
 
 
-def copy_in(states: list[dict[str, Any]], plan: list[tuple[int, dict[str, Any]]]) -> None:
-    """The saved records of ``plan`` into the runtime's ``states``, in place."""
+def _remaster(rec: dict[str, Any], mine: dict[str, Any], p: Any, fmt: dict[str, str],
+              converted: set[str]) -> dict[str, Any]:
+    """``rec`` with its master in the form of ``mine`` (runtime/state.py ``remaster``)."""
+    keys = (formats.CORRECTION, state.MASTER)
+    host = {n: fsdp.local(rec[n]).detach().cpu().numpy() for n in keys if n in rec}
+    new, label = state.remaster(host, mine, lambda: tensors.to_numpy(fsdp.local(p), "torch"),
+                                fmt)
+    if label is None:
+        return rec
+    converted.add(label)
+    out = {n: v for n, v in rec.items() if n not in keys}
+    out.update((n, v if n == formats.PARAM else torch.from_numpy(v)) for n, v in new.items())
+    return out
+
+
+def copy_in(states: list[dict[str, Any]], plan: list[tuple[int, dict[str, Any]]],
+            params: list | None = None) -> None:
+    """The saved records of ``plan`` into the runtime's ``states``, in place (and a
+    converted master's weight into its parameter of ``params``)."""
     for i, rec in plan:   # copied from the saved tensors (not torch's dtype-cast copies)
+        if formats.PARAM in rec and params is not None:
+            tensors.copy_into(fsdp.local(params[i]).data, "torch", rec[formats.PARAM])
         for n, v in states[i].items():
             if isinstance(v, np.floating):
                 states[i][n] = np.float64(float(rec[n]))

@@ -208,7 +208,7 @@ class Artifact:
     def load(cls, path: str | os.PathLike) -> "Artifact":
         """The verified artifact at ``path``: reads manifest.json and hashes the files the
         runtime reads; runs no code of the artifact (the library is opened on first use)."""
-        return load_verified(os.path.abspath(os.fspath(path)), cls, backends.get)
+        return load_verified(os.path.abspath(os.fspath(path)), cls)
 
     @property
     def flags(self) -> dict[str, HyperInfo]:
@@ -252,12 +252,12 @@ class Artifact:
             got = self._built.get(name)
             if got is None:
                 try:
-                    merged = load_variant(self.path, self.manifest, name, backends.get)
+                    merged = load_variant(self.path, self.manifest, name)
                 except ArtifactError:
                     if self.builder is None or name not in self.variants:
                         raise
                     self.builder([name])
-                    merged = load_variant(self.path, self.manifest, name, backends.get)
+                    merged = load_variant(self.path, self.manifest, name)
                 got = self._built[name] = Variant(name, os.path.join(self.path, name),
                                                   merged)
             return got
@@ -277,7 +277,7 @@ class Artifact:
 
     def _verified(self, name: str) -> bool:
         try:
-            load_variant(self.path, self.manifest, name, backends.get)
+            load_variant(self.path, self.manifest, name)
         except ArtifactError:
             return False
         return True
@@ -323,7 +323,7 @@ class Artifact:
         module = self._modules.get(name)
         if module is None:
             v = self.variant(name)
-            verify_files(v.path, v.manifest, backends.get)  # unchanged since? (a stat per file)
+            verify_files(v.path, v.manifest)  # unchanged since? (a stat per file)
             backend = backends.get(self.target)
             if backend.load is not None:         # a library through tvm_ffi (CPU targets)
                 _load_tvm_runtime()

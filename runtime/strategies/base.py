@@ -47,6 +47,8 @@ class StepInputs:
     rows: Any = None                          # capturable: runtime.capture.ScalarBuffers
     shared: dict[tuple, tuple] = field(default_factory=dict)
     pending: list[Iterator[list]] = field(default_factory=list)
+    parts: Sequence[int] | None = None        # a part of a step: its parameters (each
+    # by its own strategy: the other members of its runs have no gradient in it)
 
     def place(self, indices: Sequence[int], k: Any, packed: np.ndarray,
               slot: ParamSlot) -> Any:
@@ -155,10 +157,12 @@ class Launches:
 
     def run(self, step: StepInputs) -> None:
         runs, slots, stepped = self.runs, self.slots, set()
-        for i, g in enumerate(step.grads):
+        order = enumerate(step.grads) if step.parts is None else \
+            ((i, step.grads[i]) for i in step.parts)
+        for i, g in order:
             if g is None or i in stepped:
                 continue
-            run = runs.get(i)
+            run = runs.get(i) if step.parts is None else None
             if run is not None and run.run(step):
                 stepped.update(run.indices)
                 continue

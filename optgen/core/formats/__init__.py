@@ -14,6 +14,9 @@ unchanged, and rounds the new value into the format on store, in the same pass.
     "fp8"      block-scaled E4M3 codes (fp8.py): a byte per element, one float32 scale
                (absmax / 448) per block of 256 ("fp8@<block>"), decoded by arithmetic;
                non-negative states code their square root
+    "split16", "split8"   master formats (split.py), not state formats: a bfloat16
+               parameter stepped without a float32 master, the master's low bits kept
+               in a per-element correction (``master_format=``)
 
 Each family is a ``StateFormat`` registered in registry.py; a request's text parses to
 a typed ``Format`` there, and every module asks that value instead of reading the text
@@ -38,18 +41,21 @@ from typing import Any, Iterable, Mapping
 from . import cast      # (registers the cast family first: the order of error messages)
 from . import blocked   # (registers q8, q4)
 from . import fp8       # (registers fp8)
+from . import split     # (registers split16, split8: master formats)
 from . import registry
 from .blocked import NO_BLOCK
 from .registry import (ABSMAX, BLOCKED_VIEW, FLAT_VIEWS, Format, FormattedKernel,
                        StateFormat, from_stored, kernel_formats, of, of_map, parse, table)
 
 __all__ = ["ABSMAX", "BLOCKED_VIEW", "NO_BLOCK", "FLAT_VIEWS", "Format", "FormattedKernel",
-           "StateFormat", "blocked", "cast", "fp8", "from_stored", "kernel_formats", "of",
+           "StateFormat", "blocked", "cast", "fp8", "split", "from_stored", "kernel_formats", "of",
            "of_map", "parse", "table"]
 
 PARAM = "w"                      # a request's entry for bfloat16 parameters stepped
                                  # without a master copy (stochastic_rounding=True)
 EVERY = "*"                      # a request dict's entry for every tensor state
+MASTERS = ("fp32", *split.SPLIT.names)   # master_format's choices (None: the default)
+CORRECTION = PARAM + split.CORR  # a split master's correction: a state of the parameter
 MIN_SIZE = 4096                  # smaller tensors keep full-precision states
 TENSOR_SHAPES = ("param", "row", "col")   # states a format applies to
 
@@ -71,12 +77,37 @@ def request(owner: str, state_format: Any) -> str | dict[str, str] | None:
             raise TypeError(f"{owner}: state_format keys are state names, got {name!r}")
         if fmt is None or fmt == "default":
             continue
-        out[name] = _format(owner, f"state_format[{name!r}]", fmt)
+        out[name] = _format(owner, f"state_format[{name!r}]", fmt, master=name == PARAM)
     return out or None
 
 
-def _format(owner: str, what: str, fmt: Any) -> str:
-    return str(parse(owner, what, fmt))
+def _format(owner: str, what: str, fmt: Any, master: bool = False) -> str:
+    parsed = parse(owner, what, fmt)
+    if parsed.family is split.SPLIT and not master:
+        raise ValueError(f"{owner}: {what} {fmt!r} is a master format: pass it as "
+                         f"master_format={fmt!r} (bfloat16 parameters)")
+    return str(parsed)
+
+
+def mastered(owner: str, req: str | dict[str, str] | None, master_format: Any
+             ) -> str | dict[str, str] | None:
+    """A canonical request with ``master_format`` applied: "split16"/"split8" give it a
+    ``PARAM`` entry of that format (kernels for bfloat16 parameters stepped without a
+    float32 master, the master's low bits in a correction: split.py); None and "fp32"
+    (the float32 master of multi_precision=True) leave it as it is."""
+    if master_format is None or master_format == "fp32":
+        return req
+    if master_format not in MASTERS:
+        raise ValueError(f"{owner}: master_format must be one of None, "
+                         f"{', '.join(map(repr, MASTERS))}, got {master_format!r}")
+    states = {} if req is None else {EVERY: req} if isinstance(req, str) else req
+    return dict(sorted({**states, PARAM: master_format}.items()))
+
+
+def master(fmt: Mapping[str, str]) -> Format | None:
+    """The split master format of a format dict (its ``PARAM`` entry), else None."""
+    f = fmt.get(PARAM)
+    return None if f is None or of(f).family is not split.SPLIT else of(f)
 
 
 def rounded(owner: str, req: str | dict[str, str] | None, stochastic: Any
@@ -132,7 +163,7 @@ def expand(owner: str, req: str | dict[str, str] | None, states: Iterable[Any]
                 **expand(owner, {n: f for n, f in req.items() if n != EVERY}, states)}
     shapes = {s.name: s.shape for s in states}
     for name in req:
-        if name == PARAM and of(req[name]) == cast.STOCHASTIC:
+        if name == PARAM and (of(req[name]) == cast.STOCHASTIC or master(req)):
             continue
         if name not in shapes:
             raise ValueError(f"{owner}: state_format names state {name!r}, which the rule "

@@ -132,7 +132,11 @@ class BlockQuantized(StateFormat):
     def load(self, fmt: Format, state: str, index: str) -> str:
         """TVMScript of element ``index`` of a state: its code's map value times the
         block's old absmax (``qa_<state>``, bound by the template)."""
-        return f"(B__qmap_{fmt.map}[{self._code(fmt, state, index)}] * qa_{state})"
+        table, code, _ = self.lookup(fmt, state, index)
+        return f"({table}[{code}] * qa_{state})"
+
+    def lookup(self, fmt: Format, state: str, index: str) -> tuple[str, str, int]:
+        return f"B__qmap_{fmt.map}", self._code(fmt, state, index), 1 << self.bits(fmt)
 
     def store(self, fmt: Format, state: str, value: str) -> str:
         """The block's new values go to ``Q_<state>``; the template quantizes them."""

@@ -132,6 +132,9 @@ class BlockScaledFp8(BlockQuantized):
     def fast(self, fmt: Format) -> bool:
         return False
 
+    def lookup(self, fmt: Format, state: str, index: str) -> None:
+        return None        # decoded by arithmetic (load), no map
+
     # -- the kernels --------------------------------------------------------------------
     def load(self, fmt: Format, state: str, index: str) -> str:
         """Element ``index``: the decoded code times the block's scale (``qa_<state>``),

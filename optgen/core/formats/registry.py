@@ -105,6 +105,12 @@ class Format:
         """The statement storing ``value`` (None: the generic store by the dtype)."""
         return self.family.store(self, state, value)
 
+    def lookup(self, state: str, index: str) -> tuple[str, str, int] | None:
+        """What ``load`` looks up, for a schedule with a faster lookup than a gather:
+        (the map's buffer, the code of element ``index``, the map's size); ``load`` is
+        that entry times ``qa_<state>``. None: no map lookup."""
+        return self.family.lookup(self, state, index)
+
     def midpoints(self) -> list[str] | None:
         return self.family.midpoints(self)
 
@@ -202,6 +208,9 @@ class StateFormat:
     def store(self, fmt: Format, state: str, value: str) -> str | None:
         return None
 
+    def lookup(self, fmt: Format, state: str, index: str) -> tuple[str, str, int] | None:
+        return None
+
     def midpoints(self, fmt: Format) -> list[str] | None:
         return None
 
@@ -241,7 +250,7 @@ def parse(owner: str, what: str, text: Any) -> Format:
 
 
 def syntax() -> str:
-    return ", ".join(["'default'", *(f.syntax() for f in FAMILIES)])
+    return ", ".join(["'default'", *(f.syntax() for f in FAMILIES if f.syntax())])
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,34 @@
+"""Bit-level lines of the lowering (optgen.compiler.lower): stochastic rounding to
+bfloat16 and the NaN test on float32 bits, as TVMScript text.
+
+May import: optgen.core.rounding.
+"""
+from __future__ import annotations
+
+from optgen.core import rounding
+
+
+def stochastic(body: list[str], name: str, value: str, salt: int, key: list[str]) -> str:
+    """``value`` (float32) rounded stochastically to a bfloat16 value, still as float32
+    (``narrow`` then casts it exactly): adds the element's 16-bit hash
+    (optgen/core/rounding.py, from its flat index ``i``, the key scalars and the state's
+    salt) to the bits and drops the low 16. Appends the hash's let lines to ``body``."""
+    u = 'T.uint32'
+    hi, lo = (f'T.Cast("uint32", {k})' for k in key)
+    h = f"sr_{name}"
+    body += [
+        f'{h}0: T.let = T.bitwise_xor(T.Cast("uint32", i) * {u}({rounding.GOLDEN}) + '
+        f'T.bitwise_or(T.shift_left({hi}, {u}(16)), {lo}), {u}({salt}))',
+        f"{h}1: T.let = T.bitwise_xor({h}0, T.shift_right({h}0, {u}(16))) * {u}({rounding.MIX1})",
+        f"{h}2: T.let = T.bitwise_xor({h}1, T.shift_right({h}1, {u}(13))) * {u}({rounding.MIX2})",
+        f"{h}3: T.let = T.bitwise_and(T.bitwise_xor({h}2, T.shift_right({h}2, {u}(16))), "
+        f"{u}(65535))",
+        f'{h}b: T.let = T.reinterpret("uint32", {value})']
+    up = f'T.reinterpret("float32", T.bitwise_and({h}b + {h}3, {u}(4294901760)))'
+    return f"T.Select({nan_bits(h + 'b')}, {value}, {up})"
+
+
+def nan_bits(bits: str) -> str:
+    """Whether the float32 with uint32 ``bits`` is a NaN (tested on the bits: see
+    ``narrow``)."""
+    return f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
