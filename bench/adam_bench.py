@@ -4,11 +4,18 @@
     python bench/adam_bench.py                       # 10M fp32 parameters, 20 reps
     python bench/adam_bench.py --n 1000003 --reps 40 --json out.json
     python bench/adam_bench.py --quiet-pools         # idle thread pools sleep (see README)
+    python bench/adam_bench.py --quiet-pools --only "torch fused,optgen.torch,triad torch"
+                                 # the memory configurations' steps (optgen.torch.AdamW)
 
 Every Adam contender updates its own copy of the same n fp32 parameters (w, g, m, v) with
 a fixed gradient. After a warm-up, the repetitions are interleaved: rep r times one step
 of every contender, starting at contender r mod k, so the machine's drift hits all alike.
 Read medians and ratios, never one run: these VMs are noisy (+-30 %) and shared.
+
+The ``optgen.torch AdamW`` rows step torch parameters through the drop-in class: fp32,
+q8 and fp8 states, and the in-backward 5-byte configuration (bfloat16 weights, a split8
+correction, q8 states) timed as the fused step its hooks run, over the same gradient
+set once (the hook's host work and the backward itself are not in it).
 
 Adam fp32 moves 28 bytes per parameter (reads w, g, m, v; writes w, m, v). The bandwidth
 anchor is a STREAM triad ``a = b + s*c``, counted as 12 bytes per element (STREAM's
@@ -39,14 +46,14 @@ from optgen.benchmark import (ORDERS, Contender, cpu_model, interleave,  # noqa:
                               quiet_pools, thread_env, wall_clock)
 from bandwidth import (AXPY_TORCH, TRIAD_NUMPY, TRIAD_TORCH, make_numpy_triad,  # noqa: E402
                        make_torch_axpy, make_torch_triad)
-from contenders import (ADAM_B, FOREACH, FUSED, NUMPY_EXPR, NUMPY_INPLACE,  # noqa: E402
-                        OPTGEN, SINGLE, state_row)
+from contenders import (ADAM_B, DROP_IN_ROWS, FOREACH, FUSED, NUMPY_EXPR,  # noqa: E402
+                        NUMPY_INPLACE, OPTGEN, SINGLE, state_row)
 from params import ParamSet  # noqa: E402
 from workloads import BNB, ROWS, STATE_FORMATS, TORCHAO  # noqa: E402
 
 # the rows, in the order of the table; then the bandwidth anchors
-ADAM_ROWS = (OPTGEN, *(state_row(f) for f in STATE_FORMATS), BNB, TORCHAO, FUSED, FOREACH,
-             SINGLE, NUMPY_EXPR, NUMPY_INPLACE)
+ADAM_ROWS = (OPTGEN, *(state_row(f) for f in STATE_FORMATS), *DROP_IN_ROWS, BNB, TORCHAO,
+             FUSED, FOREACH, SINGLE, NUMPY_EXPR, NUMPY_INPLACE)
 
 
 def machine_info(torch) -> dict:
@@ -132,6 +139,8 @@ def main(argv=None) -> int:
                     help="split the n parameters into this many tensors (default 1)")
     ap.add_argument("--skip", default="",
                     help="comma-separated prefixes of contender names to leave out")
+    ap.add_argument("--only", default="",
+                    help="comma-separated prefixes of the contender names to run (default: all)")
     ap.add_argument("--quiet-pools", action="store_true",
                     help="set OMP_WAIT_POLICY=passive and TVM_THREAD_POOL_SPIN_COUNT=0 (unless "
                          "set) before torch and TVM start, so idle pool threads sleep at once "
@@ -168,8 +177,11 @@ def main(argv=None) -> int:
     makers[TRIAD_TORCH] = lambda: make_torch_triad(torch, args.n)
     makers[AXPY_TORCH] = lambda: make_torch_axpy(torch, args.n)
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
     contenders = [c for name, mk in makers.items()
-                  if not any(name.startswith(s) for s in skip) for c in [mk()] if c is not None]
+                  if not any(name.startswith(s) for s in skip)
+                  and (not only or any(name.startswith(s) for s in only))
+                  for c in [mk()] if c is not None]
     for c in contenders:
         c.inner = args.inner
     del w0, g0

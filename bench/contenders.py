@@ -68,6 +68,42 @@ def make_optgen(ps: ParamSet, spec: str, name: str, flat: bool = False,
                      lambda: concat([ws[i] for i in back]), note=note)
 
 
+# optgen.torch.AdamW rows: name -> (parameter dtype, runtime options, bytes moved per
+# parameter). The last is the in-backward 5-byte configuration's step: bf16 weights
+# (read, write 2 + 2), their split8 correction (1 + 1), q8 m and v (2 + 2, absmax
+# aside) and the bf16 gradient (read 2): 12 B.
+DROP_IN = "optgen.torch AdamW"
+FIVE_BYTE = f"{DROP_IN} bf16+split8+q8 (in-backward's step)"
+DROP_IN_ROWS = {f"{DROP_IN} fp32": ("float32", {}, ADAM_B),
+                f"{DROP_IN} q8": ("float32", {"state_format": "q8"}, STATE_BYTES["q8"]),
+                f"{DROP_IN} fp8": ("float32", {"state_format": "fp8"}, STATE_BYTES["fp8"]),
+                FIVE_BYTE: ("bfloat16", {"master_format": "split8", "state_format": "q8"}, 12)}
+
+
+def make_drop_in(torch, ps: ParamSet, name: str) -> Contender | None:
+    """optgen.torch.AdamW (weight_decay 0: torch's Adam) on torch parameters of the row's
+    dtype with ``.grad`` set once, timed as ``opt.step()``. The 5-byte row is the
+    optimizer built without step_in_backward: its step runs the fused kernel that a
+    step_in_backward hook runs for each parameter as its gradient completes (one
+    parameter here), without the hook's host work and without the backward."""
+    import optgen.torch as ot
+    dtype, options, nbytes = DROP_IN_ROWS[name]
+    ws = [torch.nn.Parameter(torch.from_numpy(w.copy()).to(getattr(torch, dtype)))
+          for w in ps.ws]
+    for w, g in zip(ws, ps.gs):
+        w.grad = torch.from_numpy(g.copy()).to(getattr(torch, dtype))
+    try:
+        opt = ot.AdamW(ws, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=0.0, **options)
+    except (TypeError, ValueError) as e:
+        print(f"{name}: not available ({type(e).__name__}: {str(e).splitlines()[0]})")
+        return None
+    opts = "".join(f", {k}={v!r}" for k, v in options.items())
+    return Contender(name, opt.step, nbytes * ps.n, "adam",
+                     lambda: concat(w.detach().float() for w in ws),
+                     note=f"optgen.torch.AdamW({dtype} parameters, weight_decay=0{opts})"
+                          ".step(), grads set once")
+
+
 def torch_groups(torch, ps: ParamSet, requires_grad: bool):
     """(tensors, grads, groups) with two torch param groups when the set decays some."""
     ws = [torch.from_numpy(w.copy()) for w in ps.ws]

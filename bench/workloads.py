@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from optgen.benchmark import Contender, Goal
-from contenders import (ADAM_B, FOREACH, FUSED, LAMB_FLAT, LAMB_OPTGEN, NUMPY_EXPR,
-                        NUMPY_INPLACE, OPTGEN, OPTGEN_FLAT, OPTGEN_PER, SINGLE, make_8bit, make_numpy_expr,
-                        make_numpy_inplace, make_optgen, make_torch_adam, state_row)
+from contenders import (ADAM_B, DROP_IN_ROWS, FOREACH, FUSED, LAMB_FLAT, LAMB_OPTGEN,
+                        NUMPY_EXPR, NUMPY_INPLACE, OPTGEN, OPTGEN_FLAT, OPTGEN_PER, SINGLE,
+                        make_8bit, make_drop_in, make_numpy_expr, make_numpy_inplace,
+                        make_optgen, make_torch_adam, state_row)
 from goals import ExtraRss, Median, OfLimit, Ratio
 from lamb_rows import LAMB_OPTAX, LAMB_TORCH, make_optax_lamb, make_torch_lamb
 from params import WD, ParamSet, bert_params, flat_params
@@ -31,6 +32,8 @@ ROWS: dict[str, Maker] = {
     **{state_row(f): (lambda torch, ps, f=f: make_optgen(ps, "adam", state_row(f),
                                                          state_format=f))
        for f in STATE_FORMATS},
+    **{name: (lambda torch, ps, name=name: make_drop_in(torch, ps, name))
+       for name in DROP_IN_ROWS},
     BNB: lambda torch, ps: make_8bit(torch, ps, BNB),
     TORCHAO: lambda torch, ps: make_8bit(torch, ps, TORCHAO),
     FUSED: lambda torch, ps: make_torch_adam(torch, ps, FUSED, fused=True),

@@ -28,15 +28,32 @@ def load_text() -> str:
         return f.read()
 
 
-def train(state_format: str | None, steps: int = 300, seed: int = 0) -> list[float]:
-    """The training loss of every step with AdamW and states in ``state_format``."""
+def load_data() -> tuple[list[str], torch.Tensor]:
+    """The vocabulary (README.md's characters, sorted) and the text as their indices."""
     text = load_text()
     vocab = sorted(set(text))
-    data = torch.tensor([vocab.index(c) for c in text])
+    return vocab, torch.tensor([vocab.index(c) for c in text])
+
+
+def build_model(vocab_size: int) -> torch.nn.Module:
+    """The embedding, MLP and logits (about 125k parameters with README.md's vocabulary)."""
+    return torch.nn.Sequential(torch.nn.Embedding(vocab_size, 24), torch.nn.Flatten(),
+                               torch.nn.Linear(CONTEXT * 24, 256), torch.nn.Tanh(),
+                               torch.nn.Linear(256, vocab_size))
+
+
+def sample_batch(data: torch.Tensor, g: torch.Generator, size: int = 64,
+                 context: int = CONTEXT) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` random windows of ``context`` characters and the character after each."""
+    at = torch.randint(0, len(data) - context - 1, (size,), generator=g)
+    return torch.stack([data[a:a + context] for a in at.tolist()]), data[at + context]
+
+
+def train(state_format: str | None, steps: int = 300, seed: int = 0) -> list[float]:
+    """The training loss of every step with AdamW and states in ``state_format``."""
+    vocab, data = load_data()
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Embedding(len(vocab), 24), torch.nn.Flatten(),
-                                torch.nn.Linear(CONTEXT * 24, 256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, len(vocab)))
+    model = build_model(len(vocab))
     kw = {} if state_format is None else {"state_format": state_format}
     opt = ot.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, **kw)
     g = torch.Generator().manual_seed(seed + 1)
@@ -45,10 +62,9 @@ def train(state_format: str | None, steps: int = 300, seed: int = 0) -> list[flo
     torch.set_num_threads(1)
     try:
         for _ in range(steps):
-            at = torch.randint(0, len(data) - CONTEXT - 1, (64,), generator=g)
-            x = torch.stack([data[a:a + CONTEXT] for a in at.tolist()])
+            x, y = sample_batch(data, g)
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), data[at + CONTEXT])
+            loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
