@@ -310,9 +310,6 @@ def test_split_master():
     """bfloat16 weights with an 8-bit compressed master (the weight and a correction
     state) and q8 states (the 5-byte configuration): the same parameters and states as
     the ordinary step, bit for bit (split16 too, measured; one case for the build time)."""
-    from optgen.torch import drop_in
-    if "master_format" not in drop_in.RUNTIME_OPTIONS:
-        pytest.skip("this tree has no master_format")
     nets, opts = bf16_pair(64, master_format="split8", state_format="q8")
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert opts[0].state[p].keys() == opts[1].state[q].keys()
