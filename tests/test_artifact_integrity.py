@@ -331,15 +331,21 @@ def test_readers_never_see_a_partial_artifact(tiny_spec, fresh_cache):
     starting TVM again: readers see the same file system either way.)"""
     failed = []
 
+    loads, errors, folders, variants = 0, [], {}, 0
+
     def rebuild_twice():
         try:
-            for _ in range(2):
+            for generation in (1, 2):
+                # each rebuild starts once the readers have loaded the folder it replaces
+                # (a starved reader thread would otherwise miss a whole generation)
+                deadline = time.monotonic() + 120
+                while len(folders) < generation and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 optgen.build(tiny_spec, force=True)
         except BaseException as e:  # noqa: BLE001 — reported by the test below
             failed.append(e)
     builder = threading.Thread(target=rebuild_twice)
     builder.start()
-    loads, errors, folders, variants = 0, [], {}, 0
     while builder.is_alive():
         try:
             _pin(fresh_cache, folders)
