@@ -87,11 +87,11 @@ def check_begin_num_update(owner: str, value: Any) -> int:
 
 # -- parameters ------------------------------------------------------------------------
 def check_params(owner: str, artifact: Any, params: Sequence[Any],
-                 multi_precision: bool) -> list[str]:
+                 multi_precision: bool, backend: str = "compiled") -> list[str]:
     """Each parameter's library, after checking it is an array on the artifact's
-    device, of a supported dtype, contiguous, writeable, aligned and not sharing memory
-    with another."""
-    device = backends.get(artifact.target).device   # (runtime/backends/)
+    device (host arrays for the reference interpreter, whatever the target), of a
+    supported dtype, contiguous, writeable, aligned and not sharing memory with another."""
+    device = "cpu" if backend == "reference" else backends.get(artifact.target).device
     plain, mixed = artifact.dtypes, artifact.mixed_dtypes
     sr = formats.PARAM in artifact.state_format    # stochastic_rounding=True or a split master
     split = formats.master(artifact.state_format)

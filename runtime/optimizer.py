@@ -78,7 +78,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         self.accepted = {n: hyper.pop(n) for n in list(hyper) if n in artifact.accepted}
         entries, parsed = groups.parse(name, params, artifact.hypers)
         arrays = [e.array for e in entries]
-        libs = checks.check_params(name, artifact, arrays, self.multi_precision)
+        libs = checks.check_params(name, artifact, arrays, self.multi_precision, backend)
         names = checks.check_names(name, [e.name for e in entries], param_names, len(arrays))
         self._slots: tuple[ParamSlot, ...] = tuple(   # the record table (slots.py)
             ParamSlot(i, e.array, libs[i], names[i], e.group, views.dims(tuple(e.array.shape)),

@@ -64,7 +64,7 @@ def _host(t) -> np.ndarray:
         if t.dtype == torch.bfloat16:
             return t.detach().view(torch.int16).cpu().numpy().view(BF16)
         return t.detach().cpu().numpy()
-    return np.asarray(t)
+    return cp.asnumpy(t) if isinstance(t, cp.ndarray) else np.asarray(t)
 
 
 def _device(a: np.ndarray):
@@ -85,12 +85,15 @@ def _first_valid(art):
 
 
 def _pair(name, fmt, pdt, master, rng):
-    try:     # (the CPU build says whether the rule has this format at all)
-        cpu = _artifact(name, fmt, "llvm")
+    try:
+        gpu = cpu = _artifact(name, fmt, "cuda")   # (the reference runs from it on the host)
     except (optgen.BuildError, TypeError, ValueError) as e:
-        pytest.skip(f"{name} has no {fmt} kernels on any target: {type(e).__name__}: "
-                    f"{str(e)[:300]}")
-    gpu = _artifact(name, fmt, "cuda")      # the CPU has them: cuda must build them too
+        try:     # (the CPU build says whether the rule has this format at all)
+            _artifact(name, fmt, "llvm")
+        except (optgen.BuildError, TypeError, ValueError):
+            pytest.skip(f"{name} has no {fmt} kernels on any target: {type(e).__name__}: "
+                        f"{str(e)[:300]}")
+        raise    # the CPU has them: cuda must build them too
     flags, hyper = _first_valid(gpu)
     sr = fmt == "bf16sr"
     kw = dict(state_format="bf16" if sr else fmt, stochastic_rounding=sr, seed=7,
@@ -176,6 +179,41 @@ def test_cuda_bfloat16_parameters_without_master(name, fmt, rng):
         label = f"{name} {fmt} {flags} w {shape}"
         _compare_float_state(_host(opt.params[i]), np.asarray(ref.params[i]), label,
                              fmt == "bf16sr")
+
+
+# -- split masters: bfloat16 weights and a 16- or 8-bit correction -----------------------
+SPLIT_QMIX = {"m": "q8@128", "v": "q4"}
+SPLIT_CASES = [(spec, kw, master, fmt) for spec, kw, fmt in [
+    ("adamw", {}, None), ("adam", {}, SPLIT_QMIX), ("lion", {}, "fp8"),
+    ("sgd", {"momentum": 0.9}, None), ("lamb", {}, None), ("adamw", {}, "q8")]
+    for master in ("split16", "split8")]
+
+
+@pytest.mark.parametrize("spec,kw,master,fmt", SPLIT_CASES if GPU else [],
+                         ids=lambda v: str(v) if not isinstance(v, dict) else
+                         ".".join(f"{k}-{x}" for k, x in v.items()) or "default")
+def test_cuda_split_master_matches_reference(spec, kw, master, fmt, rng):
+    """bfloat16 torch CUDA weights with a split master (the kernel decodes the float32
+    master from the weight and its correction, steps, encodes both): three steps against
+    the reference on host copies, compared as tests/test_split_master.py does on the
+    CPU (masters to float32 round-off, weights within one bfloat16 step)."""
+    from test_split_master import assert_matches_reference
+    shapes = [(0,), (1,), (255,), (256,), (257,), (4097,), (33, 31)]
+    host = [(rng.standard_normal(s) * 0.5).astype(np.float32).astype(BF16) for s in shapes]
+    common = dict(lr=1e-2, master_format=master, state_format=fmt, state_format_min_size=0,
+                  **kw)
+    gpu = optgen.get_artifact(spec, "cuda", state_format=fmt, master_format=master)
+    got = optgen.create(gpu, [_device(w) for w in host], **common)
+    want = optgen.create(gpu, [w.copy() for w in host], backend="reference", **common)
+    for _ in range(3):
+        grads = [rng.standard_normal(s).astype(np.float32).astype(BF16) for s in shapes]
+        got.step([_device(g) for g in grads])
+        want.step(grads)
+    torch.cuda.synchronize()
+    states = [{n: (v if isinstance(v, (np.ndarray, np.generic, float, int)) else _host(v))
+               for n, v in st.items()} for st in got.state]
+    assert_matches_reference(spec, master, fmt, [_host(p) for p in got.params], states,
+                             want.params, want.state)
 
 
 # -- torch.compile on CUDA tensors -------------------------------------------------------

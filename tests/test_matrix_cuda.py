@@ -148,3 +148,22 @@ def test_cuda_matrix_rule_matches_llvm(name, dtype):
     tol = 1e-4 if dtype == "float32" else 1e-10
     for a, b in zip(params, cpu.params):
         np.testing.assert_allclose(cupy.asnumpy(a), b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", SPECS)
+def test_cuda_matrix_rule_matches_reference(name, dtype):
+    """The same run against the reference interpreter of the cuda artifact on host
+    copies: needs no CPU build (a GPU machine with prebuilt artifacts runs it)."""
+    import cupy
+    w0, grads, stats = _problem(name, dtype, 10)
+    params = [cupy.asarray(w) for w in w0]
+    gpu = optgen.create(name, params, target="cuda", **HYPER[name])
+    ref = optgen.create(gpu.artifact, [w.copy() for w in w0], backend="reference",
+                        **HYPER[name])
+    _run(gpu, grads, stats, cupy.asarray)
+    _run(ref, grads, stats)
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    for a, b in zip(params, ref.params):
+        np.testing.assert_allclose(cupy.asnumpy(a), b, rtol=tol, atol=tol * np.abs(b).max())

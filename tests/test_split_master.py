@@ -172,11 +172,17 @@ def test_kernel_matches_reference(spec, kw, master, fmt):
         grads = [(rng.standard_normal(s)).astype(BF16) for s in SHAPES]
         got.step(grads)
         want.step(grads)
+    assert_matches_reference(spec, master, fmt, params[0], got.state, params[1], want.state)
+
+
+def assert_matches_reference(spec, master, fmt, got_params, got_states, want_params,
+                             want_states) -> None:
+    """A compiled run (host arrays: parameters and states) against the reference's."""
     coded = fmt is not None        # (a fused multiply-add may move a value across
-    for i, (pg, pw) in enumerate(zip(*params)):   # a code boundary: one code, rarely)
+    for i, (pg, pw) in enumerate(zip(got_params, want_params)):   # a code boundary)
         mine = S16 if master == "split16" else S8
-        tg = mine.family.decode(mine, pg, got.state[i]["w__corr"])
-        tw = mine.family.decode(mine, pw, want.state[i]["w__corr"])
+        tg = mine.family.decode(mine, pg, got_states[i]["w__corr"])
+        tw = mine.family.decode(mine, pw, want_states[i]["w__corr"])
         what = f"{spec} {master} {fmt}: master of shape {pg.shape}"
         if coded:   # (a code or bfloat16 step apart moves its element's updates a little)
             off = ~np.isclose(tg, tw, rtol=1e-3, atol=1e-4)
@@ -190,12 +196,12 @@ def test_kernel_matches_reference(spec, kw, master, fmt):
         step = np.abs(pw.astype(np.float32)) * 2.0 ** -7 + 2.0 ** -126
         assert (diff <= step).all() and np.count_nonzero(diff) <= max(1, diff.size // 100), \
             (spec, pg.shape)
-        for name, v in want.state[i].items():
+        for name, v in want_states[i].items():
             if getattr(v, "dtype", None) == np.uint8:
-                d = np.abs(got.state[i][name].astype(int) - v.astype(int))
+                d = np.abs(got_states[i][name].astype(int) - v.astype(int))
                 assert d.max(initial=0) <= 1 and np.sum(d > 0) <= 0.01 * d.size, name
             elif name != "w__corr" and getattr(v, "dtype", None) == np.float32 and not coded:
-                assert_close(got.state[i][name], v, "float32", f"{spec}: state {name}")
+                assert_close(got_states[i][name], v, "float32", f"{spec}: state {name}")
 
 
 # -- errors ---------------------------------------------------------------------------

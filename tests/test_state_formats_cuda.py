@@ -215,8 +215,8 @@ def _step_and_compare(name, fmt, lib, make, host, rng):
     kw = dict(state_format=fmt, state_format_min_size=0, **HYPER[name])
     target = {"numpy": "opencl"}.get(lib, "cuda")
     opt = optgen.create(name, params, target=target, **kw)
-    ref = optgen.create(optgen.get_artifact(name, state_format=fmt), [w.copy() for w in ws],
-                        backend="reference", **kw)
+    ref = optgen.create(optgen.get_artifact(name, target, state_format=fmt),
+                        [w.copy() for w in ws], backend="reference", **kw)
     for step in range(STEPS):
         gs = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
         opt.step([make(g) for g in gs])

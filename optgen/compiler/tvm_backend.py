@@ -20,8 +20,22 @@ from . import targets, tvmscript_fast
 def _tvm():
     with torch_hidden():   # (which TVM would import, for nothing optgen uses)
         import tvm  # noqa: PLC0415 — deliberately lazy: importing TVM takes seconds
+    _check_compiler(os.path.dirname(tvm.__file__))
     _register_c_fabs()
     return tvm
+
+
+@functools.lru_cache(maxsize=1)
+def _check_compiler(folder: str) -> None:
+    """TVM imports without its compiler library (only its runtime is needed to run
+    prebuilt kernels), and then fails deep inside a build; say so before."""
+    libs = os.listdir(os.path.join(folder, "lib")) if os.path.isdir(
+        os.path.join(folder, "lib")) else []
+    if any(n.startswith("libtvm_runtime.") for n in libs) and \
+            not any(n.startswith("libtvm_compiler.") for n in libs):
+        raise BuildError(f"TVM's compiler library is not in {folder}/lib (this TVM runs "
+                         "prebuilt kernels only): building needs the whole apache-tvm wheel, "
+                         "or the prebuilt artifacts in the cache ($OPTGEN_CACHE_DIR)")
 
 
 @functools.lru_cache(maxsize=1)
