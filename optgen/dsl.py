@@ -29,7 +29,7 @@ from typing import Callable
 from . import declarations as _declarations, tracing as _tracing
 from .compiler import loader as _loader
 from .errors import SpecError
-from .ir import Expr, apply, caller_loc, const, matrix_shape, reduce, walk
+from .ir import GLOBAL, Expr, apply, caller_loc, const, matrix_shape, reduce, walk
 from .ir import matmul, transpose  # noqa: F401 (spec files import them from here)
 
 # -- the Spec class and what it declares (bound here: the names of optgen.dsl) --------
@@ -78,6 +78,25 @@ def norm(x):
 def rms(x):
     """The root mean square of the whole tensor ``x``."""
     return apply("sqrt", reduce("mean", apply("mul", x, x)))
+
+
+def global_sum(x):
+    """The sum of ``x`` over every element of every parameter the optimizer steps (all
+    groups; under FSDP2 also every rank's shard): one value for the whole step, the
+    same for every parameter. Its operand is computed per parameter from the old values
+    (no reduction inside); the update and scalar states may read the total."""
+    loc = caller_loc()
+    x = const(x, loc)
+    inner = [e for e in walk([x]) if e.op == "reduce"] if isinstance(x, Expr) else []
+    if inner:
+        raise SpecError("global_sum() of a value that already reduces "
+                        f"({inner[0].value} over axes {inner[0].name!r}): the sum over all "
+                        "parameters is taken before any other reduction", loc,
+                        hint="sum elementwise values, e.g. global_sum(abs(s))")
+    if x.kind == "tensor" and x.mat is not None:
+        raise SpecError("global_sum() of a matrix product: matrix rules have no sums over "
+                        "all parameters", loc, hint="sum an elementwise value")
+    return reduce(GLOBAL, x)
 
 
 def row_mean(x):

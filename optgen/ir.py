@@ -15,7 +15,10 @@ closed op set below. Every node knows
 A parameter is viewed as ``[B, R, C]``: ``B = prod(shape[:-2])``, ``R = shape[-2]``,
 ``C = shape[-1]`` for two or more dimensions, ``[1, 1, n]`` otherwise. ``reduce`` nodes
 (sum or mean over some axes) are the only non-elementwise nodes; the compiler runs them
-as separate passes before the update (see optgen.compiler.specialize).
+as separate passes before the update (see optgen.compiler.specialize). A ``reduce``
+of kind ``"gsum"`` (``global_sum``) sums over every element of every parameter the
+optimizer steps: its pass computes this parameter's part, and the runtime adds the
+parts of all parameters (and ranks) before any pass that reads the total.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ ARITH = {"add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2,
 COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
 LOGIC = {"and": 2, "or": 2, "not": 1}
 LEAVES = {"const", "param", "grad", "state", "hyper", "t"}
-REDUCE_KINDS = ("sum", "mean")
+REDUCE_KINDS = ("sum", "mean", "gsum")
+GLOBAL = "gsum"   # a sum over every parameter of the optimizer (optgen.dsl.global_sum)
 # matrix nodes (2-D parameters, see the section "matrix values" below): products,
 # transposes, a loop run a run-time number of times, and refresh-only linear algebra
 MATRIX = {"matmul", "transpose", "loop", "loopvar", "inverse", "inverse_root", "power_qr",
@@ -302,6 +306,16 @@ def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
                 axes=keep, loc=loc)
 
 
+def is_global(e: Expr) -> bool:
+    """Whether ``e`` is a sum over all parameters (``global_sum``)."""
+    return e.op == "reduce" and e.value == GLOBAL
+
+
+def global_sums(roots) -> list[Expr]:
+    """The ``global_sum`` nodes reachable from ``roots``, operands before users."""
+    return [e for e in walk(roots) if is_global(e)]
+
+
 def walk(roots, stop=()) -> Iterator[Expr]:
     """Every node reachable from ``roots``, each once, operands before users. Nodes whose
     id is in ``stop`` are yielded but not entered (a pass reads a reduction's result
@@ -329,19 +343,23 @@ _PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<
 _PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where"}
 
 
-def to_python(e: Expr) -> str:
-    """Render a scalar expression in the grammar of optgen.core.scalar_expr."""
+def to_python(e: Expr, names: dict[int, str] | None = None) -> str:
+    """Render a scalar expression in the grammar of optgen.core.scalar_expr; a
+    ``global_sum`` node renders as its name in ``names`` (by node id), the host value
+    the runtime computes before the scalar is evaluated."""
+    if names and id(e) in names:
+        return names[id(e)]
     if e.op == "const":
         return repr(e.value)
     if e.op in ("hyper", "state", "t"):
         return e.name if e.op != "t" else "t"
     if e.op in _PY_BIN:
-        a, b = (to_python(x) for x in e.args)
+        a, b = (to_python(x, names) for x in e.args)
         return f"({a} {_PY_BIN[e.op]} {b})"
     if e.op == "neg":
-        return f"(-{to_python(e.args[0])})"
+        return f"(-{to_python(e.args[0], names)})"
     if e.op == "not":
-        return f"(not {to_python(e.args[0])})"
+        return f"(not {to_python(e.args[0], names)})"
     if e.op in _PY_CALL:
-        return f"{e.op}({', '.join(to_python(a) for a in e.args)})"
+        return f"{e.op}({', '.join(to_python(a, names) for a in e.args)})"
     raise AssertionError(f"not a scalar expression: {e!r}")

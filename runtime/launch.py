@@ -186,10 +186,47 @@ class Launcher:
         if self.hooks:
             self.hooks[1](i)
 
-    def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
-                   extra: Mapping[str, Any]) -> None:
-        """``backend="reference"``: the reference interpreter steps parameter ``i``."""
-        d = self.slots[i].dims
+    def gather(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+               extra: Mapping[str, Any]) -> dict[str, float]:
+        """Parameter ``i``'s parts of the sums over all parameters (``k.global_sums``):
+        its launches up to ``k.gathers``; ``finish`` runs the rest with the totals."""
+        s = self.slots[i]
+        if self.dry or not s.numel:
+            return dict.fromkeys(k.global_sums, 0.0)
+        if not self.compiled:
+            _, values = self._host_values(i, k, g, extra)
+            return reference.partial_sums(k.ir, k.dtype, values, k.buffer_axes,
+                                          dict(zip(k.scalars, scalars)), s.dims, k.global_sums)
+        if self.hooks:
+            self.hooks[0](i)
+        call = self._caller(i, g, scalars, extra)
+        for fn, args in s.plan[:k.gathers]:
+            call(fn, args)
+        work = s.work[k.symbol]
+        return {n: float(work[n][0]) for n in k.global_sums}
+
+    def finish(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+               extra: Mapping[str, Any], totals: Mapping[str, float]) -> None:
+        """Parameter ``i``'s launches after ``gather``, reading the sums' ``totals``."""
+        s = self.slots[i]
+        if self.dry or not s.numel:
+            return
+        if not self.compiled:
+            self._interpret(i, k, g, scalars, extra, totals)
+        else:
+            work = s.work[k.symbol]
+            for n, v in totals.items():
+                work[n][...] = v
+            call = self._caller(i, g, scalars, extra)
+            for fn, args in s.plan[k.gathers:]:
+                call(fn, args)
+        if self.hooks:
+            self.hooks[1](i)
+
+    def _host_values(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The arrays as numpy views, and the reference interpreter's inputs made from
+        them (formatted states decoded)."""
         arrays = self.arrays(i, k, g, extra)
         lib = self.slots[i].lib
         host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
@@ -199,9 +236,17 @@ class Launcher:
         split, corr = formats.master(k.state_format), formats.CORRECTION
         if split:      # the float32 master, from the bfloat16 weight and its correction
             values["w"] = split.family.decode(split, host["w"], host[corr])
+        return host, values
+
+    def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
+                   extra: Mapping[str, Any], given: Mapping[str, float] | None = None) -> None:
+        """``backend="reference"``: the reference interpreter steps parameter ``i``."""
+        d = self.slots[i].dims
+        host, values = self._host_values(i, k, g, extra)
+        split, corr = formats.master(k.state_format), formats.CORRECTION
         at = dict(zip(k.scalars, scalars))
         new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d,
-                                 [*k.stochastic, *(["w"] if split else [])])
+                                 [*k.stochastic, *(["w"] if split else [])], given)
         for name, value in new.items():
             if split and name == "w":
                 host["w"][...], host[corr][...] = split.family.encode(split, value)

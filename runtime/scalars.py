@@ -52,15 +52,20 @@ def step_values(k: Any, env: Mapping[str, Any], *, step: int, t: int, lr_mult: f
 
 
 def param_values(k: Any, values: Mapping[str, Any], st: dict[str, Any],
-                 dims: tuple[int, int, int], packed: np.ndarray | None) -> np.ndarray:
+                 dims: tuple[int, int, int], packed: np.ndarray | None,
+                 sums: Mapping[str, float] | None = None) -> np.ndarray:
     """A parameter's packed scalars when they read its scalar states or shape (``packed``
-    None), and its scalar states' updates, written into its state ``st``."""
+    None), and its scalar states' updates, written into its state ``st``; where the
+    kernel has sums over all parameters, those wait for their totals (``sums``)."""
     local = {**values, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
              "rows": dims[1], "cols": dims[2]}
     if packed is None:
         local.update((n, scalar_expr.evaluate(k.host_scalars[n], local))
                      for n in k.param_scalars)
         packed = pack(k, local)
+    if k.global_sums and sums is None:
+        return packed
+    local.update(sums or {})
     for n, e in k.scalar_state_updates.items():
         st[n] = np.float64(scalar_expr.evaluate(e, local))
     return packed

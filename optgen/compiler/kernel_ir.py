@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Expr, walk
+from ..ir import Expr, is_global, walk
 from optgen.core import formats
 
 
@@ -95,12 +95,18 @@ class KernelIR:
         return self.hypers + list(self.host_scalars)
 
     @property
+    def global_sums(self) -> list[str]:
+        """The buffers of sums over all parameters (``global_sum``): the runtime adds
+        every parameter's part before the passes that read them."""
+        return [r for r, e in self.reductions.items() if is_global(e)]
+
+    @property
     def segmentable(self) -> bool:
         """Whether every pass is over the flat view with whole-tensor reductions only,
         so that a run of parameters in one buffer can take each pass as one call with an
         offsets array (the ``_seg`` variants: runtime/flat.py). Single-pass elementwise
         rules need none: their body does not care where a tensor ends."""
-        return len(self.launches) > 1 and all(
+        return len(self.launches) > 1 and not self.global_sums and all(
             ln.kind in ("reduce", "update") and ln.view == "flat" and ln.space == "brc"
             and (ln.kind == "update" or not ln.node.axes) for ln in self.launches)
 
@@ -133,7 +139,7 @@ def serialize(outputs: dict[str, Expr], reductions: dict[str, Expr] | None = Non
     """A topologically ordered node list plus the node index of each output and reduction."""
     nodes: list[dict] = []
     index: dict[int, int] = {}
-    for n in walk(outputs.values()):
+    for n in walk([*outputs.values(), *(reductions or {}).values()]):
         rec: dict = {"op": n.op, "dtype": n.dtype, "kind": n.kind, "axes": n.axes}
         if n.args:
             rec["args"] = [index[id(a)] for a in n.args]

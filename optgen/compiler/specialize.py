@@ -27,7 +27,7 @@ optgen.compiler.kernel_ir, below this module and the matrix planner
 from __future__ import annotations
 
 from ..declarations import SHAPE_NAMES, Spec
-from ..ir import Expr, apply, matrix_shape, to_python, walk
+from ..ir import Expr, apply, global_sums, matrix_shape, to_python, walk
 from ..tracing import Trace
 from optgen.core import formats, rounding, scalar_expr
 from optgen.core.reference import LOW_COPY
@@ -95,7 +95,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     tensor_updates = {name: rewrite(trace.updates[name]) if name in trace.updates
                       else by_name[name].node       # refreshed only: unchanged by the step
                       for name in ["w", *tensor_states]}
-    scalar_updates = {name: to_python(trace.updates[name]) for name in scalar_states}
+    scalar_updates = {name: trace.updates[name] for name in scalar_states}
     axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
             **{s.name: s.node.mat or s.node.axes for s in active}}   # rr/cc: "RR"/"CC"
     matrix = trace.matrix
@@ -131,7 +131,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         buffers=["w", *corr, *low_copy, "grad", *spec.inputs, *tensor_states],
         hypers=list(spec.numeric_hypers),
         host_scalars={name: text for text, name in host.items()},
-        scalar_state_updates=scalar_updates,
+        scalar_state_updates={},
         tensor_updates=tensor_updates,
         scalar_states=scalar_states,
         buffer_axes=axes,
@@ -143,7 +143,11 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     if matrix:
         plan_matrix(kir)
     else:
-        plan(kir, merge)
+        gathered = global_sums(list(scalar_updates.values()))   # (the same nodes as the
+        plan(kir, merge, [rewrite(e) for e in gathered])        # kernels' sums: rewrite)
+    red = {id(e): r for r, e in kir.reductions.items()}
+    names = {id(e): red[id(memo[id(e)])] for e in global_sums(list(scalar_updates.values()))}
+    kir.scalar_state_updates = {n: to_python(e, names) for n, e in scalar_updates.items()}
     if corr:     # every pass that reads or writes w reads and writes its correction
         for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:
             if corr[0] not in ln.buffers:
@@ -224,8 +228,9 @@ def _reads(roots: list[Expr], stop: set[int]) -> tuple[list[str], list[Expr]]:
     return names, [e for e in nodes if id(e) in stop]
 
 
-def plan(kir: KernelIR, merge: bool = False) -> None:
+def plan(kir: KernelIR, merge: bool = False, gathered: list[Expr] = ()) -> None:
     """Split the update into passes: reductions level by level, then the updates.
+    ``gathered``: global sums read only by scalar-state updates, computed too.
 
     ``merge`` (the CPU family's reduction template) plans fewer bytes: whole-tensor
     reductions of one level over the flat view share one pass (LAMB's ||w|| and ||r||
@@ -236,7 +241,7 @@ def plan(kir: KernelIR, merge: bool = False) -> None:
     bytes per parameter instead of 48 (docs/performance.md)."""
     level: dict[int, int] = {}
     reduces: list[Expr] = []
-    for e in walk(kir.tensor_updates.values()):
+    for e in walk([*kir.tensor_updates.values(), *gathered]):
         inner = max((level[id(a)] for a in e.args), default=0)
         if e.op == "reduce":
             reduces.append(e)

@@ -11,7 +11,7 @@ import math
 
 from ..declarations import Spec, constraint_names
 from ..errors import SpecError
-from ..ir import matrix_shape, walk
+from ..ir import global_sums, is_global, matrix_shape, walk
 from ..tracing import Trace
 from .loader import spec_line_error
 from .nonneg import init_nonneg
@@ -201,12 +201,14 @@ def _check_trace(spec: Spec, tr: Trace) -> Trace:
             raise SpecError(f"dtype conflict: the new value of {name!r} is a bool (a comparison)",
                             loc, hint="wrap it in where(cond, 1.0, 0.0)")
         st = spec.states.get(name)
-        if st is not None and st.shape == "scalar" and value.kind == "tensor":
+        if st is not None and st.shape == "scalar" and value.kind == "tensor" \
+                and not _of_global_sums(value):
             raise SpecError(f"scalar state {name!r} is computed from tensor values; scalar "
                             "states are updated on the host from hyperparameters, t and "
                             "scalar states only", loc,
                             hint="make it a tensor state (shape='param'); a reduction "
-                            "(mean, sum) is computed in the kernel too")
+                            "(mean, sum) is computed in the kernel too; global_sum() "
+                            "values may be read")
         target_axes = st.node.axes if st is not None else "brc"
         if any(a not in target_axes for a in value.axes):
             raise SpecError(f"shape conflict: the new value of {name!r} varies along axes "
@@ -225,3 +227,9 @@ def _check_trace(spec: Spec, tr: Trace) -> Trace:
                 raise SpecError(f"constant {node.value!r} is not finite", node.loc or loc,
                                 hint="use a large finite number, e.g. 1e30")
     return tr
+
+
+def _of_global_sums(value) -> bool:
+    """Whether ``value`` reads tensors only through ``global_sum`` (a host value)."""
+    return all(e.kind == "scalar" or e.args or is_global(e)    # (the leaves)
+               for e in walk([value], stop={id(g) for g in global_sums([value])}))

@@ -19,7 +19,7 @@ from typing import Collection, Mapping
 
 import numpy as np
 
-from .views import AXES, broadcastable
+from .views import AXES, broadcastable, extents
 
 LOW_COPY = "w_low"   # the low-precision parameter of a mixed-precision kernel
 
@@ -33,7 +33,8 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
 
 def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
              axes: Mapping[str, str], scalars: Mapping[str, float],
-             d: tuple[int, int, int], raw: Collection[str] = ()) -> dict[str, np.ndarray]:
+             d: tuple[int, int, int], raw: Collection[str] = (),
+             given: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """New values of every output, each shaped like its array in ``arrays`` and of its
     dtype, except ``w_low`` (mixed precision): the new ``w`` in the kernel dtype, which
     rounds when assigned into the low-precision parameter (it need not be in ``arrays``),
@@ -41,12 +42,14 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
     stochastic rounding, optgen/core/rounding.py).
 
     ``arrays`` maps buffer names to arrays, ``axes`` their axes, ``d`` the view's
-    ``(B, R, C)``."""
+    ``(B, R, C)``. ``given`` holds reductions' values by buffer name (the totals of
+    sums over all parameters, ``partial_sums``), read in place of this tensor's."""
     dt = np.dtype(dtype).type
     nodes = ir["nodes"]
     vals: list = [None] * len(nodes)
     body_of = _loop_bodies(nodes)
     inside = {k for body in body_of.values() for k in body}
+    fixed = {ir["reductions"][n]: v for n, v in (given or {}).items()}
 
     def node_value(k: int):
         rec = nodes[k]
@@ -61,6 +64,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
                 v = v.astype(dt)
         elif op in ("hyper", "t"):
             v = dt(scalars[rec["name"]])
+        elif k in fixed:
+            v = np.full((1, 1, 1), fixed[k], np.float64)
         elif op == "reduce" and "mat" in nodes[rec["args"][0]]:   # a whole matrix
             v = np.sum(a[0], dtype=np.float64).reshape(1, 1, 1)
             if rec["value"] == "mean":
@@ -121,6 +126,21 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
                 .reshape(like.shape).astype(dt if name in raw else like.dtype)
         return out
+
+
+def partial_sums(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
+                 axes: Mapping[str, str], scalars: Mapping[str, float],
+                 d: tuple[int, int, int], names: Collection[str]) -> dict[str, float]:
+    """This tensor's parts of the sums over all parameters ``names`` (reduction buffers):
+    float64 sums of their operands, as the kernels' first pass fills them."""
+    nodes = ir["nodes"]
+    operands = {n: nodes[ir["reductions"][n]]["args"][0] for n in names}
+    sub = {"nodes": nodes, "reductions": {},
+           "outputs": {f"_op{j}": i for j, i in enumerate(operands.values())}}
+    shapes = {f"_op{j}": nodes[i]["axes"] for j, i in enumerate(operands.values())}
+    like = {o: np.empty(extents(d, a), np.dtype(dtype)) for o, a in shapes.items()}
+    out = evaluate(sub, dtype, {**arrays, **like}, {**axes, **shapes}, scalars, d)
+    return {n: float(np.sum(out[f"_op{j}"], dtype=np.float64)) for j, n in enumerate(names)}
 
 
 def _loop_bodies(nodes: list[dict]) -> dict[int, list[int]]:

@@ -103,6 +103,21 @@ class KernelInfo(formats.FormattedKernel):
                 if n.startswith(("_red", "_tmp", "_loop"))}
 
     @functools.cached_property
+    def global_sums(self) -> tuple[str, ...]:
+        """The reduction buffers of sums over all parameters (``global_sum``)."""
+        return tuple(r for ln in self.launches if ln["kind"] == "reduce"
+                     for r, op in [(ln["red"], ln["op"])] +
+                     [(a["red"], a["op"]) for a in ln.get("also", ())] if op == "gsum")
+
+    @functools.cached_property
+    def gathers(self) -> int:
+        """How many launches come before the global sums' totals are needed: up to the
+        last one that fills a part of one (0: none)."""
+        fills = [j for j, ln in enumerate(self.launches) if ln["kind"] == "reduce" and
+                 set(self.global_sums) & {ln["red"], *(a["red"] for a in ln.get("also", ()))}]
+        return fills[-1] + 1 if fills else 0
+
+    @functools.cached_property
     def param_scalars(self) -> tuple[str, ...]:
         """Host scalars that read a scalar state or the parameter's shape (rows, cols):
         evaluated per parameter."""

@@ -4,6 +4,8 @@ mode, chosen once when the kernels are prepared and run every step.
     PerTensor     one parameter, its kernel's passes over the whole tensor
     Lazy          a row-sparse gradient updates only its rows (lazy_update)
     Split         a parameter split across ranks: passes with reductions summed between
+    Gathered      a rule that sums over all parameters: every such parameter's first
+                  passes, the totals, then the rest
     FlatRun       parameters back to back: one elementwise call over the span
     SegmentedRun  the same with whole-tensor reductions: segmented passes
     MultiTensor   loose parameters with one elementwise kernel: one call through a
@@ -30,7 +32,7 @@ from ..slots import ParamSlot
 from .base import Fused, Launches, StepInputs, Strategy
 from .multi import MultiTensor, find as find_multi
 from .runs import FlatRun, SegmentedRun, find as find_runs
-from .single import Lazy, PerTensor, Split
+from .single import Gathered, Lazy, PerTensor, Split
 
 
 def choose(launcher: Launcher, slot: ParamSlot, lazy_update: bool) -> Strategy:
@@ -39,6 +41,8 @@ def choose(launcher: Launcher, slot: ParamSlot, lazy_update: bool) -> Strategy:
     tensor."""
     if slot.split is not None:
         return Split(launcher, slot)
+    if slot.kernel.global_sums:
+        return Gathered(launcher, slot)
     if lazy_update and slot.kernel.lazy is not None:
         return Lazy(launcher, slot)
     return PerTensor(launcher, slot)
@@ -73,6 +77,6 @@ def launches(launcher: Launcher, slots: Sequence[ParamSlot],
     return Launches(slots, runs, prepare, shards)
 
 
-__all__ = ["FlatRun", "Fused", "Launches", "Lazy", "MultiTensor", "PerTensor", "SegmentedRun",
+__all__ = ["FlatRun", "Fused", "Gathered", "Launches", "Lazy", "MultiTensor", "PerTensor", "SegmentedRun",
            "Split", "StepInputs", "Strategy", "choose", "find_launches", "find_multi",
            "find_runs", "launches"]

@@ -11,8 +11,9 @@ May import: numpy, gradcache, refresh, scalars, shards, slots.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -47,6 +48,8 @@ class StepInputs:
     rows: Any = None                          # capturable: runtime.capture.ScalarBuffers
     shared: dict[tuple, tuple] = field(default_factory=dict)
     pending: list[Iterator[list]] = field(default_factory=list)
+    gathered: list[Generator] = field(default_factory=list)   # parameters whose rule
+    # sums over all parameters (``Gathered``): their passes, driven together
     parts: Sequence[int] | None = None        # a part of a step: its parameters (each
     # by its own strategy: the other members of its runs have no gradient in it)
 
@@ -82,6 +85,15 @@ class StepInputs:
         if k.stochastic:                              # (a key per parameter and step)
             packed = scalars.keyed(k, packed, self.seed, slot.steps, slot.index)
         return packed
+
+
+    def settle(self, slot: ParamSlot, k: Any, sums: Mapping[str, float]) -> None:
+        """``slot``'s scalar-state updates, which read the totals ``sums`` of the sums
+        over all parameters (after ``advance`` counted its step)."""
+        gi = slot.group
+        values, _ = self.shared[(k.symbol, gi, slot.steps, slot.lr_mult, slot.wd_mult)]
+        scalars.param_values(k, values, slot.state, slot.dims if slot.split is None
+                             else slot.split.dims, np.empty(0), sums)
 
 
 class Strategy(Protocol):
@@ -170,5 +182,23 @@ class Launches:
             if s.strategy is None:
                 self.prepare(i)
             s.strategy.run(step)
+        if step.gathered:
+            sum_all(step.gathered)
         if step.pending:
             shards_.run(self.shards, step.pending)
+
+
+def sum_all(items: Sequence[Generator]) -> None:
+    """Drive the passes of the parameters whose rule sums over all of them (one
+    generator each, from ``Gathered``): each yields its parts (buffer -> float64),
+    the parts are added in parameter order, and each is sent the totals."""
+    parts = [next(it) for it in items]
+    names = set(parts[0])
+    if any(set(p) != names for p in parts):
+        raise ValueError(f"the parameters' kernels sum different values over all "
+                         f"parameters ({sorted(names)} vs others): global_sum() must sum "
+                         "the same values under every flag combination")
+    totals = {n: float(np.sum([p[n] for p in parts], dtype=np.float64)) for n in sorted(names)}
+    for it in items:
+        with contextlib.suppress(StopIteration):
+            it.send(totals)

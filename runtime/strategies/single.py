@@ -6,6 +6,8 @@ May import: base, launch, slots, sparse.
 """
 from __future__ import annotations
 
+from typing import Any, Generator
+
 from ..launch import Launcher
 from ..slots import ParamSlot
 from ..sparse import RowSparse
@@ -41,6 +43,30 @@ class Lazy(PerTensor):
         if len(g.indices) and s.array.size:
             self.launcher.run_lazy(s.index, s.kernel, g, packed)
         return True
+
+
+class Gathered(PerTensor):
+    """A parameter whose rule reads sums over all parameters (``global_sum``): its
+    launches up to the sums run first, for every such parameter (``step.gathered``),
+    then each takes the totals, its scalar states' updates and its other launches
+    (``base.sum_all``)."""
+
+    def run(self, step: StepInputs) -> bool:
+        s = self.slot
+        if step.parts is not None:
+            raise ValueError(f"parameter {s.index}: its rule sums over all parameters "
+                             f"(global_sum: {', '.join(s.kernel.global_sums)}), so it is "
+                             "stepped with all of them, not in parts (step_in_backward)")
+        packed = step.place(self.indices, s.kernel, step.advance(s, s.kernel), s)
+        step.gathered.append(self._passes(step, packed))
+        return True
+
+    def _passes(self, step: StepInputs, packed: Any) -> Generator:
+        s, k = self.slot, self.slot.kernel
+        g, extra = step.grads[s.index], step.extra[s.index]
+        totals = yield self.launcher.gather(s.index, k, g, packed, extra)
+        step.settle(s, k, totals)
+        self.launcher.finish(s.index, k, g, packed, extra, totals)
 
 
 class Split(PerTensor):
