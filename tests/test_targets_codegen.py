@@ -53,7 +53,7 @@ THREADS = 256                           # threads per block of every GPU kernel
 # all-reduce), "cols" = along an outer axis (a thread per output, serial, no shuffles).
 REDUCTIONS = {"adafactor": {"whole", "rows", "cols"}, "lamb": {"whole"}, "lars": {"whole"},
               "torch_adafactor": {"whole", "rows", "cols"}, "cautious_adamw": {"whole"},
-              "mars_adamw": {"whole"}}
+              "mars_adamw": {"whole"}, "dadapt_adam": {"whole"}}
 
 needs_nvcc = pytest.mark.skipif(targets.nvcc() is None,
                                 reason="the cuda target needs nvcc on PATH to build")
