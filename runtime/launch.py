@@ -15,7 +15,7 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, exchange, flat (its GRAD slot), formats, reference, rounding,
+May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, reference,
 shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
 when runtime/storage.py says its data is where it is now.
 """
@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import exchange, shards, tensors
-from optgen.core import formats, reference, rounding, views
+from . import exchange, interpret, shards, tensors
+from optgen.core import formats, reference, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
@@ -194,9 +194,8 @@ class Launcher:
         if self.dry or not s.numel:
             return dict.fromkeys(k.global_sums, 0.0)
         if not self.compiled:
-            _, values = self._host_values(i, k, g, extra)
-            return reference.partial_sums(k.ir, k.dtype, values, k.buffer_axes,
-                                          dict(zip(k.scalars, scalars)), s.dims, k.global_sums)
+            return interpret.partial_sums(k, self.arrays(i, k, g, extra), s.lib, s.dims,
+                                          scalars)
         if self.hooks:
             self.hooks[0](i)
         call = self._caller(i, g, scalars, extra)
@@ -223,43 +222,11 @@ class Launcher:
         if self.hooks:
             self.hooks[1](i)
 
-    def _host_values(self, i: int, k: KernelInfo, g, extra: Mapping[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The arrays as numpy views, and the reference interpreter's inputs made from
-        them (formatted states decoded)."""
-        arrays = self.arrays(i, k, g, extra)
-        lib = self.slots[i].lib
-        host = {n: tensors.numpy_view(a, lib) for n, a in arrays.items()}
-        values = {**host, **{n: f.dequantize((host[n], *(host[c] for c in f.companions(n, 0))),
-                                             host["w"].shape)
-                             for n, f in k.formats.items()}}
-        split, corr = formats.master(k.state_format), formats.CORRECTION
-        if split:      # the float32 master, from the bfloat16 weight and its correction
-            values["w"] = split.family.decode(split, host["w"], host[corr])
-        return host, values
-
     def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
                    extra: Mapping[str, Any], given: Mapping[str, float] | None = None) -> None:
         """``backend="reference"``: the reference interpreter steps parameter ``i``."""
-        d = self.slots[i].dims
-        host, values = self._host_values(i, k, g, extra)
-        split, corr = formats.master(k.state_format), formats.CORRECTION
-        at = dict(zip(k.scalars, scalars))
-        new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d,
-                                 [*k.stochastic, *(["w"] if split else [])], given)
-        for name, value in new.items():
-            if split and name == "w":
-                host["w"][...], host[corr][...] = split.family.encode(split, value)
-            elif name in k.formats:        # block-quantized: the codes of the new values
-                fmt = k.formats[name]
-                for arr, new in zip([host[name], *(host[c] for c in fmt.companions(name, 0))],
-                                    fmt.quantize(value)):
-                    arr[...] = new
-            elif name in k.stochastic:   # bf16sr: rounded stochastically (then exact)
-                hi, lo = (int(at[n]) for n in rounding.KEY_SCALARS)
-                host[name][...] = rounding.to_bfloat16(value, hi << 16 | lo, k.stochastic[name])
-            else:
-                host[name][...] = value
+        s = self.slots[i]
+        interpret.step(k, self.arrays(i, k, g, extra), s.lib, s.dims, scalars, given)
 
     def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
         """Calls one plan entry of parameter ``i`` with this step's arrays."""

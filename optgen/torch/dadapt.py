@@ -40,7 +40,9 @@ class DAdaptAdam(OptgenOptimizer):
         self.spec = catalog.resolve(self.spec_name)
         unbounded = isinstance(growth_rate, (int, float)) and math.isinf(growth_rate) \
             and growth_rate > 0
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        if not {"beta1", "beta2"} & set(options):   # (the spec's names stand for betas)
+            options["betas"] = betas
+        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay,
                          decouple=decouple, use_bias_correction=use_bias_correction, d0=d0,
                          growth_rate=None if unbounded else growth_rate, **options)
 
