@@ -13,6 +13,7 @@ on the host and runs the update pass.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -64,12 +65,17 @@ def main() -> None:
         for name, opt in opts.items():
             times[name] += timed(opt, args.repeats)
     n = sum(p.numel() for p in params["optgen.torch.DAdaptAdam"])
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{len(params['optgen.torch.DAdaptAdam'])} tensors, {n:,} float32 values, "
-          f"{torch.get_num_threads()} torch threads; median of {args.rounds * args.repeats}")
-    base = statistics.median(times["dadaptation.DAdaptAdam (authors)"])
+          f"{torch.get_num_threads()} torch threads, load average {load:.2f}; "
+          f"{args.rounds * args.repeats} steps each")
+    authors = times["dadaptation.DAdaptAdam (authors)"]
+    base, best = statistics.median(authors), min(authors)
+    print(f"  {'':36s} {'median':>10s} {'best':>10s}   median, best / the authors'")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {name:36s} {med * 1e3:8.3f} ms   {med / base:5.2f}x the authors'")
+        print(f"  {name:36s} {med * 1e3:7.2f} ms {min(ts) * 1e3:7.2f} ms   "
+              f"{med / base:5.2f}x {min(ts) / best:5.2f}x")
 
 
 if __name__ == "__main__":

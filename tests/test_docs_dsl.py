@@ -336,7 +336,7 @@ def test_script_example_runs(spec_dir, monkeypatch, block):
 # -- expression tables --------------------------------------------------------------------
 TEMPLATE = '''\
 """The expression examples of docs/dsl.md, in one update (tests/test_docs_dsl.py)."""
-from optgen.dsl import (Spec, clip, col_mean, eq, exp, log, maximum, mean, minimum, ne,
+from optgen.dsl import (Spec, clip, col_mean, eq, exp, global_sum, log, maximum, mean, minimum, ne,
                         norm, rms, row_mean, rsqrt, sign, sqrt, sum, where)
 
 spec = Spec("{name}", __doc__, reference="docs/dsl.md")
