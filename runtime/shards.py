@@ -197,11 +197,11 @@ def check(owner: str, backend: str, shards: Shards | None, artifact: Any,
         return None
     shards.talks = bool(global_norm) or any(k.matrix or ln["kind"] == "reduce"
                                             for k in artifact.kernels for ln in k.launches)
-    summed = sorted({k.symbol for k in artifact.kernels if k.global_sums})
-    if summed:
-        raise ValueError(f"{owner}: its rule sums over all parameters (global_sum, kernels "
-                         f"{', '.join(summed[:2])}); parameters split across ranks (FSDP2) "
-                         "are not supported for such rules: use DDP or ZeRO-1")
+    summed = next((k for k in artifact.kernels if k.global_sums), None)
+    if summed is not None:
+        raise ValueError(f"{owner}: its rule sums over all parameters (global_sum, kernel "
+                         f"{summed.symbol}); parameters split across ranks (FSDP2) are not "
+                         "supported for such rules: use DDP or ZeRO-1")
     if backend != "compiled":
         raise ValueError(f"{owner}: parameters split across ranks are stepped by the compiled "
                          "kernels only (the reference interpreter runs a rule in one piece)")

@@ -53,10 +53,11 @@ class Gathered(PerTensor):
 
     def run(self, step: StepInputs) -> bool:
         s = self.slot
-        if step.parts is not None:
+        if step.parts is not None or step.scalar_buffers is not None:
             raise ValueError(f"parameter {s.index}: its rule sums over all parameters "
                              f"(global_sum: {', '.join(s.kernel.global_sums)}), so it is "
-                             "stepped with all of them, not in parts (step_in_backward)")
+                             "stepped with all of them, not in parts (step_in_backward), "
+                             "and its host reads the sums (not capturable)")
         packed = step.place(self.indices, s.kernel, step.advance(s, s.kernel), s)
         step.gathered.append(self._passes(step, packed))
         return True
