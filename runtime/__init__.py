@@ -17,6 +17,7 @@ from optgen.core.catalog import register
 from .flat import flatten
 from .optimizer import Optimizer, aligned_full, default_decay_filter
 from .sparse import RowSparse
+from . import launch as _launch
 from .threads import cpu_pool, get_num_threads, set_cpu_pool, set_num_threads
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "Optimizer", "RowSparse",
@@ -119,3 +120,16 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
         stochastic_rounding=options.get("stochastic_rounding", False),
         master_format=options.get("master_format"))
     return Optimizer(art, params, **options)
+
+
+def _sum_of_squares(target: str) -> Artifact:
+    """The artifact of specs/_sum_of_squares.py for ``target`` (the reduction pass
+    ``clip_global_norm`` and the non-finite check run on every gradient), built once."""
+    if target not in _SQUARES:
+        _SQUARES[target] = get_artifact(
+            os.path.join(catalog.specs_dir(), "_sum_of_squares.py"), target)
+    return _SQUARES[target]
+
+
+_SQUARES: dict[str, Artifact] = {}
+_launch.SUM_OF_SQUARES = _sum_of_squares

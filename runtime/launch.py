@@ -34,6 +34,8 @@ from .slots import ParamSlot
 from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
+# target -> the artifact of specs/_sum_of_squares.py (set by optgen.runtime, which builds)
+SUM_OF_SQUARES: Callable[[str], Any] | None = None
 
 
 class Launcher:
@@ -47,6 +49,7 @@ class Launcher:
         self.tables: dict[tuple[str, str, str], Any] = {}   # (q8 table, library, device)
         self.dry = False        # capturable stage(): host half only, no kernel calls
         self.regions: dict[str, exchange.Region | None] = {}  # (matrix kernels on shards)
+        self.norms: dict[str, tuple] = {}   # gradient dtype -> sum-of-squares function
 
     def bind(self, s: ParamSlot) -> None:
         """Parameter ``s``'s kernel argument, made from its data as it lies now (kept
@@ -221,6 +224,33 @@ class Launcher:
                 call(fn, args)
         if self.hooks:
             self.hooks[1](i)
+
+    def squares(self, i: int, g: Any, scale: float) -> float | None:
+        """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient ``g``
+        by the reduction pass of specs/_sum_of_squares.py (the global norm of
+        ``clip_global_norm``); None where the reference interpreter steps, launches wait
+        for copies (offload hooks) or ``g`` lies on another device than the parameter."""
+        s = self.slots[i]
+        if not self.compiled or SUM_OF_SQUARES is None or self.hooks or \
+                tensors.device(g, s.lib) != tensors.device(s.array, s.lib):
+            return None
+        dtype = tensors.dtype_name(g, s.lib)
+        if dtype not in self.norms:
+            art = SUM_OF_SQUARES(self.artifact.target)
+            k = art.kernel_for(dtype, {})
+            art.ready(k)
+            ln = k.launches[0]
+            self.norms[dtype] = (art.function(ln["symbol"]), ln["red"], art, k)
+        fn, red, art, k = self.norms[dtype]
+        work = s.work.get("_sum_of_squares")
+        if work is None:
+            work = s.work["_sum_of_squares"] = tensors.full_like(
+                s.array, s.lib, (art.reduction_buffer_size,), 0.0, art.reduction_dtype)
+        if not s.numel:
+            return 0.0
+        flat = views.as_kernel(tensors.kernel_arg(g, s.lib), "brc", s.dims, "flat")
+        fn(bfloat16_tensor(flat) if s.bf16_numpy else flat, work, np.array([scale], k.dtype))
+        return float(work[0])
 
     def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
                    extra: Mapping[str, Any], given: Mapping[str, float] | None = None) -> None:

@@ -294,7 +294,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def _grad_scale(self, grads: list) -> tuple[float | None, float | None]:
         return preprocess.grad_scale(self.name, grads, self._slots, rescale=[
             g.hyper.get("rescale_grad", 1.0) for g in self._groups], loss_scale=self.loss_scale,
-            clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite, shards=self._shards)
+            clip_global_norm=self.clip_global_norm, nonfinite=self.nonfinite,
+            shards=self._shards, squares=self._launch.squares)
 
     def run_step(self, step: StepInputs, skip: bool = False, count: bool = True) -> bool:
         """The step ``check_step`` gathered (``skip``: another rank's non-finite gradient);

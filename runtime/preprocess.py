@@ -7,7 +7,7 @@ May import: shards, tensors, sparse. Imports no other runtime module.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import shards as shards_
 from . import tensors
@@ -18,14 +18,17 @@ NORM_EPS = 1e-6   # clip coefficient max_norm / (norm + eps), as torch.nn.utils.
 
 def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
                rescale: Sequence[float], loss_scale: float, clip_global_norm: float | None,
-               nonfinite: str | None, shards: Any = None
+               nonfinite: str | None, shards: Any = None,
+               squares: Callable[[int, Any], float | None] | None = None
                ) -> tuple[float | None, float | None]:
     """(scale, norm): the factor every gradient is multiplied by this step,
     1/loss_scale times the global-norm clip coefficient, and the global norm of the
     gradients as the kernels see them (``slots``: the parameters' records;
     ``rescale[group]`` is each group's rescale_grad); norm is None when it was not computed (neither clipping nor a
     non-finite check). scale is None (norm NaN) when a gradient is not finite and
-    ``nonfinite == "skip"``; with ``"raise"`` that is a FloatingPointError."""
+    ``nonfinite == "skip"``; with ``"raise"`` that is a FloatingPointError.
+    ``squares(i, g, r)``: a dense gradient's sum of squares times r by a kernel
+    (float64; None: none, then the array library's)."""
     scale = 1.0 / loss_scale
     if clip_global_norm is None and nonfinite is None:
         return scale, None
@@ -38,8 +41,9 @@ def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
         if g is None:
             continue
         r = rescale[slots[i].group] * scale
+        sq = None if squares is None or isinstance(g, RowSparse) else squares(i, g, r)
         parts[shards_.split(shards, i) is None] += \
-            tensors.sum_of_squares(*values(i, g)) * r * r
+            tensors.sum_of_squares(*values(i, g)) * r * r if sq is None else sq
     bad = None              # a non-finite gradient (not an overflow of the sum)
     if not math.isfinite(parts[0] + parts[1]):
         bad = next((i for i, g in enumerate(grads)
