@@ -184,3 +184,33 @@ def test_split_parameters_refused():
     w = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="dadapt_adam: its rule sums over all parameters"):
         optgen.create("dadapt_adam", [w], shards=split)
+
+
+def test_clip_global_norm_on_kernels_is_torch_clip_grad_norm(monkeypatch):
+    """clip_global_norm's norm comes from the sum-of-squares kernel (the array library's
+    pass would raise here), and steps as torch.nn.utils.clip_grad_norm_ + step does."""
+    import torch
+    import optgen.torch as otorch
+    from optgen.runtime import tensors
+
+    def refused(*args):
+        raise AssertionError("clip_global_norm read the gradients outside the kernels")
+
+    monkeypatch.setattr(tensors, "sum_of_squares", refused)
+    torch.manual_seed(0)
+    mine, ref = (torch.nn.Sequential(torch.nn.Linear(17, 33), torch.nn.Tanh(),
+                                     torch.nn.Linear(33, 1)) for _ in range(2))
+    ref.load_state_dict(mine.state_dict())
+    opt = otorch.AdamW(mine.parameters(), lr=0.01, clip_global_norm=0.5)
+    theirs = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    for step in range(10):
+        x, y = torch.randn(16, 17), torch.randn(16, 1)
+        for model in (mine, ref):
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        assert torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5) > 0.5   # (clips)
+        opt.step()
+        theirs.step()
+    for p, q in zip(mine.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0,
+                                   atol=1e-5 * float(q.abs().max()))
