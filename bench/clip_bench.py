@@ -21,7 +21,9 @@ import torch
 import optgen.torch
 
 
-def model_params(width: int, layers: int) -> list[torch.nn.Parameter]:
+def model_params(width: int, layers: int, grad_scale: float = 1.0
+                 ) -> list[torch.nn.Parameter]:
+    """The tensors of ``layers`` transformer-MLP-like blocks, with random gradients."""
     torch.manual_seed(0)
     params = []
     for _ in range(layers):
@@ -29,7 +31,7 @@ def model_params(width: int, layers: int) -> list[torch.nn.Parameter]:
                   torch.nn.LayerNorm(width)):
             params += list(m.parameters())
     for p in params:
-        p.grad = torch.randn_like(p)
+        p.grad = torch.randn_like(p) * grad_scale
     return params
 
 
@@ -45,13 +47,45 @@ class TorchClipped:
         self.opt.step()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def interleaved(opts: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per ``step()`` of each optimizer, the rows in turn ``rounds`` times."""
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    for _ in range(rounds):
+        for name, opt in opts.items():
+            for _ in range(3):
+                opt.step()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                opt.step()
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def report(params: list, times: dict[str, list[float]], base: str) -> None:
+    """The rows' median and best times and their ratios over row ``base``'s."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{len(params)} tensors, {sum(p.numel() for p in params):,} float32 values, "
+          f"{torch.get_num_threads()} torch threads, load average {load:.2f}; "
+          f"{len(times[base])} steps each")
+    ref = times[base]
+    print(f"  {'':36s} {'median':>10s} {'best':>10s}   median, best / {base}")
+    for name, ts in times.items():
+        print(f"  {name:36s} {statistics.median(ts) * 1e3:7.2f} ms {min(ts) * 1e3:7.2f} ms   "
+              f"{statistics.median(ts) / statistics.median(ref):5.2f}x "
+              f"{min(ts) / min(ref):5.2f}x")
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of the rows")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
     rows = {
         "optgen AdamW": lambda ps: optgen.torch.AdamW(ps, lr=1e-3),
         "optgen AdamW, clip_global_norm=1": lambda ps: optgen.torch.AdamW(
@@ -59,27 +93,9 @@ def main() -> None:
         "torch clip_grad_norm_ + AdamW": lambda ps: TorchClipped(ps, 1.0),
     }
     params = {name: model_params(args.width, args.layers) for name in rows}
-    opts = {name: make(params[name]) for name, make in rows.items()}
-    times: dict[str, list[float]] = {name: [] for name in rows}
-    for _ in range(args.rounds):
-        for name, opt in opts.items():
-            for _ in range(3):
-                opt.step()
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                opt.step()
-                times[name].append(time.perf_counter() - t0)
-    n = sum(p.numel() for p in params["optgen AdamW"])
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{len(params['optgen AdamW'])} tensors, {n:,} float32 values, "
-          f"{torch.get_num_threads()} torch threads, load average {load:.2f}; "
-          f"{args.rounds * args.repeats} steps each")
-    plain = times["optgen AdamW"]
-    print(f"  {'':34s} {'median':>10s} {'best':>10s}   median, best / optgen AdamW")
-    for name, ts in times.items():
-        print(f"  {name:34s} {statistics.median(ts) * 1e3:7.2f} ms {min(ts) * 1e3:7.2f} ms   "
-              f"{statistics.median(ts) / statistics.median(plain):5.2f}x "
-              f"{min(ts) / min(plain):5.2f}x")
+    times = interleaved({name: make(params[name]) for name, make in rows.items()},
+                        args.rounds, args.repeats)
+    report(params["optgen AdamW"], times, "optgen AdamW")
 
 
 if __name__ == "__main__":

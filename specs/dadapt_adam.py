@@ -2,7 +2,8 @@
 
     dlr   = d * lr * bc,   bc = sqrt(1 - beta2**t) / (1 - beta1**t)  (use_bias_correction;
                                                                       else 1)
-    g     = grad + weight_decay * w                                   (not decouple; else grad)
+    g     = clip(rescale_grad * grad, -clip_gradient, clip_gradient)
+    g     = g + weight_decay * w                                      (not decouple)
     r     = sqrt(beta2)
     A     = dlr * sum_all(g * s / (sqrt(v) + eps))          (old s and v)
     m     = beta1 * m + dlr * (1 - beta1) * g
@@ -24,6 +25,7 @@ Reference: A. Defazio, K. Mishchenko, "Learning-Rate-Free Learning by D-Adaptati
 ICML 2023 (arXiv:2301.07733); the authors' DAdaptAdam (github.com/facebookresearch/
 dadaptation), whose lr is the largest of all groups' (here: each group's own).
 """
+from optgen.blocks import gradient_preprocessing
 from optgen.dsl import Spec, global_sum, maximum, minimum, sqrt, where
 
 spec = Spec("dadapt_adam", __doc__, reference="arXiv:2301.07733")
@@ -37,6 +39,7 @@ d0 = spec.hyper("d0", 1e-6, "d0 > 0", "initial estimate of the step size d")
 growth_rate = spec.hyper("growth_rate", None, "growth_rate > 0",
                          "bound on the growth of d per step; None: unbounded",
                          optional=True, none_value=float("inf"))
+preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
 spec.flag("decouple", False, "decoupled weight decay (AdamW style)")
 spec.flag("use_bias_correction", False, "scale dlr by Adam's bias correction")
 m = spec.state("m", 0.0, "first moment, scaled by dlr")
@@ -52,7 +55,8 @@ def dadapt_adam(w, grad, flags):
     r = sqrt(beta2)
     bc = sqrt(1 - beta2 ** t) / (1 - beta1 ** t) if flags.use_bias_correction else 1.0
     dlr = d * lr * bc
-    g = grad if flags.decouple else grad + weight_decay * w
+    g = preprocess(w, grad)
+    g = g if flags.decouple else g + weight_decay * w
     a = dlr * global_sum(g * s / (sqrt(v) + eps))
     m_new = beta1 * m + dlr * (1 - beta1) * g
     v_new = beta2 * v + (1 - beta2) * g * g

@@ -79,9 +79,8 @@ class StepInputs:
             refresh.run(k, slot, values, self.due[slot.index], kinds=self.statistics)
             slot.refreshed = slot.steps
         if k.scalar_state_updates or packed is None:  # scalar states, shape scalars
-            packed = scalars.param_values(   # (a shard's: its whole parameter's shape)
-                k, values, slot.state, slot.dims if slot.split is None else slot.split.dims,
-                packed)
+            packed = self._per_param(key, slot, k, lambda st, dims: scalars.param_values(
+                k, values, st, dims, packed))
         if k.stochastic:                              # (a key per parameter and step)
             packed = scalars.keyed(k, packed, self.seed, slot.steps, slot.index)
         return packed
@@ -90,10 +89,24 @@ class StepInputs:
     def settle(self, slot: ParamSlot, k: Any, sums: Mapping[str, float]) -> None:
         """``slot``'s scalar-state updates, which read the totals ``sums`` of the sums
         over all parameters (after ``advance`` counted its step)."""
-        gi = slot.group
-        values, _ = self.shared[(k.symbol, gi, slot.steps, slot.lr_mult, slot.wd_mult)]
-        scalars.param_values(k, values, slot.state, slot.dims if slot.split is None
-                             else slot.split.dims, np.empty(0), sums)
+        key = (k.symbol, slot.group, slot.steps, slot.lr_mult, slot.wd_mult)
+        values, _ = self.shared[key]
+        self._per_param((*key, *sorted(sums.items())), slot, k, lambda st, dims: scalars.
+                        param_values(k, values, st, dims, np.empty(0), sums))
+
+    def _per_param(self, key: tuple, slot: ParamSlot, k: Any, compute: Callable) -> Any:
+        """``compute(state, dims)``'s result and its scalar-state updates, once for the
+        parameters of one ``key`` whose scalar states and dims are equal (the others
+        take the first one's result and new scalar states)."""
+        dims = slot.dims if slot.split is None else slot.split.dims   # (a shard's: whole)
+        names = tuple(k.scalar_state_updates)
+        memo = (*key, dims, tuple(slot.state[n] for n in names))
+        hit = self.shared.get(memo)
+        if hit is None:
+            out = compute(slot.state, dims)
+            hit = self.shared[memo] = out, {n: slot.state[n] for n in names}
+        slot.state.update(hit[1])
+        return hit[0]
 
 
 class Strategy(Protocol):
