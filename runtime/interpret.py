@@ -60,3 +60,21 @@ def partial_sums(k: Any, arrays: Mapping[str, Any], lib: str, d: tuple[int, int,
     _, values = host_values(k, arrays, lib)
     return reference.partial_sums(k.ir, k.dtype, values, k.buffer_axes,
                                   dict(zip(k.scalars, scalars)), d, k.global_sums)
+
+
+def lazy(k: Any, full: Mapping[str, Any], rows: Any, indices: Any, nrows: int,
+         scalars: np.ndarray) -> None:
+    """The rule on the rows ``indices`` of the arrays ``full`` only (row-sparse
+    gradient ``rows``: one row per index), in place."""
+    sub = {"grad": rows.reshape(-1),
+           **{n: a.reshape(nrows, -1)[indices].reshape(-1) for n, a in full.items()}}
+    split, corr = formats.master(k.state_format), formats.CORRECTION
+    if split:      # the float32 master, from the bfloat16 weight and its correction
+        sub["w"] = split.family.decode(split, sub["w"], sub[corr])
+    new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
+                             dict(zip(k.scalars, scalars)), (1, 1, rows.size),
+                             ["w"] if split else ())
+    if split:
+        new["w"], new[corr] = split.family.encode(split, new["w"])
+    for name, value in new.items():
+        full[name].reshape(nrows, -1)[indices] = value.reshape(len(indices), -1)

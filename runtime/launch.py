@@ -15,8 +15,8 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, reference,
-shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
+May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, shards,
+slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
 when runtime/storage.py says its data is where it is now.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import exchange, interpret, shards, tensors
-from optgen.core import formats, reference, views
+from optgen.core import formats, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
@@ -228,26 +228,30 @@ class Launcher:
     def squares(self, i: int, g: Any, scale: float) -> float | None:
         """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient ``g``
         by the reduction pass of specs/_sum_of_squares.py (the global norm of
-        ``clip_global_norm``); None where the reference interpreter steps, launches wait
-        for copies (offload hooks) or ``g`` lies on another device than the parameter."""
+        ``clip_global_norm``; with backend="reference", by the interpreter on its IR);
+        None where launches wait for copies (offload hooks) or ``g`` lies on another
+        device than the parameter."""
         s = self.slots[i]
-        if not self.compiled or SUM_OF_SQUARES is None or self.hooks or \
+        if SUM_OF_SQUARES is None or self.hooks or \
                 tensors.device(g, s.lib) != tensors.device(s.array, s.lib):
             return None
         dtype = tensors.dtype_name(g, s.lib)
         if dtype not in self.norms:
             art = SUM_OF_SQUARES(self.artifact.target)
             k = art.kernel_for(dtype, {})
-            art.ready(k)
-            ln = k.launches[0]
-            self.norms[dtype] = (art.function(ln["symbol"]), ln["red"], art, k)
-        fn, red, art, k = self.norms[dtype]
+            if self.compiled:
+                art.ready(k)
+            self.norms[dtype] = art, k, self.compiled and art.function(k.launches[0]["symbol"])
+        art, k, fn = self.norms[dtype]
+        if not s.numel:
+            return 0.0
+        if not self.compiled:
+            return interpret.partial_sums(k, {"grad": g, "w": s.array}, s.lib, s.dims,
+                                          np.array([scale]))[k.global_sums[0]]
         work = s.work.get("_sum_of_squares")
         if work is None:
             work = s.work["_sum_of_squares"] = tensors.full_like(
                 s.array, s.lib, (art.reduction_buffer_size,), 0.0, art.reduction_dtype)
-        if not s.numel:
-            return 0.0
         flat = views.as_kernel(tensors.kernel_arg(g, s.lib), "brc", s.dims, "flat")
         fn(bfloat16_tensor(flat) if s.bf16_numpy else flat, work, np.array([scale], k.dtype))
         return float(work[0])
@@ -264,7 +268,7 @@ class Launcher:
         d, lib = s.dims, s.lib
         step = {"grad": tensors.kernel_arg(g, lib),
                 **{n: tensors.kernel_arg(a, lib) for n, a in extra.items()}}
-        wrap = bfloat16_tensor if s.bf16_numpy else _same
+        wrap = bfloat16_tensor if s.bf16_numpy else (lambda x: x)
 
         def call(fn, args):
             fn(*[a if type(a) is not tuple else
@@ -361,18 +365,7 @@ class Launcher:
             self.artifact.function(k.lazy["symbol"])(
                 *(bfloat16_tensor(arrays[b]) for b in k.lazy["buffers"]), scalars)
             return
-        sub = {"grad": rows.reshape(-1),
-               **{n: a.reshape(p.shape[0], -1)[g.indices].reshape(-1) for n, a in full.items()}}
-        split, corr = formats.master(k.state_format), formats.CORRECTION
-        if split:      # the float32 master, from the bfloat16 weight and its correction
-            sub["w"] = split.family.decode(split, sub["w"], sub[corr])
-        new = reference.evaluate(k.ir, k.dtype, sub, k.buffer_axes,
-                                 dict(zip(k.scalars, scalars)), (1, 1, rows.size),
-                                 ["w"] if split else ())
-        if split:
-            new["w"], new[corr] = split.family.encode(split, new["w"])
-        for name, value in new.items():
-            full[name].reshape(p.shape[0], -1)[g.indices] = value.reshape(len(g.indices), -1)
+        interpret.lazy(k, full, rows, g.indices, p.shape[0], scalars)
 
 
 def run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
@@ -405,7 +398,3 @@ def library_matmul(ln: Mapping[str, Any]) -> Callable:
         a, b = args[ia], args[ib]
         tensors.matmul_into(a.T if ta else a, b.T if tb else b, args[io])
     return product
-
-
-def _same(x: Any) -> Any:
-    return x

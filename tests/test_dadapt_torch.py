@@ -72,3 +72,5 @@ def test_refusals():
         otorch.DAdaptAdam(model.parameters(), log_every=10)
     with pytest.raises(ValueError, match="lr"):
         otorch.DAdaptAdam(model.parameters(), lr=-1.0)
+    with pytest.raises(ValueError, match="step_in_backward"):
+        otorch.DAdaptAdam(model.parameters(), step_in_backward=True)

@@ -9,7 +9,8 @@ pass per tensor, added on the host) and then runs the update.
 
 ``growth_rate=float("inf")`` is the spec's unbounded growth (None). ``log_every`` must
 be 0 (the authors' periodic logging is not built) and ``fsdp_in_use`` is accepted and
-changes nothing: FSDP2 shards are refused by the runtime for this rule. The estimate d
+changes nothing: FSDP2 shards are refused by the runtime for this rule, and so is
+``step_in_backward=True`` (a step needs every gradient). The estimate d
 is each parameter's scalar state ``d`` (``opt.state[p]["d"]``); every parameter should
 have a gradient at every step, as with the authors' code, whose d is one value.
 Imports: drop_in.
@@ -37,6 +38,9 @@ class DAdaptAdam(OptgenOptimizer):
         if log_every != 0:
             raise ValueError(f"DAdaptAdam: log_every={log_every!r} is not built; the "
                              "estimate is opt.state[p]['d'] (log_every=0)")
+        if options.get("step_in_backward"):
+            raise ValueError("DAdaptAdam: step_in_backward=True is not built: each step "
+                             "sums over the gradients of every parameter (global_sum)")
         self.spec = catalog.resolve(self.spec_name)
         unbounded = isinstance(growth_rate, (int, float)) and math.isinf(growth_rate) \
             and growth_rate > 0
