@@ -20,7 +20,9 @@ Two families (docs/catalog.md lists both, side by side):
   no twin of (``LAMB``, ``Lion``, ``FTML``, ``FTRL``, ``THOR``, ...) are these classes
   under ``optgen.torch`` as before; ``CLASSES`` maps their catalog names to class names.
 * ``SOAP`` (optgen/torch/soap.py) is the SOAP authors' optimizer: their signature,
-  defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters.
+  defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``DAdaptAdam``
+  (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
+  spec).
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
