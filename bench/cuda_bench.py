@@ -146,7 +146,7 @@ def bert(sample: Sampler, reps: int) -> list[dict]:
                                   lr=1e-3, weight_decay=0.01, capturable=True), grads)
     except Exception as e:  # noqa: BLE001 (reported as the row)
         print(f"  optgen adamw graph: {type(e).__name__}: {str(e)[:300]}")
-    src, dst = flat_w.clone(), torch.empty_like(flat_w)
+    src, dst = (torch.empty(n, device="cuda") for _ in "ab")
     contenders["copy d2d"] = lambda: dst.copy_(src)
     names = list(contenders)
     rows = timed([Contender(k, fn) for k, fn in contenders.items()], reps,
