@@ -18,7 +18,7 @@ if [ -n "${SANITIZE:-}" ]; then
 fi
 if [ -n "${TESTS:-}" ]; then
     timeout "${TEST_TIMEOUT:-90}" python3 -m pytest -n "${WORKERS:-14}" -v -p no:cacheprovider -rfEs \
-        tests/test_gpu_cuda.py tests/test_gpu_formats.py tests/test_matrix_cuda.py $TESTS \
+        tests/test_gpu_cuda.py tests/test_gpu_formats.py tests/test_matrix_cuda.py -k "$TESTS" \
         > "$OUT/tests.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/tests.log"
     grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$OUT/tests.log" | cut -c1-300 | tail -30
