@@ -315,3 +315,43 @@ def test_opencl_steps_each_tensor_with_its_own_kernel_call(pocl, rng):
     assert art.kernels and not any(ln.get("mt_symbol") for k in art.kernels
                                    for ln in k.launches)
     run_case(Case("adam", hyper={"multi_tensor": True}), [257, 3, 256], 2, rng)
+
+
+def test_in_process_check_sees_every_context():
+    """The in-process check (conftest's ``oclgrind_clean``, on stderr) sees a fault in
+    the first of two OpenCL contexts: a log file, truncated per context, lost it."""
+    pytest.importorskip("pyopencl", reason="the OpenCL target runs through pyopencl")
+    why = _opencl_missing("oclgrind")
+    if why:
+        pytest.skip(why)
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {HERE!r})
+        from test_opencl_gpu_schedule import run_controls
+        run_controls()          # the planted faults, in a first context
+        import pyopencl as cl   # then a clean kernel in a second one
+        from optgen.runtime.backends import opencl
+        dev = next(d for d in opencl.devices() if opencl.matches("oclgrind", d))
+        ctx = cl.Context([dev]); q = cl.CommandQueue(ctx)
+        cl.Program(ctx, "__kernel void ok(__global float *x) {{ x[0] = 1.0f; }}").build().ok(
+            q, (1,), (1,), cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4)); q.finish()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OCLGRIND_LOG"}
+    env["OPTGEN_OPENCL_DEVICE"] = "oclgrind"
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from conftest import oclgrind_reports
+    found = oclgrind_reports(r.stderr)
+    assert any(f.startswith("Invalid write") for f in found), r.stderr[-3000:]
+
+
+def test_in_process_reports_reach_the_check(capfd, monkeypatch):
+    """What ``oclgrind_clean`` reads: a fault in this process, on captured stderr."""
+    pytest.importorskip("pyopencl", reason="the OpenCL target runs through pyopencl")
+    why = _opencl_missing("oclgrind")
+    if why:
+        pytest.skip(why)
+    from conftest import oclgrind_reports
+    run_controls()
+    found = oclgrind_reports(capfd.readouterr().err)
+    assert any(f.startswith("Invalid write") for f in found), found

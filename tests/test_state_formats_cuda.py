@@ -34,7 +34,6 @@ import optgen
 from optgen.core import formats
 from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
-from conftest import OCLGRIND_LOG
 from helpers import assert_close, cupy_gpu
 
 Q8_SPECS = ["adam", "adamw", "lion", "sgd", "adagrad", "rmsprop", "adabelief"]
@@ -261,19 +260,13 @@ def _oclgrind_missing() -> str | None:
 
 
 @pytest.mark.parametrize("name,fmt", RUNS)
-def test_opencl_q8_matches_reference_on_oclgrind(name, fmt, monkeypatch, rng):
+def test_opencl_q8_matches_reference_on_oclgrind(name, fmt, monkeypatch, rng, oclgrind_clean):
     why = _oclgrind_missing()
     if why:
         pytest.skip(why)
     monkeypatch.setenv("OPTGEN_OPENCL_DEVICE", "oclgrind")
-    start = os.path.getsize(OCLGRIND_LOG) if os.path.exists(OCLGRIND_LOG) else 0
     opt = _step_and_compare(name, fmt, "numpy", lambda a: a.copy(), lambda a: a, rng)
     assert opt.artifact.target == "opencl"
-    if os.path.exists(OCLGRIND_LOG):
-        with open(OCLGRIND_LOG, encoding="utf-8", errors="replace") as f:
-            f.seek(start)
-            report = f.read()
-        assert not report.strip(), f"Oclgrind reported errors:\n{report[:4000]}"
 
 
 RACE_SCRIPT = textwrap.dedent('''
