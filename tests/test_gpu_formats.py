@@ -285,3 +285,28 @@ def test_cuda_compiled_train_step_equals_eager(cls):
         np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(),
                                    rtol=1e-5, atol=1e-6, err_msg=f"{cls}: parameter {i}")
     assert any((p != q).any() for p, q in zip(models[0].parameters(), _mlp().parameters()))
+
+
+# -- the step inside backward on CUDA tensors ----------------------------------------------
+@pytest.mark.parametrize("options", [{}, {"state_format": "q8"}] if GPU else [],
+                         ids=["fp32", "q8"])
+def test_cuda_step_in_backward_equals_the_ordinary_step(options):
+    """``step_in_backward=True`` on CUDA tensors (each parameter stepped by its gradient
+    hook, on torch's stream) equals ``backward(); step(); zero_grad()`` over 20 steps."""
+    import optgen.torch as ot
+    models = [_mlp(), _mlp()]
+    opts = [ot.AdamW(models[0].parameters(), lr=1e-2, weight_decay=0.01, **options),
+            ot.AdamW(models[1].parameters(), lr=1e-2, weight_decay=0.01,
+                     step_in_backward=True, **options)]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(20):
+        x = torch.randn(32, 64, device="cuda", generator=g)
+        y = torch.randn(32, 8, device="cuda", generator=g)
+        torch.nn.functional.mse_loss(models[0](x), y).backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        torch.nn.functional.mse_loss(models[1](x), y).backward()
+        assert all(p.grad is None for p in models[1].parameters())   # released in the hooks
+    torch.cuda.synchronize()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
