@@ -149,7 +149,6 @@ def test_torch_soap_has_the_authors_signature():
 
 
 REFUSED = [
-    (dict(max_precond_dim=4096), r"max_precond_dim=4096 is not built.*10000"),
     (dict(merge_dims=True), r"merge_dims=True is not built"),
     (dict(precondition_1d=True), r"precondition_1d=True is not built"),
     (dict(data_format="NHWC"), r"data_format must be one of channels_first, channels_last, "
