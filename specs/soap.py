@@ -57,9 +57,11 @@ spec.flag("normalize_grads", False, "divide the step direction by its RMS")
 spec.hyper("max_precond_dim", MAX_PRECOND_DIM, "max_precond_dim >= 0",
            "a side longer than this is not preconditioned (Q = I, no statistic); fixed "
            "when the optimizer is made", type="int")
-spec.shape_flag("left", "ndim == 2 and rows <= max_precond_dim",
+# (an empty matrix, a side of 0, has nothing to precondition: its eigenbasis would be
+# fit from an empty statistic)
+spec.shape_flag("left", "ndim == 2 and rows <= max_precond_dim and rows * cols > 0",
                 "the rows are preconditioned (L, Q_L)")
-spec.shape_flag("right", "ndim == 2 and cols <= max_precond_dim",
+spec.shape_flag("right", "ndim == 2 and cols <= max_precond_dim and rows * cols > 0",
                 "the columns are preconditioned (R, Q_R)")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
 m = spec.state("m", 0.0, "first moment (eigenbasis)")
