@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from optgen.runtime import exchange, shards
+from optgen.runtime import exchange, owned, shards
 from optgen.core import views
 
 try:
@@ -70,10 +70,14 @@ def _mesh_text(mesh: Any) -> str:
 def _refused(artifact: Any) -> str | None:
     """Why a rule cannot step a shard even with its reductions summed and its matrix
     passes run whole on an owner rank (None: it can)."""
+    why = owned.refused(artifact)
+    if why is not None:
+        return f"keeps whole-matrix states and {why}"
     for k in artifact.kernels:
         if k.matrix:
             try:
-                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces),
+                                held=owned.held(artifact))
             except exchange.Unsupported as e:
                 return f"multiplies whole matrices and {e}"
     return None
