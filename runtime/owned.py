@@ -14,10 +14,13 @@ holds a copy. Every step the owner runs the whole-matrix stretch of the kernel o
 the rows that leave it go back), and the refresh rule (roots, eigenbases) runs on the
 owner alone, on the host, as in one process.
 
-Which states are held: those of shape R x R or C x C, and parameter-shaped states the
-refresh rule reads or writes (SOAP's m and v, kept in the eigenbasis: their rows are
-not the parameter's rows, and the refresh rotates them whole). The other
-parameter-shaped states (Shampoo's m and v) stay split like the parameter.
+Which states are held: every state of such a matrix, those of shape R x R or C x C
+and the parameter-shaped ones. SOAP's m and v are kept in the eigenbasis (their rows
+are not the parameter's rows) and its refresh rotates them whole; Shampoo's m and v
+are read and written by the passes between its matmuls, so split they would cross the
+network twice each per step (8 parameter-sized transfers instead of 3: the gradient
+and the weight to the owner, the weight back). The owners are balanced by flops, so
+each rank keeps the states of about 1/W of the matrices' work.
 
 May import: numpy, exchange, views.
 """
@@ -44,13 +47,12 @@ def _refresh_names(kernels: Sequence[Any]) -> tuple[set[str], set[str]]:
 
 
 def held(artifact: Any) -> frozenset[str]:
-    """The states an owner rank keeps whole for a split matrix (empty: none; Muon)."""
+    """The states an owner rank keeps whole for a split matrix (empty: none; Muon):
+    every state of a rule with whole-matrix states."""
     states = {s.name: s.shape for s in artifact.states}
-    whole = {n for n, kind in states.items() if kind in WHOLE_MATRIX}
-    if not whole:
+    if not any(kind in WHOLE_MATRIX for kind in states.values()):
         return frozenset()
-    reads, writes = _refresh_names(artifact.kernels)
-    return frozenset(whole | {n for n in reads | writes if states.get(n) == "param"})
+    return frozenset(n for n, kind in states.items() if kind in (*WHOLE_MATRIX, "param"))
 
 
 def kernel_refused(k: Any, artifact: Any) -> str | None:
