@@ -7,9 +7,9 @@ parameter's rows, which row shards cannot hold. On FSDP2 shards each such matrix
 one **owner rank**, chosen once (at construction) for all split matrices of the
 optimizer, alike on every rank, by the same greedy balance of flops as the exchange of
 matrix passes (runtime/exchange.py: largest matrix first, to the least loaded rank).
-The owner keeps these states whole; the other ranks keep empty arrays in their place
-(shape 0 along the split rows), so every rank has the same state names and no rank
-holds a copy. Every step the owner runs the whole-matrix stretch of the kernel on them
+The owner keeps these states whole; the other ranks keep no entry for them (their
+states, ``opt.state`` and state_dict name only what the rank holds), so a checkpoint
+sees each held state once, whole, under the parameter's name. Every step the owner runs the whole-matrix stretch of the kernel on them
 (the rows of the buffers that enter it reach the owner by the exchange's all-to-all,
 the rows that leave it go back), and the refresh rule (roots, eigenbases) runs on the
 owner alone, on the host, as in one process.
@@ -111,15 +111,19 @@ def assign(splits: list, artifact: Any, world: int, rank: int) -> list:
     return out
 
 
-def state_shape(split: Any, name: str, kind: str, local: tuple[int, ...]
-                ) -> tuple[int, ...] | None:
-    """The shape a split parameter keeps for state ``name`` (``kind`` its shape) when
-    its owner holds it: the whole one on the owner, empty elsewhere; None when the state
-    is not held (split as the parameter)."""
+def state_shape(split: Any, name: str, kind: str) -> tuple[int, ...] | None:
+    """The whole shape of state ``name`` (``kind`` its shape) of a split parameter
+    whose owner holds it; None when it is not held (it is split as the parameter)."""
     if split is None or name not in split.held:
         return None
-    whole = views.state_shape(split.whole, kind)
-    return whole if split.mine else (0,) * len(whole)
+    return views.state_shape(split.whole, kind)
+
+
+def absent(split: Any, name: str) -> bool:
+    """Whether this rank keeps no state ``name`` of a split parameter (another rank
+    owns it and holds it whole): it has no entry here, in its states, ``opt.state``
+    and its state_dict, so checkpoints see each held state once, whole."""
+    return split is not None and name in split.held and not split.mine
 
 
 def refreshes_here(split: Any) -> bool:

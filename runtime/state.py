@@ -83,8 +83,10 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
                     init, dtype)):
                 x.state[s.name] = v
             continue
-        shape = owned.state_shape(slot.split, s.name, s.shape, tuple(p.shape)) or \
-            views.state_shape(tuple(p.shape), s.shape)   # (held whole by an owner rank)
+        if owned.absent(slot.split, s.name):   # (held whole by another rank)
+            continue
+        shape = owned.state_shape(slot.split, s.name, s.shape) or \
+            views.state_shape(tuple(p.shape), s.shape)
         st[s.name] = tensors.full_like(p, lib, shape, init, dtype)
 
 
