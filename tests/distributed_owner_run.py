@@ -7,7 +7,8 @@ Each rank trains on its own part of every batch (FSDP2 averages the gradients by
 reduce-scatter). Written per optimizer: the whole parameters after ``STEPS`` steps, the
 averaged gradients of every step (gathered, to replay them in one process), the bytes
 this rank sent per all-to-all, each parameter's owner, the held states' shapes here,
-and a run resumed from ``state_dict()`` at step ``STEPS // 2`` (same world size).
+a run resumed from ``state_dict()`` at step ``STEPS // 2`` (same world size), and
+DCP checkpoints across world sizes (``resharded``).
 """
 from __future__ import annotations
 
@@ -53,11 +54,16 @@ def loss(net, step: int, part) -> torch.Tensor:
     return ((net(part(x)) - part(y)) ** 2).mean()
 
 
-def single(name: str, grads: list[list[np.ndarray]] | None = None) -> list[np.ndarray]:
-    """One process: ``STEPS`` steps on the whole batches, or on the given gradients."""
+def single(name: str, grads: list[list[np.ndarray]] | None = None,
+           steps: range = range(STEPS), load: str | None = None, save: str | None = None
+           ) -> list[np.ndarray]:
+    """One process: ``steps`` on the whole batches, or on the given gradients; first
+    loading a DCP checkpoint (``load``: saved at another world size), last saving one."""
     net = model()
     opt = make(name, net.parameters())
-    for t in range(STEPS):
+    if load:
+        dcp_load(net, opt, load)
+    for t in steps:
         opt.zero_grad()
         if grads is None:
             loss(net, t, lambda a: a).backward()
@@ -65,7 +71,25 @@ def single(name: str, grads: list[list[np.ndarray]] | None = None) -> list[np.nd
             for p, g in zip(net.parameters(), grads[t]):
                 p.grad = torch.from_numpy(g.copy())
         opt.step()
+    if save:
+        dcp_save(net, opt, save)
     return [p.detach().numpy().copy() for p in net.parameters()]
+
+
+def dcp_save(net, opt, folder: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    msd, osd = get_state_dict(net, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=folder)
+
+
+def dcp_load(net, opt, folder: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    msd, osd = get_state_dict(net, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def _sharded(world: int):
@@ -82,7 +106,31 @@ def _whole(net) -> list[np.ndarray]:
     return [p.full_tensor().detach().numpy().copy() for p in net.parameters()]
 
 
-def owner_runs(world: int, rank: int) -> dict[str, np.ndarray]:
+def resharded(name: str, world: int, folder: str) -> list[np.ndarray]:
+    """DCP checkpoints across world sizes, every rank on the whole batches (so the
+    averaged gradient is the one-process gradient): the first half saved here for the
+    test process to load in one process, and its one-process first half loaded here
+    for the second half."""
+    def whole(a):
+        return a
+    net = _sharded(world)
+    opt = make(name, net.parameters())
+    for t in range(STEPS // 2):
+        opt.zero_grad()
+        loss(net, t, whole).backward()
+        opt.step()
+    dcp_save(net, opt, os.path.join(folder, f"{name}-w{world}"))
+    net = _sharded(world)
+    opt = make(name, net.parameters())
+    dcp_load(net, opt, os.path.join(folder, f"{name}-w1"))
+    for t in range(STEPS // 2, STEPS):
+        opt.zero_grad()
+        loss(net, t, whole).backward()
+        opt.step()
+    return _whole(net)
+
+
+def owner_runs(world: int, rank: int, folder: str) -> dict[str, np.ndarray]:
     part = (lambda a: a.chunk(world)[rank])
     out: dict[str, np.ndarray] = {}
     for name in RULES:
@@ -120,6 +168,7 @@ def owner_runs(world: int, rank: int) -> dict[str, np.ndarray]:
             loss(net2, t, part).backward()
             opt2.step()
         out.update((f"{name}/resumed/{i}", w) for i, w in enumerate(_whole(net2)))
+        out.update((f"{name}/dcp/{i}", w) for i, w in enumerate(resharded(name, world, folder)))
     return out
 
 
@@ -130,7 +179,7 @@ def main() -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
         assert mode == "owner", mode
-        np.savez(out, **owner_runs(world, rank))
+        np.savez(out, **owner_runs(world, rank, os.path.join(os.path.dirname(out), "ckpt")))
     finally:
         torch.distributed.destroy_process_group()
     sys.stdout.flush()

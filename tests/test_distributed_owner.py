@@ -55,13 +55,26 @@ def _close(have, want, where):
 
 @pytest.fixture(scope="module")
 def whole_batch():
-    return {"shampoo": run.single("shampoo")}
+    return {name: run.single(name) for name in run.RULES}
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=EXHAUSTIVE)])
 def test_owner_held_states_equal_one_process(world, whole_batch, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    for name in run.RULES:   # the first half in one process, for the ranks to load
+        run.single(name, steps=range(run.STEPS // 2), save=str(ckpt / f"{name}-w1"))
     ranks = launch("distributed_owner_run.py", "owner", world, tmp_path, timeout=240)
     for name in run.RULES:
+        # DCP across world sizes, every rank on the whole batches: world -> 1 (the
+        # ranks' first half, the second half here) and 1 -> world (the other way)
+        back = run.single(name, steps=range(run.STEPS // 2, run.STEPS),
+                          load=str(ckpt / f"{name}-w{world}"))
+        _close(back, whole_batch[name], f"{name}: DCP checkpoint of world size {world} "
+               "loaded in one process")
+        for r, got in enumerate(ranks):
+            _close([got[f"{name}/dcp/{i}"] for i in range(4)], whole_batch[name],
+                   f"{name}: a one-process DCP checkpoint loaded at world size {world}, "
+                   f"rank {r}")
         grads = [[ranks[0][f"{name}/grad/{t}/{i}"] for i in range(4)]
                  for t in range(run.STEPS)]
         replayed = run.single(name, grads)
@@ -70,7 +83,7 @@ def test_owner_held_states_equal_one_process(world, whole_batch, tmp_path):
             where = f"{name}, world size {world}, rank {r}"
             have = [got[f"{name}/{i}"] for i in range(4)]
             _close(have, replayed, where + " (the averaged gradients replayed)")
-            if name in whole_batch:
+            if name == "shampoo":   # (SOAP: see the module's docstring)
                 _close(have, whole_batch[name], where + " (one process, whole batches)")
             # resumed from state_dict() at step 10 at the same world size: the same run
             for i in range(4):

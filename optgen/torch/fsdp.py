@@ -203,8 +203,9 @@ def shown(p: Any, state: Any, kind: str = "param") -> Any:
     parameter's shape takes its placements; a row or column state (``kind``) is split
     where it holds the split axis (row states of a row-split matrix) and whole on every
     rank otherwise (its column states, summed across ranks each step). Anything else
-    as is."""
-    if not is_dtensor(p) or not isinstance(state, torch.Tensor):
+    as is, and so is a whole-matrix state (R x R, C x C: whole on its owner rank,
+    runtime/owned.py)."""
+    if not is_dtensor(p) or not isinstance(state, torch.Tensor) or kind in owned.WHOLE_MATRIX:
         return state
     if kind not in ("row", "col") or tuple(state.shape) == tuple(p._local_tensor.shape):
         if tuple(state.shape) != tuple(p._local_tensor.shape):
