@@ -1,7 +1,8 @@
 """Shampoo and SOAP on FSDP2 shards (gloo), for tests/test_distributed_owner.py: each
 split matrix's whole-matrix states live on one owner rank (runtime/owned.py).
 
-    python tests/distributed_owner_run.py MODE WORLD RANK PORT OUT.npz   # MODE: owner
+    python tests/distributed_owner_run.py MODE WORLD RANK PORT OUT.npz
+    # MODE: owner | optgen-load (after an owner run at world size 2, same folder)
 
 Each rank trains on its own part of every batch (FSDP2 averages the gradients by
 reduce-scatter). Written per optimizer: the whole parameters after ``STEPS`` steps, the
@@ -120,6 +121,11 @@ def resharded(name: str, world: int, folder: str) -> list[np.ndarray]:
         loss(net, t, whole).backward()
         opt.step()
     dcp_save(net, opt, os.path.join(folder, f"{name}-w{world}"))
+    opt.save(os.path.join(folder, f"{name}-optgen-w{world}"))   # (optgen's own: a folder)
+    if torch.distributed.get_rank() == 0:
+        np.savez(os.path.join(folder, f"{name}-optgen-w{world}-model.npz"), *_whole(net))
+    else:
+        _whole(net)   # (a collective)
     net = _sharded(world)
     opt = make(name, net.parameters())
     dcp_load(net, opt, os.path.join(folder, f"{name}-w1"))
@@ -128,6 +134,28 @@ def resharded(name: str, world: int, folder: str) -> list[np.ndarray]:
         loss(net, t, whole).backward()
         opt.step()
     return _whole(net)
+
+
+def optgen_load(world: int, folder: str) -> dict[str, np.ndarray]:
+    """``opt.load`` of the folders ``opt.save`` wrote at world size 2 (every rank on the
+    whole batches), at this world size: the second half's parameters."""
+    from torch.distributed.tensor import distribute_tensor
+    out = {}
+    for name in RULES:
+        net = _sharded(world)
+        where = os.path.join(folder, f"{name}-optgen-w2")
+        with np.load(where + "-model.npz") as z, torch.no_grad():
+            for i, p in enumerate(net.parameters()):
+                p.copy_(distribute_tensor(torch.from_numpy(z[f"arr_{i}"]), p.device_mesh,
+                                          p.placements))
+        opt = make(name, net.parameters())
+        opt.load(where)
+        for t in range(STEPS // 2, STEPS):
+            opt.zero_grad()
+            loss(net, t, lambda a: a).backward()
+            opt.step()
+        out.update((f"{name}/optgen/{i}", w) for i, w in enumerate(_whole(net)))
+    return out
 
 
 def owner_runs(world: int, rank: int, folder: str) -> dict[str, np.ndarray]:
@@ -178,8 +206,9 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        assert mode == "owner", mode
-        np.savez(out, **owner_runs(world, rank, os.path.join(os.path.dirname(out), "ckpt")))
+        folder = os.path.join(os.path.dirname(out), "ckpt")
+        np.savez(out, **(owner_runs(world, rank, folder) if mode == "owner" else
+                         optgen_load(world, folder)))
     finally:
         torch.distributed.destroy_process_group()
     sys.stdout.flush()

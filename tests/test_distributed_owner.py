@@ -101,3 +101,9 @@ def test_owner_held_states_equal_one_process(world, whole_batch, tmp_path):
         assert moved.shape == (world, 2 * run.STEPS), moved.shape
         per_step = moved.sum(axis=0).reshape(-1, 2).sum(axis=1)
         assert set(per_step.tolist()) == {_moved(world)}, (name, per_step[:3])
+    if world == 2:   # optgen's opt.save folders of world size 2, loaded at 1
+        for r, got in enumerate(launch("distributed_owner_run.py", "optgen-load", 1,
+                                       tmp_path, timeout=240)):
+            for name in run.RULES:
+                _close([got[f"{name}/optgen/{i}"] for i in range(4)], whole_batch[name],
+                       f"{name}: opt.save at world size 2, opt.load at 1")
