@@ -246,7 +246,7 @@ class Launcher:
         s = self.slots[i]
         call = self._caller(i, g, scalars, extra) if s.numel else None
         work = self.workspace(i, k, s.dims)
-        reg = self.region(k)
+        reg = self.region(k, split)
         unsummed: dict[str, shards.Pending] = {}
         for j, ((fn, args), ln) in enumerate(zip(s.plan, k.launches)):
             if reg is not None and reg.start <= j < reg.stop:
@@ -270,9 +270,11 @@ class Launcher:
                     work[red][...] = 0.0
             unsummed.update(fills or ())
 
-    def region(self, k: KernelInfo) -> exchange.Region | None:
-        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached)."""
-        if not k.matrix:
+    def region(self, k: KernelInfo, split: shards.Split | None = None
+               ) -> exchange.Region | None:
+        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached); any
+        kernel's that reads states an owner rank holds whole (runtime/owned.py)."""
+        if not k.matrix and not (split is not None and split.held):
             return None
         if k.symbol not in self.regions:
             self.regions[k.symbol] = exchange.region(k.launches, k.buffer_axes,

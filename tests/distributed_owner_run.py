@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 
 import numpy as np
 import torch
@@ -200,20 +199,11 @@ def owner_runs(world: int, rank: int, folder: str) -> dict[str, np.ndarray]:
     return out
 
 
-def main() -> None:
-    mode, world, rank, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
-        sys.argv[4], sys.argv[5]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        folder = os.path.join(os.path.dirname(out), "ckpt")
-        np.savez(out, **(owner_runs(world, rank, folder) if mode == "owner" else
-                         optgen_load(world, folder)))
-    finally:
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)   # (see tests/distributed_run.py: gloo threads at interpreter exit)
+def results_of(mode: str, world: int, folder: str) -> dict[str, np.ndarray]:
+    rank = torch.distributed.get_rank()
+    return owner_runs(world, rank, folder) if mode == "owner" else optgen_load(world, folder)
 
 
 if __name__ == "__main__":
-    main()
+    import distributed_run   # (tests/ is the script's folder)
+    distributed_run.serve(results_of)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optgen.core import formats
+from optgen.core import formats, views
 from optgen.runtime import checkpoint, owned, shards as runtime_shards, tempfiles
 from .fsdp import is_dtensor, local, rows, sharded
 
@@ -246,8 +246,7 @@ def _held(core: Any, sd: dict, i: int, p: Any, kinds: dict[str, str],
     if split is not None and not split.mine:
         return set(names)
     for n in names:
-        want = owned.state_shape(runtime_shards.Split("r", tuple(p.shape), held=(n,)),
-                                 n, kinds[n])
+        want = views.state_shape(tuple(p.shape), kinds[n])
         found = (part(r)["state"][i].get(n) for r in range(files))
         v = next((v for v in found if v is not None and np.shape(v) == want), None)
         if v is not None:    # (else the load's check names the missing state)
