@@ -9,10 +9,11 @@ optimizer, alike on every rank, by the same greedy balance of flops as the excha
 matrix passes (runtime/exchange.py: largest matrix first, to the least loaded rank).
 The owner keeps these states whole; the other ranks keep no entry for them (their
 states, ``opt.state`` and state_dict name only what the rank holds), so a checkpoint
-sees each held state once, whole, under the parameter's name. Every step the owner runs the whole-matrix stretch of the kernel on them
-(the rows of the buffers that enter it reach the owner by the exchange's all-to-all,
-the rows that leave it go back), and the refresh rule (roots, eigenbases) runs on the
-owner alone, on the host, as in one process.
+sees each held state once, whole, under the parameter's name. Every step the owner
+runs the whole-matrix stretch of the kernel on them (the rows of the buffers that
+enter it reach the owner by the exchange's all-to-all, the rows that leave it go
+back), and the refresh rule (roots, eigenbases) runs on the owner alone, on the host,
+as in one process.
 
 Which states are held: every state of such a matrix, those of shape R x R or C x C
 and the parameter-shaped ones. SOAP's m and v are kept in the eigenbasis (their rows
@@ -35,15 +36,9 @@ from optgen.core import views
 WHOLE_MATRIX = ("rr", "cc")
 
 
-def _refresh_names(kernels: Sequence[Any]) -> tuple[set[str], set[str]]:
-    """Names the kernels' refresh rules read (their IR's named nodes) and write."""
-    reads, writes = set(), set()
-    for k in kernels:
-        if k.refresh is not None:
-            ir = k.refresh["ir"]
-            reads.update(n["name"] for n in ir["nodes"] if "name" in n)
-            writes.update(ir["outputs"])
-    return reads, writes
+def _refresh_reads(k: Any) -> set[str]:
+    """The names kernel ``k``'s refresh rule reads (its IR's named nodes)."""
+    return {n["name"] for n in k.refresh["ir"]["nodes"] if "name" in n}
 
 
 def held(artifact: Any) -> frozenset[str]:
@@ -65,8 +60,7 @@ def kernel_refused(k: Any, artifact: Any) -> str | None:
     if k.refresh.get("reads"):
         return (f"refreshes from statistics the trainer passes "
                 f"({', '.join(k.refresh['reads'])}), which are not summed across ranks")
-    reads, _ = _refresh_names([k])
-    other = sorted(n for n in reads - keep
+    other = sorted(n for n in _refresh_reads(k) - keep
                    if n in ("w", "grad") or n in {s.name for s in artifact.states})
     if other or k.refresh.get("grad"):
         return (f"refreshes from {', '.join(other) or 'the step gradient'}, which its "

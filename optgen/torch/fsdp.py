@@ -14,11 +14,12 @@ on; ``clip_global_norm`` and the non-finite check add the split gradients' sums 
 squares the same way. This needs a split of the first dimension (``Shard(0)``, FSDP2's
 default) on one mesh dimension. A matrix rule's whole-matrix passes (Muon's
 Newton-Schulz) run on one owner rank per matrix, its rows exchanged by all-to-all
-(runtime/exchange.py); q8/q4 states keep per-shard blocks, formatted by the whole
+(runtime/exchange.py); Shampoo's and SOAP's whole-matrix states live on that owner
+(runtime/owned.py); q8/q4 states keep per-shard blocks, formatted by the whole
 parameter's size. Refused on a sharded parameter (a ValueError at construction, raised
-alike on every rank before any collective, so no rank waits on another): a matrix rule
-with whole-matrix states (THOR), other splits where the rule reduces or multiplies
-matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
+alike on every rank before any collective, so no rank waits on another): a rule that
+refreshes from statistics the trainer passes (THOR), other splits where the rule
+reduces or multiplies matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
 without a mesh builds one per call) are one mesh.
 Replicated DTensors are whole on every rank and take any rule.
 """
