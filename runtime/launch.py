@@ -15,8 +15,8 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, exchange, flat (its GRAD slot), formats, reference, rounding,
-shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
+May import: numpy, artifact, exchange, flat (its GRAD slot), formats, owned, reference,
+rounding, shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
 when runtime/storage.py says its data is where it is now.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import exchange, shards, tensors
+from . import exchange, owned, shards, tensors
 from optgen.core import formats, reference, rounding, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -76,6 +76,7 @@ class Launcher:
             if k is None:
                 raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
                                 + (" and state formats" if fmt else ""))
+            owned.check_kernel(self.owner, i, k, self.artifact, s.split)
             if self.compiled:       # its library built and loaded before anything changes
                 self.artifact.ready(k)
             self.kernels[key] = k
@@ -129,8 +130,10 @@ class Launcher:
         return ws
 
     def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
-        d = self.slots[i].dims
+        d, split = self.slots[i].dims, self.slots[i].split
         persistent = {**self.arrays(i, k, None, {}), **self.workspace(i, k, d)}
+        for b in set(persistent) - set(owned.unheld(list(persistent), split)):
+            del persistent[b]   # (held whole by an owner rank: its stretch's arrays)
         return self._entries(k, k.launches, persistent, d)
 
     def _entries(self, k: KernelInfo, launches: Sequence[dict], arrays: Mapping[str, Any],
@@ -243,7 +246,7 @@ class Launcher:
         s = self.slots[i]
         call = self._caller(i, g, scalars, extra) if s.numel else None
         work = self.workspace(i, k, s.dims)
-        reg = self.region(k)
+        reg = self.region(k, split)
         unsummed: dict[str, shards.Pending] = {}
         for j, ((fn, args), ln) in enumerate(zip(s.plan, k.launches)):
             if reg is not None and reg.start <= j < reg.stop:
@@ -267,13 +270,16 @@ class Launcher:
                     work[red][...] = 0.0
             unsummed.update(fills or ())
 
-    def region(self, k: KernelInfo) -> exchange.Region | None:
-        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached)."""
-        if not k.matrix:
+    def region(self, k: KernelInfo, split: shards.Split | None = None
+               ) -> exchange.Region | None:
+        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached); any
+        kernel's that reads states an owner rank holds whole (runtime/owned.py)."""
+        if not k.matrix and not (split is not None and split.held):
             return None
         if k.symbol not in self.regions:
             self.regions[k.symbol] = exchange.region(k.launches, k.buffer_axes,
-                                                     tuple(k.workspaces))
+                                                     tuple(k.workspaces),
+                                                     held=owned.held(self.artifact))
         return self.regions[k.symbol]
 
     def _matrix(self, i: int, k: KernelInfo, reg: exchange.Region, g, extra: Mapping[str, Any],
@@ -298,12 +304,14 @@ class Launcher:
         def run(held: dict[str, Any]) -> None:
             launches = k.launches[reg.start:reg.stop]
             names = dict.fromkeys(b for ln in launches for b in ln["buffers"])
-            # (whole-tensor values: this rank's, summed before the stretch)
-            arrays = {b: work[b] if not k.buffer_axes[b] else whole(b) for b in names}
+            # (whole-tensor values: this rank's, summed before the stretch; states the
+            # owner holds whole: its own, runtime/owned.py)
+            arrays = {b: work[b] if not k.buffer_axes[b] else
+                      local[b] if b in split.held else whole(b) for b in names}
             run_loops(self._entries(k, launches, arrays, d),
                       lambda fn, args: fn(*args, scalars), scalars)
 
-        return exchange.Matrix((d[1], d[2]), mine, reg, run, whole)
+        return exchange.Matrix((d[1], d[2]), mine, reg, run, whole, split.owner)
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""
