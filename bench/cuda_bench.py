@@ -146,7 +146,7 @@ def bert(sample: Sampler, reps: int) -> list[dict]:
                                   lr=1e-3, weight_decay=0.01, capturable=True), grads)
     except Exception as e:  # noqa: BLE001 (reported as the row)
         print(f"  optgen adamw graph: {type(e).__name__}: {str(e)[:300]}")
-    src, dst = flat_w.clone(), torch.empty_like(flat_w)
+    src, dst = (torch.empty(n, device="cuda") for _ in "ab")
     contenders["copy d2d"] = lambda: dst.copy_(src)
     names = list(contenders)
     rows = timed([Contender(k, fn) for k, fn in contenders.items()], reps,
@@ -184,6 +184,24 @@ def _captured(make, grads):
         opt.stage(grads)
         graph.replay()
     return step
+
+
+class _tf32:
+    """An optimizer whose float32 products may run on TF32 tensor cores during its step
+    (``torch.set_float32_matmul_precision("high")``, the setting optgen's products
+    follow on torch CUDA tensors)."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def step(self):
+        import torch
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")
+        try:
+            self.opt.step()
+        finally:
+            torch.set_float32_matmul_precision(before)
 
 
 def _state_bytes(opt) -> int:
@@ -289,7 +307,8 @@ def muon(sample: Sampler, reps: int) -> list[dict]:
         g0 = torch.randn(shape, device="cuda", generator=g)
         steps = {}
         makers = [("torch Muon", lambda ps: torch.optim.Muon(ps, lr=0.02)),
-                  ("optgen Muon", lambda ps: ot.Muon(ps, lr=0.02))]
+                  ("optgen Muon", lambda ps: ot.Muon(ps, lr=0.02)),
+                  ("optgen Muon tf32", lambda ps: _tf32(ot.Muon(ps, lr=0.02)))]
         if shape == (2048, 2048):
             makers = [("optgen Shampoo", lambda ps: ot.make("shampoo")(ps, lr=1e-3)),
                       ("optgen SOAP", lambda ps: ot.SOAP(ps, lr=1e-3))]

@@ -180,21 +180,22 @@ class Spec:
 
     def shape_flag(self, name: str, rule: str, doc: str = "") -> str:
         """A flag set per parameter from its shape, e.g. ``"ndim >= 2"`` (names: ndim,
-        numel, and rows and cols: R and C of the [B, R, C] view).
+        numel, rows and cols of the [B, R, C] view, int hyperparameters declared before).
 
         Like a flag it specializes the kernel (read it as ``flags.<name>``), but the user
-        does not set it: the runtime evaluates ``rule`` for each parameter."""
+        does not set it: the runtime evaluates ``rule`` for each parameter at creation."""
         loc = caller_loc()
         self._new_name(name, "flag", loc)
+        ints = {n for n, h in self.hypers.items() if h.info.type == "int"}
         try:
-            unknown = scalar_expr.names(rule) - {"ndim", "numel", *SHAPE_NAMES}
+            unknown = scalar_expr.names(rule) - {"ndim", "numel", *SHAPE_NAMES, *ints}
         except scalar_expr.ExprError as e:
             raise SpecError(f"shape flag {name!r}: bad rule: {e}", loc,
                             hint="a rule is an expression over ndim and numel, "
                             "e.g. 'ndim >= 2'") from None
         if unknown:
-            raise SpecError(f"shape flag {name!r}: the rule may use ndim, numel, rows and "
-                            f"cols, not {sorted(unknown)[0]!r}", loc,
+            raise SpecError(f"shape flag {name!r}: the rule may use ndim, numel, rows, "
+                            f"cols and int hyperparameters, not {sorted(unknown)[0]!r}", loc,
                             hint="e.g. 'ndim >= 2 and numel > 1' or 'ndim == 2 and rows > cols'")
         self.shape_flags[name] = (rule, doc)
         return name

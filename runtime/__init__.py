@@ -48,8 +48,8 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
     if base is not None:
         catalog.resolve(base)  # an unknown base is a ValueError naming the known ones
     owner = os.path.basename(path)
-    state_format = formats.mastered(owner, formats.rounded(
-        owner, formats.request(owner, state_format), stochastic_rounding), master_format)
+    req = formats.rounded(owner, formats.request(owner, state_format), stochastic_rounding)
+    state_format = formats.mastered(owner, req, master_format)
     fmt = formats.key(state_format)
     with open(path, encoding="utf-8") as f:
         backend = backends.get(target)
@@ -57,7 +57,9 @@ def get_artifact(spec: str | os.PathLike, target: str = "llvm", *, build: bool =
                                  machine_bound=backend.machine_bound)
     dest = os.path.join(cache.cache_dir(), cache.artifact_dirname(path, target, key, base, fmt))
     fix = f"run `optgen build {path} --target {target}" + \
-        (f" --state-format {fmt}" if fmt else "") + "` or pass build=True"
+        (f" --state-format {formats.key(req)}" if req else "") + \
+        (f" --master-format {master_format}" if state_format != req else "") + \
+        "` or pass build=True"
     try:
         art = Artifact.load(dest)
     except ArtifactError as e:

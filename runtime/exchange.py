@@ -41,21 +41,25 @@ class Unsupported(ValueError):
     """A matrix kernel whose whole-matrix stretch cannot be cut from its shards."""
 
 
-def _whole_launch(ln: dict, axes: dict[str, str], param: str) -> bool:
+def _whole_launch(ln: dict, axes: dict[str, str], param: str,
+                 held: frozenset[str] = frozenset()) -> bool:
     return ln["kind"] in ("matmul", "repeat") or \
-        any(axes[b] not in (param, "") for b in ln["buffers"])
+        any(axes[b] not in (param, "") or b in held for b in ln["buffers"])
 
 
 def region(launches: Sequence[dict], axes: dict[str, str], workspaces: Sequence[str],
-           step_arrays: Sequence[str] = ("grad",)) -> Region | None:
+           step_arrays: Sequence[str] = ("grad",), held: frozenset[str] = frozenset()
+           ) -> Region | None:
     """The stretch of ``launches`` that needs whole matrices (None: none does).
     ``axes``: each buffer's axes; ``workspaces``: the kernel's temporaries (the other
     buffers are the parameter, its states and the step's arrays). Unsupported (a
     ValueError) when a buffer that is not parameter-shaped would have to cross the
     stretch's edges: a whole-matrix state (THOR's R x R inverse) or a value computed
-    inside it and read after."""
+    inside it and read after. ``held``: states the owner rank keeps whole
+    (runtime/owned.py: Shampoo's statistics and roots), read and written in place there;
+    every launch that uses one is in the stretch."""
     param = axes["w"]
-    whole = [j for j, ln in enumerate(launches) if _whole_launch(ln, axes, param)]
+    whole = [j for j, ln in enumerate(launches) if _whole_launch(ln, axes, param, held)]
     if not whole:
         return None
     start, stop = whole[0], 0
@@ -69,6 +73,8 @@ def region(launches: Sequence[dict], axes: dict[str, str], workspaces: Sequence[
     inputs, outputs = [], []
     for b in dict.fromkeys(used):
         kept = b not in workspaces          # the parameter, a state, the gradient
+        if b in held:          # (every launch using it is in the stretch: the owner's)
+            continue
         if axes[b] == "":
             if b in written and b in after:
                 raise Unsupported(f"its whole-tensor value {b} is computed with the "
@@ -104,6 +110,7 @@ class Matrix:
     region: Region
     run: Callable[[dict[str, Any]], None]
     whole: Callable[[str], Any]
+    owner: int | None = None     # fixed (its whole-matrix states live there); None: chosen
 
     @property
     def flops(self) -> int:
@@ -113,10 +120,18 @@ class Matrix:
 
 def owners(matrices: Sequence[Matrix], world: int) -> list[int]:
     """Each matrix's owner: the largest first, each to the least loaded rank (ties:
-    the lowest rank); alike on every rank, which sees the same matrices."""
+    the lowest rank); alike on every rank, which sees the same matrices. A matrix with
+    a fixed ``owner`` (whole-matrix states held there) keeps it and counts first."""
     load = [0] * world
     out = [0] * len(matrices)
-    for j in sorted(range(len(matrices)), key=lambda j: -matrices[j].flops):
+    free = []
+    for j, m in enumerate(matrices):
+        if getattr(m, "owner", None) is None:
+            free.append(j)
+        else:
+            out[j] = m.owner
+            load[m.owner] += m.flops
+    for j in sorted(free, key=lambda j: -matrices[j].flops):
         o = min(range(world), key=lambda r: (load[r], r))
         out[j] = o
         load[o] += matrices[j].flops

@@ -28,7 +28,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from optgen.core import hyper as hyper_rules
+from optgen.core import hyper as hyper_rules, scalar_expr, views
 from . import schedules, tensors
 
 # alias -> spec name; used only when the spec has no hyperparameter of the alias's name
@@ -49,6 +49,25 @@ def beta_names(hypers: Mapping[str, Any]) -> list[str]:
     while f"beta{len(names) + 1}" in hypers:
         names.append(f"beta{len(names) + 1}")
     return names if len(names) >= 2 and "betas" not in hypers else []
+
+
+def shape_flags(rules: Mapping[str, str], hyper: Mapping[str, Any],
+                shape: tuple[int, ...]) -> dict[str, bool]:
+    """A parameter's shape flags: each rule over its shape and its group's hyperparameters."""
+    env = {**hyper, **views.shape_env(shape)}
+    return {f: bool(scalar_expr.evaluate(rule, env)) for f, rule in rules.items()}
+
+
+def check_shape_hypers(owner: str, rules: Mapping[str, str], changes: Mapping[str, Any],
+                       current: Sequence[RuntimeGroup]) -> None:
+    """Refuse a new value of a hyperparameter that a shape flag's rule reads: the rules
+    chose each parameter's flags and states when the optimizer was made."""
+    for flag, rule in rules.items():
+        for n in sorted(scalar_expr.names(rule) & set(changes)):
+            if any(g.hyper.get(n) != changes[n] for g in current):
+                raise ValueError(f"{owner}: {n} is fixed once the optimizer is made (the "
+                                 f"shape flag {flag}: {rule} chose each parameter's states "
+                                 f"with it); got {changes[n]!r}: make a new optimizer")
 
 
 def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],

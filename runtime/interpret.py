@@ -30,14 +30,14 @@ def host_values(k: Any, arrays: Mapping[str, Any], lib: str
     return host, values
 
 
-def step(k: Any, arrays: Mapping[str, Any], lib: str, d: tuple[int, int, int],
-         scalars: np.ndarray, given: Mapping[str, float] | None = None) -> None:
-    """One parameter's update, in place; ``given``: the totals of the sums over all
-    parameters (``partial_sums``)."""
-    host, values = host_values(k, arrays, lib)
+def step(k: Any, arrays: Mapping[str, Any], slot: Any, scalars: np.ndarray,
+         given: Mapping[str, float] | None = None) -> None:
+    """One parameter's update (its record ``slot``: library, dims), in place; ``given``:
+    the totals of the sums over all parameters (``partial_sums``)."""
+    host, values = host_values(k, arrays, slot.lib)
     split, corr = formats.master(k.state_format), formats.CORRECTION
     at = dict(zip(k.scalars, scalars))
-    new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, d,
+    new = reference.evaluate(k.ir, k.dtype, values, k.buffer_axes, at, slot.dims,
                              [*k.stochastic, *(["w"] if split else [])], given)
     for name, value in new.items():
         if split and name == "w":

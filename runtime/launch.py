@@ -15,8 +15,8 @@ A ``Launcher`` keeps what the calls of an optimizer's parameters need between st
 It reads and fills the optimizer's records (runtime/slots.py, the same objects): a
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
-May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, shards,
-slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
+May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, owned,
+shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
 when runtime/storage.py says its data is where it is now.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import exchange, interpret, shards, tensors
+from . import exchange, interpret, owned, shards, tensors
 from optgen.core import formats, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -79,6 +79,7 @@ class Launcher:
             if k is None:
                 raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
                                 + (" and state formats" if fmt else ""))
+            owned.check_kernel(self.owner, i, k, self.artifact, s.split)
             if self.compiled:       # its library built and loaded before anything changes
                 self.artifact.ready(k)
             self.kernels[key] = k
@@ -132,8 +133,10 @@ class Launcher:
         return ws
 
     def _plan(self, i: int, k: KernelInfo) -> list[tuple[Callable, list]]:
-        d = self.slots[i].dims
+        d, split = self.slots[i].dims, self.slots[i].split
         persistent = {**self.arrays(i, k, None, {}), **self.workspace(i, k, d)}
+        for b in set(persistent) - set(owned.unheld(list(persistent), split)):
+            del persistent[b]   # (held whole by an owner rank: its stretch's arrays)
         return self._entries(k, k.launches, persistent, d)
 
     def _entries(self, k: KernelInfo, launches: Sequence[dict], arrays: Mapping[str, Any],
@@ -178,8 +181,8 @@ class Launcher:
             return
         if self.hooks:
             self.hooks[0](i)
-        if not self.compiled:
-            self._interpret(i, k, g, scalars, extra)
+        if not self.compiled:       # (backend="reference": the interpreter steps it)
+            interpret.step(k, self.arrays(i, k, g, extra), self.slots[i], scalars)
         elif k.matrix:                   # its plan may hold loops
             run_loops(self.slots[i].plan, self._caller(i, g, scalars, extra), scalars)
         else:
@@ -214,7 +217,7 @@ class Launcher:
         if self.dry or not s.numel:
             return
         if not self.compiled:
-            self._interpret(i, k, g, scalars, extra, totals)
+            interpret.step(k, self.arrays(i, k, g, extra), s, scalars, totals)
         else:
             work = s.work[k.symbol]
             for n, v in totals.items():
@@ -226,11 +229,9 @@ class Launcher:
             self.hooks[1](i)
 
     def squares(self, i: int, g: Any, scale: float) -> float | None:
-        """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient ``g``
-        by the reduction pass of specs/_sum_of_squares.py (the global norm of
-        ``clip_global_norm``; with backend="reference", by the interpreter on its IR);
-        None where launches wait for copies (offload hooks) or ``g`` lies on another
-        device than the parameter."""
+        """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient by the
+        pass of specs/_sum_of_squares.py (backend="reference": the interpreter's); None
+        where launches wait for copies (offload hooks) or ``g`` is on another device."""
         s = self.slots[i]
         if SUM_OF_SQUARES is None or self.hooks or \
                 tensors.device(g, s.lib) != tensors.device(s.array, s.lib):
@@ -255,12 +256,6 @@ class Launcher:
         flat = views.as_kernel(tensors.kernel_arg(g, s.lib), "brc", s.dims, "flat")
         fn(bfloat16_tensor(flat) if s.bf16_numpy else flat, work, np.array([scale], k.dtype))
         return float(work[0])
-
-    def _interpret(self, i: int, k: KernelInfo, g, scalars: np.ndarray,
-                   extra: Mapping[str, Any], given: Mapping[str, float] | None = None) -> None:
-        """``backend="reference"``: the reference interpreter steps parameter ``i``."""
-        s = self.slots[i]
-        interpret.step(k, self.arrays(i, k, g, extra), s.lib, s.dims, scalars, given)
 
     def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
         """Calls one plan entry of parameter ``i`` with this step's arrays."""
@@ -289,7 +284,7 @@ class Launcher:
         s = self.slots[i]
         call = self._caller(i, g, scalars, extra) if s.numel else None
         work = self.workspace(i, k, s.dims)
-        reg = self.region(k)
+        reg = self.region(k, split)
         unsummed: dict[str, shards.Pending] = {}
         for j, ((fn, args), ln) in enumerate(zip(s.plan, k.launches)):
             if reg is not None and reg.start <= j < reg.stop:
@@ -313,13 +308,16 @@ class Launcher:
                     work[red][...] = 0.0
             unsummed.update(fills or ())
 
-    def region(self, k: KernelInfo) -> exchange.Region | None:
-        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached)."""
-        if not k.matrix:
+    def region(self, k: KernelInfo, split: shards.Split | None = None
+               ) -> exchange.Region | None:
+        """A matrix kernel's whole-matrix stretch (runtime/exchange.py; cached); any
+        kernel's that reads states an owner rank holds whole (runtime/owned.py)."""
+        if not k.matrix and not (split is not None and split.held):
             return None
         if k.symbol not in self.regions:
             self.regions[k.symbol] = exchange.region(k.launches, k.buffer_axes,
-                                                     tuple(k.workspaces))
+                                                     tuple(k.workspaces),
+                                                     held=owned.held(self.artifact))
         return self.regions[k.symbol]
 
     def _matrix(self, i: int, k: KernelInfo, reg: exchange.Region, g, extra: Mapping[str, Any],
@@ -344,12 +342,14 @@ class Launcher:
         def run(held: dict[str, Any]) -> None:
             launches = k.launches[reg.start:reg.stop]
             names = dict.fromkeys(b for ln in launches for b in ln["buffers"])
-            # (whole-tensor values: this rank's, summed before the stretch)
-            arrays = {b: work[b] if not k.buffer_axes[b] else whole(b) for b in names}
+            # (whole-tensor values: this rank's, summed before the stretch; states the
+            # owner holds whole: its own, runtime/owned.py)
+            arrays = {b: work[b] if not k.buffer_axes[b] else
+                      local[b] if b in split.held else whole(b) for b in names}
             run_loops(self._entries(k, launches, arrays, d),
                       lambda fn, args: fn(*args, scalars), scalars)
 
-        return exchange.Matrix((d[1], d[2]), mine, reg, run, whole)
+        return exchange.Matrix((d[1], d[2]), mine, reg, run, whole, split.owner)
 
     def run_lazy(self, i: int, k: KernelInfo, g: RowSparse, scalars: np.ndarray) -> None:
         """The rule on the rows ``g`` names only (indices unique and in range)."""

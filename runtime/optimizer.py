@@ -19,9 +19,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from . import capture, checkpoint, gradcache, launch, preprocess, refresh, scalars, state
-from . import storage, strategies
-from optgen.core import formats, scalar_expr, views
-from . import checks, groups, shards as shards_, tensors
+from optgen.core import formats, views
+from . import checks, groups, shards as shards_, storage, strategies, tensors
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .checks import NONFINITE                                # noqa: F401 (re-exported)
@@ -98,8 +97,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
         # per parameter: flags set by shape and name, multipliers
         for s, shape in zip(self._slots, shards_.whole_shapes(arrays, shards)):
-            s.fixed_flags = {f: bool(scalar_expr.evaluate(rule, views.shape_env(shape)))
-                             for f, rule in artifact.shape_flags.items()}
+            s.fixed_flags = groups.shape_flags(artifact.shape_flags,
+                                               self._groups[s.group].hyper, shape)
         for s, by_name in zip(self._slots, groups.name_flags(
                 name, artifact.name_flags, name_filters, names)):
             s.fixed_flags.update(by_name)
@@ -216,6 +215,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         """Validate and apply new values (aliases accepted), to every group or to
         ``group``; nothing changes if any value is invalid. ``lr`` may be a schedule."""
         changes = groups.alias(self.name, self.artifact.hypers, changes)
+        groups.check_shape_hypers(self.name, self.artifact.shape_flags, changes, self._groups)
         if group is not None and not (isinstance(group, int) and 0 <= group < len(self._groups)):
             raise ValueError(f"{self.name}: group must be an index below {len(self._groups)}, "
                              f"got {group!r}")

@@ -8,7 +8,7 @@ unless the spec says otherwise; SOAP: its second) and then every ``every`` steps
 number or a hyperparameter). The statistics are read, and checked (here), only on
 the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
 
-May import: numpy, checks, reference, tensors.
+May import: numpy, checks, owned, reference, tensors.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import checks, tensors
+from . import checks, owned, tensors
 from optgen.core import reference
 
 
@@ -117,7 +117,7 @@ def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarra
         kinds: Mapping[str, str]) -> None:
     """Run kernel ``k``'s refresh rule for a parameter (``slot``: its record) on the
     host (numpy, float64) and store the new states in their dtype."""
-    st, w, lib, d = slot.state, slot.array, slot.lib, slot.dims
+    st, w, lib, d = slot.state, slot.array, slot.lib, owned.whole_dims(slot)
     arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
               if not isinstance(v, np.floating)}
     arrays["w"] = tensors.to_numpy(w, lib)

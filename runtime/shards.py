@@ -25,7 +25,7 @@ no communication library.
 Matrix rules' whole-matrix stretches go to one owner rank each (runtime/exchange.py);
 ``run`` drives them with the sums.
 
-May import: numpy, views, formats, exchange.
+May import: numpy, views, formats, exchange, owned.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from . import exchange
+from . import exchange, owned
 from optgen.core import views
 from optgen.core.formats import FLAT_VIEWS
 
@@ -48,6 +48,9 @@ class Split:
     ``[B, R, C]`` view; ``whole`` is the whole parameter's shape."""
     axis: str
     whole: tuple[int, ...]
+    owner: int | None = None      # the rank that keeps its whole-matrix states (owned.py)
+    held: tuple[str, ...] = ()    # those states, sorted (empty: none)
+    mine: bool = field(default=False, repr=False, compare=False)   # this rank owns it
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -205,6 +208,8 @@ def check(owner: str, backend: str, shards: Shards | None, artifact: Any,
     if backend != "compiled":
         raise ValueError(f"{owner}: parameters split across ranks are stepped by the compiled "
                          "kernels only (the reference interpreter runs a rule in one piece)")
+    shards.splits = owned.assign(shards.splits, artifact, shards.collective.size,
+                                 shards.collective.rank)
     return shards
 
 

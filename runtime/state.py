@@ -9,7 +9,7 @@ init and dtype, is one buffer for the chain, so states are back to back wherever
 parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
 belong here.
 
-May import: numpy, flat, formats, scalar_expr, tensors, views.
+May import: numpy, flat, formats, owned, scalar_expr, tensors, views.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import flat, tensors
+from . import flat, owned, tensors
 from optgen.core import formats, scalar_expr, views
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
@@ -83,8 +83,11 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
                     init, dtype)):
                 x.state[s.name] = v
             continue
-        st[s.name] = tensors.full_like(p, lib, views.state_shape(tuple(p.shape), s.shape),
-                                       init, dtype)
+        if owned.absent(slot.split, s.name):   # (held whole by another rank)
+            continue
+        shape = owned.state_shape(slot.split, s.name, s.shape) or \
+            views.state_shape(tuple(p.shape), s.shape)
+        st[s.name] = tensors.full_like(p, lib, shape, init, dtype)
 
 
 def allocate_correction(slot: Any, chain: Sequence[Any], fmt: Mapping[str, str]) -> None:

@@ -13,9 +13,13 @@ For a 2-D parameter W (R x C), at step t:
     d   = P * ||a||_F / ||P||_F           if t >= start_preconditioning_step   else   a
     W   = W * (1 - lr * weight_decay) - lr * d
 
-Parameters of any other rank take the graft rule alone (d = a): bias-corrected Adam with
-decoupled weight decay. The Shampoo direction borrows its per-layer norm from Adam
-("grafting", Agarwal et al. 2020), as Distributed Shampoo does with AdamGraftingConfig.
+Parameters of any other rank, and those with a side longer than
+``max_preconditioner_dim`` (8192), take the graft rule alone (d = a): bias-corrected Adam
+with decoupled weight decay, and keep no statistics. (Distributed Shampoo splits such a
+tensor into blocks of at most max_preconditioner_dim per side and preconditions each
+block; this spec does not block.) The Shampoo direction borrows its per-layer norm from
+Adam ("grafting", Agarwal et al. 2020), as Distributed Shampoo does with
+AdamGraftingConfig.
 
 A refresh runs before the step's update, so the roots used at steps 1 + k f .. (k + 1) f
 come from the statistics of steps 1 .. k f: the first refresh sees L = 0, so
@@ -62,8 +66,13 @@ spec.flag("precondition_1d", False, "1-D parameters get a C x C statistic and it
 spec.require("not (fresh_roots and start_preconditioning_step < precondition_frequency)",
              "with fresh_roots the first roots come at step precondition_frequency: "
              "start_preconditioning_step must not come before it")
-spec.shape_flag("matrix", "ndim == 2", "2-D parameters are preconditioned")
-spec.shape_flag("vector", "ndim == 1", "1-D parameters (preconditioned with precondition_1d)")
+spec.hyper("max_preconditioner_dim", 8192, "max_preconditioner_dim >= 1",
+           "a parameter with a side longer than this takes the graft alone (no "
+           "statistics kept); fixed when the optimizer is made", type="int")
+spec.shape_flag("matrix", "ndim == 2 and rows <= max_preconditioner_dim and "
+                "cols <= max_preconditioner_dim", "2-D parameters are preconditioned")
+spec.shape_flag("vector", "ndim == 1 and cols <= max_preconditioner_dim",
+                "1-D parameters (preconditioned with precondition_1d)")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
 RIGHT = "matrix or (vector and precondition_1d)"
 m = spec.state("m", 0.0, "filtered gradient (Adam's first moment)")

@@ -21,8 +21,8 @@ For a 2-D parameter W (R x C) with both sides preconditioned, on its k-th step:
         v    = P_L^T v P_R                                (v follows its coordinates)
         m    = Q_L'^T (Q_L m Q_R^T) Q_R'                  (m moves to the new basis)
 
-A side longer than 10000 (the authors' max_precond_dim) is not preconditioned: its Q is
-the identity and its statistic is not kept. Parameters that are not 2-D take the same
+A side longer than ``max_precond_dim`` (the authors' name and default, 10000) is not
+preconditioned: its Q is the identity and its statistic is not kept. Parameters that are not 2-D take the same
 rule with Q = I (Adam, whose first step only counts), as the authors' code does for 1-D
 parameters by default; it preconditions every dimension of a tensor of more than two,
 which this spec does not (optgen.torch.SOAP refuses those).
@@ -54,9 +54,14 @@ frequency = spec.hyper("precondition_frequency", 10, "precondition_frequency >= 
                        "steps between power iterations of the basis", type="int")
 spec.flag("correct_bias", True, "Adam's bias correction, folded into the step size")
 spec.flag("normalize_grads", False, "divide the step direction by its RMS")
-spec.shape_flag("left", f"ndim == 2 and rows <= {MAX_PRECOND_DIM}",
+spec.hyper("max_precond_dim", MAX_PRECOND_DIM, "max_precond_dim >= 0",
+           "a side longer than this is not preconditioned (Q = I, no statistic); fixed "
+           "when the optimizer is made", type="int")
+# (an empty matrix, a side of 0, has nothing to precondition: its eigenbasis would be
+# fit from an empty statistic)
+spec.shape_flag("left", "ndim == 2 and rows <= max_precond_dim and rows * cols > 0",
                 "the rows are preconditioned (L, Q_L)")
-spec.shape_flag("right", f"ndim == 2 and cols <= {MAX_PRECOND_DIM}",
+spec.shape_flag("right", "ndim == 2 and cols <= max_precond_dim and rows * cols > 0",
                 "the columns are preconditioned (R, Q_R)")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
 m = spec.state("m", 0.0, "first moment (eigenbasis)")

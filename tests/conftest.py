@@ -1,6 +1,8 @@
 """Shared test setup: a fresh artifact cache per test session, and misaligned arrays."""
 import os
+import re
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -8,12 +10,33 @@ import pytest
 
 # Set before optgen builds anything, so every session compiles from scratch into its own cache.
 os.environ.setdefault("OPTGEN_CACHE_DIR", tempfile.mkdtemp(prefix="optgen-test-cache-"))
-# Oclgrind (the OpenCL simulator) writes what it finds (out-of-bounds accesses, ...) here:
-# set before any OpenCL platform loads; test_targets_run fails a test that adds to it.
-# PoCL's kernel cache too (default ~/.cache/pocl: a home that may be read-only or shared).
+# PoCL's kernel cache (default ~/.cache/pocl: a home that may be read-only or shared).
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "pocl"))
-OCLGRIND_LOG = os.environ.setdefault(
-    "OCLGRIND_LOG", os.path.join(os.environ["OPTGEN_CACHE_DIR"], "oclgrind.log"))
+# Oclgrind (the OpenCL simulator) reports what it finds (out-of-bounds accesses, races) on
+# stderr, where the ``oclgrind_clean`` fixture reads them: not in an OCLGRIND_LOG file,
+# which it opens anew, truncated, for every OpenCL context (one per artifact variant),
+# losing the reports of all but the last.
+os.environ.pop("OCLGRIND_LOG", None)
+
+
+def oclgrind_reports(text: str) -> list[str]:
+    """Oclgrind's reports in captured stderr: a headline (an invalid access, a data race,
+    an "Oclgrind - ..." error), then its tab-indented lines."""
+    return [b.strip() for b in re.split(r"\n(?=\S)", text)
+            if b.startswith(("Oclgrind", "Invalid", "Uninitialized")) or
+            re.match(r"[\w-]+ data race", b)]
+
+
+@pytest.fixture
+def oclgrind_clean(capfd):
+    """Fails the test when Oclgrind reported anything on stderr while it ran (the rest of
+    its output is passed on)."""
+    yield
+    out, err = capfd.readouterr()
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    found = oclgrind_reports(err)
+    assert not found, "Oclgrind reported errors:\n" + "\n".join(found)[:4000]
 
 
 def pytest_addoption(parser):

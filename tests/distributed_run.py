@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -361,19 +363,16 @@ def bad_steps() -> dict[str, np.ndarray]:
     return out
 
 
-def main() -> None:
+def serve(results: Callable[[str, int, str], dict[str, np.ndarray]]) -> None:
+    """One rank of a test run: argv MODE WORLD RANK PORT OUT.npz; joins the gloo group,
+    saves ``results(mode, world, folder)`` (``folder``: a checkpoint folder beside the
+    results) and leaves."""
     mode, world, rank, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4], sys.argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        if mode.endswith(("-save", "-load")):   # the checkpoint lives beside the results
-            results = resharded(mode, os.path.join(os.path.dirname(out), "ckpt"))
-        else:
-            results = bad_steps() if mode == "fsdp-bad" else \
-                {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else \
-                split_shards(world) if mode == "fsdp-split" else run_all(mode)
-        np.savez(out, **results)
+        np.savez(out, **results(mode, world, os.path.join(os.path.dirname(out), "ckpt")))
     finally:
         torch.distributed.destroy_process_group()
     # torch 2.13's ZeroRedundancyOptimizer over gloo aborts about every other process at
@@ -384,5 +383,13 @@ def main() -> None:
     os._exit(0)
 
 
+def results_of(mode: str, world: int, folder: str) -> dict[str, np.ndarray]:
+    if mode.endswith(("-save", "-load")):   # the checkpoint lives beside the results
+        return resharded(mode, folder)
+    return bad_steps() if mode == "fsdp-bad" else \
+        {**q_shards("q8"), **q_shards("q4")} if mode == "fsdp-q" else \
+        split_shards(world) if mode == "fsdp-split" else run_all(mode)
+
+
 if __name__ == "__main__":
-    main()
+    serve(results_of)

@@ -16,6 +16,7 @@ Shampoo (Gupta et al. 2018; Distributed Shampoo's Adam grafting, Shi et al. 2023
     a = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)          (the Adam graft)
     d = P ||a|| / ||P||,  P = PL (m / (1 - b1^t)) PR   if t >= start  else  a
     W = W (1 - lr wd) - lr d;           other ranks: d = a.
+    A 2-D W with a side longer than max_preconditioner_dim is an "other rank": d = a.
 
 Usage: ``o = ShampooOracle(params0, **hyper); o.step(grads); o.w[i], o.states(i)``.
 """
@@ -26,7 +27,7 @@ import scipy.linalg as sla
 
 SHAMPOO_DEFAULTS = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, shampoo_beta2=1.0,
                         epsilon=1e-12, root=4.0, weight_decay=0.0, precondition_frequency=20,
-                        start_preconditioning_step=None)
+                        start_preconditioning_step=None, max_preconditioner_dim=8192)
 
 
 def _hyper(defaults: dict, given: dict) -> dict:
@@ -57,10 +58,13 @@ class _Oracle:
         self.refreshed.append(any(self.due(i) for i in range(len(self.w))))
         for i, g in enumerate(grads):
             g = np.asarray(g, np.float64)
-            if self.w[i].ndim == 2 and self.due(i):
+            if self.preconditioned(self.w[i]) and self.due(i):
                 self.refresh(self.st[i])
             self.t[i] += 1
             self.update(i, g)
+
+    def preconditioned(self, w) -> bool:
+        return w.ndim == 2 and max(w.shape) <= self.h.get("max_preconditioner_dim", np.inf)
 
     def states(self, i: int) -> dict:
         return self.st[i]
@@ -76,7 +80,7 @@ class ShampooOracle(_Oracle):
 
     def init(self, w):
         st = {"m": np.zeros_like(w), "v": np.zeros_like(w)}
-        if w.ndim == 2:
+        if self.preconditioned(w):
             r, c = w.shape
             st.update(L=np.zeros((r, r)), R=np.zeros((c, c)), L_root=np.zeros((r, r)),
                       R_root=np.zeros((c, c)))
@@ -94,7 +98,7 @@ class ShampooOracle(_Oracle):
         st["v"] = h["beta2"] * st["v"] + (1 - h["beta2"]) * g * g
         m_hat = st["m"] / (1 - h["beta1"] ** t)
         d = m_hat / (np.sqrt(st["v"] / (1 - h["beta2"] ** t)) + h["eps"])
-        if w.ndim == 2:
+        if self.preconditioned(w):
             sb = h["shampoo_beta2"]
             k = 1.0 if sb == 1 else 1 - sb
             p = st["L_root"] @ m_hat @ st["R_root"]

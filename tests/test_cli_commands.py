@@ -256,8 +256,28 @@ def test_check_warns_when_the_reference_itself_gives_nan(tmp_path, cache_dir):
     (("targets", "--nope"), "unrecognized arguments: --nope"),
     (("frobnicate",), "invalid choice: 'frobnicate'"),
     (("build",), "the following arguments are required: specs"),
+    (("build", "sgd", "--master-format", "split4"),
+     "argument --master-format: invalid choice: 'split4' (choose from 'fp32', 'split16', "
+     "'split8')"),
 ])
 def test_usage_errors_exit_2_with_usage(args, pattern, cache_dir):
     r = run(*args, cache_dir=cache_dir)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.startswith("usage: optgen") and pattern in r.stderr
+
+
+def test_build_master_format_is_what_get_artifact_finds(tmp_path, monkeypatch):
+    """`optgen build sgd --master-format split16` builds the artifact that
+    get_artifact(..., master_format="split16", build=False) then loads (a cache hit);
+    the plain artifact is another one, not built."""
+    import optgen
+    cache = str(tmp_path / "cache")
+    r = run("build", "sgd", "--master-format", "split16", cache_dir=cache)
+    assert r.returncode == 0 and r.stdout.startswith("built: sgd"), r.stderr
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", cache)
+    art = optgen.get_artifact("sgd", master_format="split16", build=False)
+    assert "split16" in os.path.basename(art.path)
+    with pytest.raises(optgen.ArtifactError, match="sgd.py is not built for llvm"):
+        optgen.get_artifact("sgd", build=False)
+    with pytest.raises(optgen.ArtifactError, match="--master-format split8"):
+        optgen.get_artifact("sgd", master_format="split8", build=False)

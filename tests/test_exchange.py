@@ -3,7 +3,7 @@ the rows each rank holds, and the owners balanced by flops (the runs under gloo 
 tests/test_distributed.py)."""
 import pytest
 
-from optgen.runtime import exchange, get_artifact
+from optgen.runtime import exchange, get_artifact, owned
 
 torch = pytest.importorskip("torch")
 
@@ -60,3 +60,43 @@ def test_owners_balance_flops_alike_everywhere():
     assert exchange.owners(ms, 2) == [1, 0, 1, 0]
     assert exchange.owners(ms, 4) == [3, 0, 1, 2]
     assert exchange.owners(ms, 1) == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["shampoo", "soap"])
+def test_owner_held_states_leave_the_gradient_and_weight_to_move(name):
+    """Shampoo's and SOAP's states live with the matrix's owner (runtime/owned.py): the
+    R x R / C x C ones and m, v. Then the stretch takes the gradient (SOAP: the clipped
+    gradient) and the weight, and gives back the weight; every launch that reads a held
+    state is in it. Without the held states it is refused by name."""
+    art = get_artifact(name, "llvm")
+    held = owned.held(art)
+    assert held == {"m", "v", *(s.name for s in art.states if s.shape in ("rr", "cc"))}
+    for k in _matrix_kernels(name):
+        reg = exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces), held=held)
+        assert reg.outputs == ("w",) and len(reg.inputs) == 2 and "w" in reg.inputs, reg
+        outside = k.launches[:reg.start] + k.launches[reg.stop:]
+        assert not any(b in held for ln in outside for b in ln["buffers"]), k.symbol
+        with pytest.raises(exchange.Unsupported, match="a whole-matrix state"):
+            exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+
+
+def test_rules_whose_refresh_reads_what_the_owner_lacks_are_refused():
+    """THOR refreshes from the trainer's A and G (per rank, not summed): refused under
+    every flag; Shampoo's fresh_roots reads the step's gradient: refused for those
+    kernels only; Muon holds nothing."""
+    thor = get_artifact("thor", "llvm")
+    assert "statistics the trainer passes (A, G)" in owned.refused(thor)
+    shampoo = get_artifact("shampoo", "llvm")
+    assert owned.refused(shampoo) is None
+    for k in shampoo.kernels:
+        fresh = k.refresh is not None and bool(k.refresh.get("grad"))
+        assert (owned.kernel_refused(k, shampoo) is not None) == fresh, k.symbol
+    assert owned.held(get_artifact("muon", "llvm")) == frozenset()
+
+
+def test_fixed_owners_stay_and_count_in_the_balance():
+    """A matrix whose states live on a rank keeps that owner; the others balance
+    around the load it brings."""
+    big = _matrix(768, 768)
+    big.owner = 1
+    assert exchange.owners([big, _matrix(768, 768), _matrix(32, 16)], 2) == [1, 0, 0]

@@ -108,14 +108,38 @@ def _pair(name, fmt, pdt, master, rng):
     return opt, ref, flags
 
 
+def _compare_weight(mine, want, fmt, label):
+    """float32 weights stepped from bfloat16 states: to float32 round-off, but for the
+    few elements whose state the GPU's fused multiply-adds put one bfloat16 rounding
+    apart from the interpreter's (measured on an H200: at most 11 of 10**6 after three
+    steps, FTRL's the largest, 1.4e-2 where its z sits near the l1 threshold); q8/q4
+    (restarted from the reference's state each step) and fp32 states: round-off."""
+    if fmt not in ("bf16", "bf16sr"):
+        assert_close(mine, want, "float32", label)
+        return
+    scale = float(np.abs(want).max(initial=0))
+    off = ~np.isclose(mine, want, rtol=1e-5, atol=1e-5 * scale)
+    assert np.count_nonzero(off) <= max(1, 2e-5 * off.size), \
+        f"{label}: {np.count_nonzero(off)} of {off.size} elements differ"
+    assert (np.abs(mine - want)[off] <= 2e-2 * scale).all(), f"{label}: beyond 2e-2 max|w|"
+
+
 def _compare_float_state(mine, want, label, sr):
     if want.dtype == BF16:
         assert mine.dtype == BF16, f"{label} is {mine.dtype}, not bfloat16"
         if sr:
             same = mine.view(np.uint16) == want.view(np.uint16)
             assert same.size == 0 or np.mean(same) > 0.99, f"{label}: {np.mean(same)} bits equal"
-        np.testing.assert_allclose(mine.astype(np.float32), want.astype(np.float32),
-                                   rtol=2 ** -7, atol=1e-30, err_msg=label)
+        # within one bfloat16 rounding (stochastic: two, when two float32 values a
+        # round-off apart straddle a bfloat16 value), but for the few elements whose
+        # float32 value the GPU's fused multiply-adds moved across a rounding boundary
+        # in an earlier step (on an H200: at most 3 of 10**6 after three steps, 7 %
+        # apart in FTRL's z, whose weight is ill-conditioned near the l1 threshold)
+        a, b = mine.astype(np.float32), want.astype(np.float32)
+        off = ~np.isclose(a, b, rtol=2 ** -6 if sr else 2 ** -7, atol=1e-30)
+        assert np.count_nonzero(off) <= max(1, 1e-5 * off.size), \
+            f"{label}: {np.count_nonzero(off)} of {off.size} beyond one bfloat16 rounding"
+        np.testing.assert_allclose(a[off], b[off], rtol=2 ** -3, atol=1e-30, err_msg=label)
     else:
         assert_close(mine, want, str(want.dtype), label)
 
@@ -138,14 +162,16 @@ def test_cuda_formatted_states_match_reference(name, fmt, rng):
     quantized = fmt in ("q8", "q4")
     for step in range(3):
         gs = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
-        opt.step([_device(g) for g in gs])
-        ref.step(gs)
+        ins = {n: [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+               for n in opt.artifact.inputs}          # (SVRG's full and snapshot gradients)
+        opt.step([_device(g) for g in gs], **{n: [_device(a) for a in v] for n, v in ins.items()})
+        ref.step(gs, **ins)
         torch.cuda.synchronize()
         if not quantized and step < 2:
             continue
         for i, shape in enumerate(SHAPES):
             what = f"{name} {fmt} {flags} step {step} shape {shape}"
-            assert_close(_host(opt.params[i]), ref.params[i], "float32", f"{what} w")
+            _compare_weight(_host(opt.params[i]), ref.params[i], fmt, f"{what} w")
             for s, want in ref.state[i].items():
                 if isinstance(want, np.floating):
                     assert float(opt.state[i][s]) == pytest.approx(float(want)), what + s
@@ -230,7 +256,7 @@ def test_cuda_compiled_train_step_equals_eager(cls):
     weight decay changed by hand every step: no recompile, equal to the eager run."""
     import optgen.torch as ot
     from torch._dynamo.testing import CompileCounterWithBackend
-    make = ot.seeds.__dict__[cls.split(".")[1]] if cls.startswith("seeds.") else getattr(ot, cls)
+    make = getattr(ot.seeds, cls.split(".")[1]) if cls.startswith("seeds.") else getattr(ot, cls)
     models = [_mlp(), _mlp()]
     opts = [make(m.parameters(), lr=1e-3) for m in models]
 
@@ -259,3 +285,28 @@ def test_cuda_compiled_train_step_equals_eager(cls):
         np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(),
                                    rtol=1e-5, atol=1e-6, err_msg=f"{cls}: parameter {i}")
     assert any((p != q).any() for p, q in zip(models[0].parameters(), _mlp().parameters()))
+
+
+# -- the step inside backward on CUDA tensors ----------------------------------------------
+@pytest.mark.parametrize("options", [{}, {"state_format": "q8"}] if GPU else [],
+                         ids=["fp32", "q8"])
+def test_cuda_step_in_backward_equals_the_ordinary_step(options):
+    """``step_in_backward=True`` on CUDA tensors (each parameter stepped by its gradient
+    hook, on torch's stream) equals ``backward(); step(); zero_grad()`` over 20 steps."""
+    import optgen.torch as ot
+    models = [_mlp(), _mlp()]
+    opts = [ot.AdamW(models[0].parameters(), lr=1e-2, weight_decay=0.01, **options),
+            ot.AdamW(models[1].parameters(), lr=1e-2, weight_decay=0.01,
+                     step_in_backward=True, **options)]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(20):
+        x = torch.randn(32, 64, device="cuda", generator=g)
+        y = torch.randn(32, 8, device="cuda", generator=g)
+        torch.nn.functional.mse_loss(models[0](x), y).backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        torch.nn.functional.mse_loss(models[1](x), y).backward()
+        assert all(p.grad is None for p in models[1].parameters())   # released in the hooks
+    torch.cuda.synchronize()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)

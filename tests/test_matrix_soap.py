@@ -149,7 +149,6 @@ def test_torch_soap_has_the_authors_signature():
 
 
 REFUSED = [
-    (dict(max_precond_dim=4096), r"max_precond_dim=4096 is not built.*10000"),
     (dict(merge_dims=True), r"merge_dims=True is not built"),
     (dict(precondition_1d=True), r"precondition_1d=True is not built"),
     (dict(data_format="NHWC"), r"data_format must be one of channels_first, channels_last, "
@@ -166,3 +165,24 @@ def test_torch_soap_refuses_what_is_not_built(kwargs, message):
     with pytest.raises(ValueError, match=message):
         optgen.torch.SOAP(params, **kwargs)
     assert all(float(p.detach().sum()) == p.numel() for p in params)
+
+
+def test_an_empty_matrix_is_not_preconditioned():
+    """A (5, 0) or (0, 5) parameter beside a real one: steps past the first basis fit
+    (it once fit an eigenbasis from an empty statistic: numpy's argmax of an empty
+    sequence), and the real parameter steps as it does alone."""
+    import optgen
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((3, 4)).astype(np.float32)
+    grads = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(6)]
+    alone = w0.copy()
+    ref = optgen.create("soap", [alone], lr=0.1, precondition_frequency=2)
+    for g in grads:
+        ref.step([g])
+    for shape in [(5, 0), (0, 5)]:
+        w = w0.copy()
+        opt = optgen.create("soap", [np.zeros(shape, np.float32), w], lr=0.1,
+                            precondition_frequency=2)
+        for g in grads:
+            opt.step([np.zeros(shape, np.float32), g])
+        np.testing.assert_array_equal(w, alone)

@@ -116,7 +116,7 @@ def rule(w, grad, flags):
     ("too-many-flags", HEAD + "".join(f"f{i} = spec.flag('f{i}', False)\n" for i in range(7))
      + GOOD_RULE, 2, r"at most 6 flags per spec, found 7", r"float hyperparameter"),
     ("bad-shape-flag-rule", HEAD + "big = spec.shape_flag('big', 'rank >= 2')\n" + GOOD_RULE,
-     5, r"shape flag 'big': the rule may use ndim, numel, rows and cols, not 'rank'", r"ndim >= 2"),
+     5, r"shape flag 'big': the rule may use ndim, numel, rows, cols and int hyperparameters, not 'rank'", r"ndim >= 2"),
     # names
     ("duplicate-name", HEAD + "m2 = spec.state('m', 1.0)\n" + GOOD_RULE, 5, r"declared twice",
      r"its own name"),

@@ -44,7 +44,7 @@ import optgen
 from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
 from optgen.core import scalar_expr
-from conftest import OCLGRIND_LOG, offset_array
+from conftest import offset_array
 from helpers import (EXHAUSTIVE, assert_close, busy_hypers, flag_combinations, matrix_specs,
                      valid as _valid)
 
@@ -116,17 +116,10 @@ def require(target: str, monkeypatch=None) -> str:
 
 @pytest.fixture
 def memcheck(request):
-    """On Oclgrind, no invalid memory access (or other error) logged during the test."""
-    if "oclgrind" not in request.node.name or not OCLGRIND_LOG:
-        yield
-        return
-    start = os.path.getsize(OCLGRIND_LOG) if os.path.exists(OCLGRIND_LOG) else 0
+    """On Oclgrind, no invalid memory access (or other error) reported during the test."""
+    if "oclgrind" in request.node.name:
+        request.getfixturevalue("oclgrind_clean")
     yield
-    if os.path.exists(OCLGRIND_LOG):
-        with open(OCLGRIND_LOG, encoding="utf-8", errors="replace") as f:
-            f.seek(start)
-            report = f.read()
-        assert not report.strip(), f"Oclgrind reported errors:\n{report[:4000]}"
 
 
 # -- artifacts: built ahead in two worker processes, loaded once per process -------------

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
-from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward
+from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward, placement
 from optgen.runtime import flatten, get_artifact
 from optgen.runtime import groups
 from optgen.core import hyper as hyper_rules
@@ -50,21 +50,23 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     base: str | None = None
 
     def __init__(self, params, *, flat: bool = False, **kwargs: Any):
-        art = self._prepare(flat, kwargs)
+        params = placement.listed(params)
+        art = self._prepare(flat, kwargs, params)
         given = groups.alias(art.name, art.hypers, kwargs)
         spec_defaults = {n: h.default for n, h in art.hypers.items()}
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
 
-    def _prepare(self, flat: bool, kwargs: dict[str, Any]):
+    def _prepare(self, flat: bool, kwargs: dict[str, Any], params: Any):
         """The runtime side, before torch's constructor: runtime options (popped from
-        ``kwargs``), the artifact, offload; returns the artifact."""
+        ``kwargs``; the target defaults to the parameters' device's), the artifact,
+        offload; returns the artifact."""
         if not isinstance(flat, bool):
             raise TypeError(f"flat must be True or False, got {flat!r}")
         self._flat = flat
         self._flat_grads: list[tuple[list, list, torch.Tensor]] = []
         options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
-        self._target = options.pop("target", "llvm")
+        self._target = options.pop("target", None) or placement.default_target(params)
         self._options = options
         offload = kwargs.pop("offload", getattr(self, "offload", None))
         name = os.path.basename(self.spec)[:-3]

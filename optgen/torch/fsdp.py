@@ -14,11 +14,12 @@ on; ``clip_global_norm`` and the non-finite check add the split gradients' sums 
 squares the same way. This needs a split of the first dimension (``Shard(0)``, FSDP2's
 default) on one mesh dimension. A matrix rule's whole-matrix passes (Muon's
 Newton-Schulz) run on one owner rank per matrix, its rows exchanged by all-to-all
-(runtime/exchange.py); q8/q4 states keep per-shard blocks, formatted by the whole
+(runtime/exchange.py); Shampoo's and SOAP's whole-matrix states live on that owner
+(runtime/owned.py); q8/q4 states keep per-shard blocks, formatted by the whole
 parameter's size. Refused on a sharded parameter (a ValueError at construction, raised
-alike on every rank before any collective, so no rank waits on another): a matrix rule
-with whole-matrix states (THOR), other splits where the rule reduces or multiplies
-matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
+alike on every rank before any collective, so no rank waits on another): a rule that
+refreshes from statistics the trainer passes (THOR), other splits where the rule
+reduces or multiplies matrices, offload and flat groups. Equal meshes (compared by value: ``fully_shard``
 without a mesh builds one per call) are one mesh.
 Replicated DTensors are whole on every rank and take any rule.
 """
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from optgen.runtime import exchange, shards
+from optgen.runtime import exchange, owned, shards
 from optgen.core import views
 
 try:
@@ -70,10 +71,14 @@ def _mesh_text(mesh: Any) -> str:
 def _refused(artifact: Any) -> str | None:
     """Why a rule cannot step a shard even with its reductions summed and its matrix
     passes run whole on an owner rank (None: it can)."""
+    why = owned.refused(artifact)
+    if why is not None:
+        return f"keeps whole-matrix states and {why}"
     for k in artifact.kernels:
         if k.matrix:
             try:
-                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces))
+                exchange.region(k.launches, k.buffer_axes, tuple(k.workspaces),
+                                held=owned.held(artifact))
             except exchange.Unsupported as e:
                 return f"multiplies whole matrices and {e}"
     return None
@@ -199,8 +204,9 @@ def shown(p: Any, state: Any, kind: str = "param") -> Any:
     parameter's shape takes its placements; a row or column state (``kind``) is split
     where it holds the split axis (row states of a row-split matrix) and whole on every
     rank otherwise (its column states, summed across ranks each step). Anything else
-    as is."""
-    if not is_dtensor(p) or not isinstance(state, torch.Tensor):
+    as is, and so is a whole-matrix state (R x R, C x C: whole on its owner rank,
+    runtime/owned.py)."""
+    if not is_dtensor(p) or not isinstance(state, torch.Tensor) or kind in owned.WHOLE_MATRIX:
         return state
     if kind not in ("row", "col") or tuple(state.shape) == tuple(p._local_tensor.shape):
         if tuple(state.shape) != tuple(p._local_tensor.shape):

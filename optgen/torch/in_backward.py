@@ -32,13 +32,16 @@ released after it. ``accumulating()`` then enters ``ddp_model.no_sync()`` as wel
 Refused at construction (ValueError naming the option and the rule): what reads every
 gradient before any update (``clip_global_norm``, ``nonfinite="skip"``), ``flat=True``
 groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a step
-agreement across ranks (``agree=<group>``); when a group is added: ``capturable=True``
-and FSDP2's DTensor parameters.
+agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
+optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
+parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
 Imports: fsdp.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 import weakref
 from typing import Any, Iterator
@@ -69,7 +72,24 @@ def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: 
     if agree is not None and not isinstance(agree, str):
         return ("agree=<group> makes the ranks agree on each step before it changes "
                 "anything; inside backward each rank steps alone")
+    if _made_by_zero():
+        return ("under ZeroRedundancyOptimizer (ZeRO-1) each rank's optimizer holds its "
+                "partition and would step it with the rank's own gradient, before DDP "
+                "averages it; step after backward (step_in_backward=False), or use DDP "
+                "with opt.attach(ddp_model)")
     return None
+
+
+def _made_by_zero() -> bool:
+    """Whether torch's ZeroRedundancyOptimizer is making this optimizer (the local
+    optimizer of its rank's partition): a ZeroRedundancyOptimizer up the call stack."""
+    zero = getattr(getattr(torch.distributed, "optim", None), "ZeroRedundancyOptimizer", None)
+    frame = sys._getframe(1)
+    while zero is not None and frame is not None:
+        if isinstance(frame.f_locals.get("self"), zero):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class StepInBackward:
@@ -110,7 +130,7 @@ class StepInBackward:
         me = weakref.ref(self)
         for p in group["params"]:
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda q, me=me: _grad_ready(me, q))
+                p.register_post_accumulate_grad_hook(functools.partial(_grad_ready, me))
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
@@ -165,6 +185,7 @@ class StepInBackward:
         if not in_backward:
             self._close_round()
 
+    @torch.compiler.disable
     def _bucket_ready(self, bucket: Any, group: Any) -> torch.futures.Future:
         """A DDP bucket's gradients are summed locally: average them over the ranks (the
         sum's all-reduce divided by the world size, as DDP), then step this optimizer's
@@ -203,9 +224,11 @@ class StepInBackward:
                     Variable._execution_engine.queue_callback(self._ended)
         return task != -1
 
+    @torch.compiler.disable
     def _ended(self) -> None:
         Variable._execution_engine.queue_callback(self._close_round)
 
+    @torch.compiler.disable
     def _close_round(self) -> None:
         """The end of a backward that stepped: the update count set, step counts
         mirrored, the gradients DDP wrote back released."""
@@ -264,6 +287,7 @@ class StepInBackward:
         return loss
 
 
+@torch.compiler.disable   # (a compiled train step's backward runs its hooks eagerly)
 def _grad_ready(me: weakref.ref, p: torch.Tensor) -> None:
     """The post-accumulate-grad hook of ``p``: steps it, through its optimizer if alive."""
     opt = me()

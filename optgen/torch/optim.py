@@ -11,8 +11,9 @@ change nothing: optgen always steps each parameter with one fused kernel.
 AssertionError at step) and on CUDA steps through the runtime's capturable mode
 (``opt.stage()`` before each graph replay). ``differentiable=True`` is refused. A one-element tensor ``lr`` is read at each step (an
 in-place change takes effect; under torch.compile it is no graph input: no recompile).
-optgen's runtime options go with the arguments: ``Adam(params, lr=1e-3, target="cuda",
-flat=True, offload="cpu", state_format="bf16", ...)``.
+optgen's runtime options go with the arguments: ``Adam(params, lr=1e-3, flat=True,
+offload="cpu", state_format="bf16", ...)``; the kernels' target is the parameters'
+device's (``target=`` chooses another).
 
 The seeds' forms (MXNet/MindSpore rules and defaults) stay under their own names:
 ``optgen.torch.seeds.Adam`` (optgen/torch/seeds.py), ``optgen.torch.make("adam")``.

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import optim_state
+from . import optim_state, placement
 from .drop_in import RUNTIME_OPTIONS, OptgenOptimizer, _value
 from optgen.core import hyper as hyper_rules
 from optgen.runtime import catalog
@@ -71,8 +71,7 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
 
     def _build(self, params: Any, args: dict[str, Any]) -> None:
         """What every torch form's ``__init__`` does with its arguments."""
-        if self.probe_params and params is not None and not isinstance(params, torch.Tensor):
-            params = list(params)   # (torch's constructor checks them: one pass of a generator)
+        params = placement.listed(params)   # (read here and by torch's constructor)
         probe = params if self.probe_params else [torch.zeros(1)]
         defaults = dict(self.torch_cls(probe, **args).defaults)   # torch's checks
         if defaults.get("differentiable"):
@@ -81,7 +80,7 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
                              f"{self.torch_cls.__name__} with differentiable=True does)")
         self.spec = catalog.resolve(self.spec_name)
         options = dict(getattr(self, "_runtime_options", {}))
-        art = self._prepare(options.pop("flat", False), options)
+        art = self._prepare(options.pop("flat", False), options, params)
         hyper_rules.resolve(art.name, art.hypers, art.requirements,
                             {n: h.default for n, h in art.hypers.items()},
                             self._group_hyper(defaults))

@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optgen.core import formats
-from optgen.runtime import checkpoint, shards as runtime_shards, tempfiles
+from optgen.core import formats, views
+from optgen.runtime import checkpoint, owned, shards as runtime_shards, tempfiles
 from .fsdp import is_dtensor, local, rows, sharded
 
 FORMAT = 2
@@ -211,6 +211,7 @@ def _read(core: Any, params: list, kinds: dict[str, str], folder: str, rank: int
     sd = dict(first, state=[dict(st) for st in first["state"]],
               params=[dict(e) for e in first["params"]])
     for i, p in enumerate(params):
+        whole = _held(core, sd, i, p, kinds, part, len(files))
         if not is_dtensor(p) or (rows(p) is None and held[base][i] is None):
             continue        # whole here and in the checkpoint: every file has it
         mine = rows(p) or (0, p.shape[0])
@@ -220,14 +221,37 @@ def _read(core: Any, params: list, kinds: dict[str, str], folder: str, rank: int
         sd["params"][i]["shape"] = list(local(p).shape)
         blocked = _blocked_rows(sd, i, p, here, mine)
         for n, v in sd["state"][i].items():
-            if n in blocked or n.endswith(formats.ABSMAX):
-                continue     # (per-shard blocks: taken by _blocked_rows)
+            if n in blocked or n.endswith(formats.ABSMAX) or n in whole:
+                continue     # (per-shard blocks: taken by _blocked_rows; held: _held)
             if isinstance(v, np.ndarray) and _split_state(p, kinds.get(n, "param")):
                 sd["state"][i][n] = np.concatenate(
                     [part_["state"][i][n][max(mine[0], a) - a:min(mine[1], b) - a]
                      for part_, (a, b) in here if min(mine[1], b) > max(mine[0], a)]
                     or [v[:0]])
     return sd
+
+
+def _held(core: Any, sd: dict, i: int, p: Any, kinds: dict[str, str],
+          part: Callable[[int], dict], files: int) -> set[str]:
+    """Parameter ``i``'s states that one owner rank holds whole on shards
+    (runtime/owned.py), set in ``sd`` for this rank: whole from the file that holds them
+    whole (its owner's when saved on shards, any file when saved whole) where this
+    rank holds them now (its owner, or the parameter is whole here); no entry
+    elsewhere. Returns their names."""
+    names = owned.held(core.artifact) if p.ndim == 2 else frozenset()
+    split = core.records[i].split
+    st = sd["state"][i]
+    for n in names:
+        st.pop(n, None)
+    if split is not None and not split.mine:
+        return set(names)
+    for n in names:
+        want = views.state_shape(tuple(p.shape), kinds[n])
+        found = (part(r)["state"][i].get(n) for r in range(files))
+        v = next((v for v in found if v is not None and np.shape(v) == want), None)
+        if v is not None:    # (else the load's check names the missing state)
+            st[n] = v
+    return set(names)
 
 
 def _spans(p: Any, i: int, held: list) -> list[tuple[int, tuple[int, int]]]:

@@ -5,10 +5,10 @@ soap.py; Vyas et al. 2024), with their signature and defaults, stepped by the
     opt = optgen.torch.SOAP(model.parameters(), lr=3e-3, betas=(0.95, 0.95),
                             weight_decay=0.01, precondition_frequency=10)
 
-What is not built is refused by name, before anything changes: tensors of more than two
-dimensions (the authors give each dimension its own factor), ``merge_dims=True``,
-``precondition_1d=True`` and a ``max_precond_dim`` other than 10000 (a side longer
-than 10000 is not preconditioned, the authors' default). ``data_format`` is checked as
+A side longer than ``max_precond_dim`` is not preconditioned, as the authors do. What is
+not built is refused by name, before anything changes: tensors of more than two
+dimensions (the authors give each dimension its own factor), ``merge_dims=True`` and
+``precondition_1d=True``. ``data_format`` is checked as
 the authors check it and only matters with ``merge_dims``. optgen's runtime options
 (``target``, ``flat``, ``offload``, ``loss_scale``, ...) go with the arguments.
 Imports: drop_in.
@@ -22,7 +22,6 @@ import torch
 from .drop_in import OptgenOptimizer
 from optgen.runtime import catalog
 
-MAX_PRECOND_DIM = 10000            # what specs/soap.py compiles
 DATA_FORMATS = ("channels_first", "channels_last")
 
 
@@ -45,10 +44,6 @@ class SOAP(OptgenOptimizer):
         if data_format not in DATA_FORMATS:
             raise ValueError(f"SOAP: data_format must be one of {', '.join(DATA_FORMATS)}, "
                              f"got {data_format!r}")
-        if max_precond_dim != MAX_PRECOND_DIM:
-            _refuse("max_precond_dim", max_precond_dim,
-                    f"optgen's SOAP compiles the authors' default {MAX_PRECOND_DIM} (a side "
-                    "longer than that is not preconditioned)")
         if merge_dims:
             _refuse("merge_dims", merge_dims, "optgen's SOAP preconditions 1-D and 2-D "
                     "parameters as they are (merge_dims=False)")
@@ -58,7 +53,7 @@ class SOAP(OptgenOptimizer):
         super().__init__(params, lr=lr, betas=betas, shampoo_beta=shampoo_beta, eps=eps,
                          weight_decay=weight_decay,
                          precondition_frequency=precondition_frequency,
-                         normalize_grads=normalize_grads, correct_bias=correct_bias,
+                         max_precond_dim=max_precond_dim, normalize_grads=normalize_grads, correct_bias=correct_bias,
                          **options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ makes the launcher's calls (runtime/launch.py). It is chosen once, when the
 parameters' kernels are prepared (runtime/strategies/__init__.py), and run every step
 by ``Launches.run``.
 
-May import: numpy, gradcache, refresh, scalars, shards, slots.
+May import: numpy, gradcache, owned, refresh, scalars, shards, slots.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Protocol, Sequen
 
 import numpy as np
 
-from .. import refresh, scalars, shards as shards_
+from .. import owned, refresh, scalars, shards as shards_
 from ..gradcache import GradCache, Verdict
 from ..slots import ParamSlot
 
@@ -76,7 +76,8 @@ class StepInputs:
                 wd_mult=slot.wd_mult, has_lr=self.lrs[gi] is not None)
         values, packed = hit
         if slot.index in self.due:
-            refresh.run(k, slot, values, self.due[slot.index], kinds=self.statistics)
+            if owned.refreshes_here(slot.split):   # (split: its owner rank's, owned.py)
+                refresh.run(k, slot, values, self.due[slot.index], kinds=self.statistics)
             slot.refreshed = slot.steps
         if k.scalar_state_updates or packed is None:  # scalar states, shape scalars
             packed = self._per_param(key, slot, k, lambda st, dims: scalars.param_values(

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from optgen.core import scalar_expr
 
 from .case import Case, GradSpec, _Judge, _aliased, _hyper_changes, _judge_hypers, _unalias
 from .draw import ArraySpec, BAD_DTYPES, Draw, GOOD_DTYPES, LAYOUTS, LOW, LrSource, PAST_END, SHAPES, SHAPE_WEIGHTS, VALUE_KINDS, array_rule, artifact, finite, lr_ok, np_dtype
@@ -193,8 +194,12 @@ def generate(draw: Draw, specs: list[tuple[str, str | None]]) -> Case:
                                      [6, 2, 2] + ([1, 1, 1] if focus == "set_hyper" else [0, 0, 0]))
         case.set_hyper = _aliased(draw, art, changes)
         sn, why = _unalias(art, case.set_hyper)
+        fixed = {n for rule in art.shape_flags.values() for n in scalar_expr.names(rule)}
         if sn is None:
             j.add("bad", why)
+        elif any(k in fixed and any(h is None or h.get(k) != v for h in group_hyper)
+                 for k, v in sn.items()):
+            j.add("bad", "set-hyper-shape-flag")   # (it chose each parameter's states)
         elif case.set_group is not None and not (isinstance(case.set_group, int)
                                                  and 0 <= case.set_group < n_groups):
             j.add("bad", "set-hyper-group")
