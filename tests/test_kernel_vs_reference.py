@@ -93,8 +93,15 @@ KIND = {"brc": "param", "br": "row", "bc": "col", "RC": "param", "RR": "rr", "CC
 PROBE_SHAPES = [(), (5,), (5, 7), (7, 5), (3, 5, 7), (2, 3, 5, 7)]   # one of each ndim
 
 
+def _flag_env(art, shape) -> dict:
+    """What a shape flag's rule reads: the shape's sizes and the hyperparameters' defaults
+    (Shampoo's max_preconditioner_dim)."""
+    return {**{h: info.default for h, info in art.hypers.items() if info.default is not None},
+            **views.shape_env(shape)}
+
+
 def _fits(art, k, shape) -> bool:
-    env = views.shape_env(shape)
+    env = _flag_env(art, shape)
     return all(bool(scalar_expr.evaluate(rule, env)) == k.flags[n]
                for n, rule in art.shape_flags.items())
 
@@ -210,7 +217,7 @@ MIXED_SHAPES = [(0,), (1,), (17,), (31, 17), (1000,), (100_003,), (7, 13, 11)]
 
 
 def _shape_flags_hold(art, k, shape: tuple) -> bool:
-    env = views.shape_env(shape)
+    env = _flag_env(art, shape)
     return all(bool(scalar_expr.evaluate(rule, env)) == k.flags[n]
                for n, rule in art.shape_flags.items())
 

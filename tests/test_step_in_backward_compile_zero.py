@@ -73,9 +73,11 @@ def test_compiled_step_in_backward_equals_eager(mode, eager):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_backward_traced_into_the_graph_steps_in_opt_step(eager, monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
-    got, _ = _train("traced_backward")
+def test_backward_traced_into_the_graph_steps_in_opt_step(eager):
+    # (config.patch, not monkeypatch: monkeypatch's undo deletes a config entry it found
+    # through the module's __getattr__, which hides it from every later test)
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        got, _ = _train("traced_backward")
     for a, b in zip(got, eager):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
