@@ -175,7 +175,11 @@ def sweep() -> dict[tuple[int, int], Any]:
         warnings.simplefilter("ignore")
         objs = gc.get_objects()
         for o in objs:
-            if isinstance(o, torch.Tensor):
+            try:
+                tensor = isinstance(o, torch.Tensor)
+            except ReferenceError:     # (a weakref proxy whose object is gone)
+                continue
+            if tensor:
                 _add(found, o)
         seen: set[int] = set()
         while objs:

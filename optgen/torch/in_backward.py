@@ -142,8 +142,9 @@ class StepInBackward:
                              "made with step_in_backward=True (otherwise backward "
                              "accumulates until step() anyway)")
         with contextlib.ExitStack() as stack:
-            for ddp in {id(m): m for m in self._by_ddp.values()}.values():
-                stack.enter_context(ddp.no_sync())
+            for ref in {id(r): r for r in self._by_ddp.values()}.values():
+                if ref() is not None:
+                    stack.enter_context(ref().no_sync())
             self._held += 1
             try:
                 yield
@@ -171,7 +172,10 @@ class StepInBackward:
                              "optimizer's")
         group = ddp_model.process_group
         ddp_model.register_comm_hook((weakref.ref(self), group), _all_reduce_then_step)
-        self._by_ddp.update((id(p), ddp_model) for p in params)
+        # (weakly: the optimizer must not keep the DDP model, and through it its process
+        # group, alive; a process group released last on its own worker thread, where a
+        # bucket's step runs, joins that thread: std::terminate at exit)
+        self._by_ddp.update((id(p), weakref.ref(ddp_model)) for p in params)
 
     # -- the hooks -----------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor) -> None:
@@ -198,13 +202,15 @@ class StepInBackward:
             self._open_round()
         buffer.div_(dist.get_world_size(group))
         done = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        me = weakref.ref(self)   # (the callback runs on the process group's thread)
 
         def step(fut: torch.futures.Future) -> torch.Tensor:
             fut.wait()
-            if pairs:
-                self._step_part([p for p, _ in pairs], [g for _, g in pairs])
-                with self._part_lock:
-                    self._ddp_stepped.extend(p for p, _ in pairs)
+            opt = me()
+            if pairs and opt is not None:
+                opt._step_part([p for p, _ in pairs], [g for _, g in pairs])
+                with opt._part_lock:
+                    opt._ddp_stepped.extend(p for p, _ in pairs)
             return buffer
 
         return done.then(step)
