@@ -97,7 +97,11 @@ def _rows(section: Iterable[tuple[str, str, Verdict]]) -> None:
         TABLE[key] = v
 
 
-# -- the step inside backward ---------------------------------------------------------
+# -- the step inside backward: hooks, checkpointing, freezing, replacement -------------
+_rows([
+])
+
+# -- the step inside backward against trainers' habits (DDP, GradScaler, clipping, loops)
 _rows([
 ])
 
