@@ -99,6 +99,49 @@ def _rows(section: Iterable[tuple[str, str, Verdict]]) -> None:
 
 # -- the step inside backward: hooks, checkpointing, freezing, replacement -------------
 _rows([
+    ("step_in_backward", "accumulating", composes(
+        "backwards inside accumulating() step nothing and add their gradients up in .grad; "
+        "the next backward outside steps each parameter with the sum as its gradient "
+        "completes, and at its end every parameter still holding a gradient (one it did "
+        "not reach), as backward() k times then step()")),
+    ("step_in_backward", "checkpoint_nonreentrant", composes(
+        "the recomputation runs inside the backward the user called: each parameter's hook "
+        "fires once, with its whole gradient, and steps it there")),
+    ("step_in_backward", "checkpoint_reentrant", composes(
+        "each segment runs a backward of its own that adds to .grad: a parameter such a "
+        "backward reaches is held (its gradient stays) and stepped once, with the sum, when "
+        "the outermost backward ends; parameters no segment reaches step as their gradient "
+        "completes. A weight used outside and inside a segment whose outer gradient "
+        "completes first is learned in the first backward that shows it, which raises "
+        "ValueError (it stepped with part of its gradient); later backwards hold it")),
+    ("step_in_backward", "tied_weights", composes(
+        "torch sums a weight's uses into one gradient before its hook fires: one step with "
+        "the sum, as the ordinary step")),
+    ("step_in_backward", "freeze_unfreeze", composes(
+        "every floating-point parameter carries its hook from construction, frozen ones "
+        "too: one unfrozen later steps when its gradient completes; one frozen later gets "
+        "no gradient and is not stepped (one frozen holding an accumulated gradient is "
+        "stepped with it, as step() would)")),
+    ("step_in_backward", "replaced_optimizer", refused(
+        "the newest step_in_backward optimizer made on a parameter owns it and steps it in "
+        "backward; an older one's hooks on it do nothing, and its step() and accumulating() "
+        "raise this error (step with the newer optimizer, or delete the older one)",
+        when="first step")),
+    ("accumulating", "checkpoint_reentrant", composes(
+        "inside accumulating() the segments' backwards add to .grad and step nothing; the "
+        "stepping backward holds what its segments reach and steps it with the sum at its "
+        "end")),
+    ("accumulating", "tied_weights", composes(
+        "each micro-batch adds the sum of a weight's uses to .grad; the stepping backward "
+        "steps it once with the total")),
+    ("accumulating", "freeze_unfreeze", composes(
+        "a parameter unfrozen mid-accumulation sums the gradients of the micro-batches "
+        "after it; one frozen mid-accumulation keeps what it summed; the stepping backward "
+        "steps each parameter holding a gradient (its hook, or its end), as step() does")),
+    ("accumulating", "replaced_optimizer", refused(
+        "the newest step_in_backward optimizer made on a parameter owns it: use its "
+        "accumulating(); a replaced optimizer's accumulating() raises this error",
+        when="first step")),
 ])
 
 # -- the step inside backward against trainers' habits (DDP, GradScaler, clipping, loops)

@@ -49,7 +49,8 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp
+from . import fsdp, in_backward_hooks as hooks
+from optgen.runtime import composition
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
 
@@ -114,6 +115,9 @@ class StepInBackward:
         self._ddp_stepped: list = []         # parameters a DDP hook stepped this backward
         self._round: Any = None              # the graph task of the open step
         self._index: tuple[Any, dict[int, int]] = (None, {})
+        self._nested: set[int] = set()       # id(p): reached by a nested backward (held)
+        self._stepped: set[int] = set()      # id(p): stepped by its hook this backward
+        self._watched: dict[int, Any] = {}   # id(node): nodes whose end closes the step
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -127,10 +131,8 @@ class StepInBackward:
         if why:
             self.param_groups.pop()
             raise ValueError(f"{self._artifact.name}: {RULE}; {why}")
-        me = weakref.ref(self)
-        for p in group["params"]:
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(functools.partial(_grad_ready, me))
+        hooks.hook_all(group["params"], functools.partial(_grad_ready, weakref.ref(self)))
+        hooks.claim(group["params"], self)   # (in_backward_hooks.py: the newest owns)
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
@@ -141,6 +143,7 @@ class StepInBackward:
             raise ValueError(f"{self._artifact.name}: accumulating() is for optimizers "
                              "made with step_in_backward=True (otherwise backward "
                              "accumulates until step() anyway)")
+        self._check_owner("accumulating")
         with contextlib.ExitStack() as stack:
             for ref in {id(r): r for r in self._by_ddp.values()}.values():
                 if ref() is not None:
@@ -180,14 +183,64 @@ class StepInBackward:
     # -- the hooks -----------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete: step ``p`` and release the gradient (not inside
-        accumulating(), nor for the parameters an attached DDP model steps)."""
-        if self._held or id(p) in self._by_ddp or id(p) not in self._positions():
+        accumulating(), nor for the parameters an attached DDP model steps, nor where a
+        newer optimizer owns ``p``). In a nested backward (a reentrant checkpoint's) the
+        gradient may be partial: it is held, and the end of the outermost backward steps
+        it; so is ``p`` in the outer backward once a nested one has reached it."""
+        if id(p) in self._by_ddp or id(p) not in self._positions() or \
+                not hooks.owns(self, p):
             return   # (not stepped here; a group whose adding failed: not this optimizer's)
+        node = hooks.enclosing_node()
+        if node is not None:
+            with self._part_lock:
+                self._nested.add(id(p))
+                if not self._held:
+                    self._hold(p, node)
+            return
+        if self._held:
+            return
         in_backward = self._open_round()
+        if in_backward and id(p) in self._nested:
+            return   # (held: the end of this backward steps it, see _close_round)
         self._step_part([p], [p.grad])
         p.grad = None
-        if not in_backward:
+        if in_backward:
+            self._stepped.add(id(p))
+        else:
             self._close_round()
+
+    def _hold(self, p: torch.Tensor, node: Any) -> None:
+        """``p``'s gradient, from a backward nested in ``node``'s, waits for the end of the
+        outermost backward (the close is queued there once ``node`` has run)."""
+        if id(p) in self._stepped:
+            i = self._positions()[id(p)]
+            raise ValueError(
+                f"{self._artifact.name}: {RULE}; parameter {i} "
+                f"({tuple(p.shape)}) was stepped when its gradient completed in the outer "
+                "backward, then a reentrant checkpoint's backward added to its gradient "
+                "(a weight used both outside and inside a use_reentrant=True segment): "
+                "this backward stepped it with part of its gradient. The next backwards "
+                "hold it to their end; resume from a checkpoint, or use use_reentrant=False")
+        if id(node) not in self._watched:
+            self._watched[id(node)] = node
+            hooks.after(node, weakref.ref(self), "_node_ran")
+
+    def _node_ran(self) -> None:
+        """A node that ran a nested backward has run (this is the backward that ran it):
+        queue the close here, or, still nested, after the node running this one."""
+        node = hooks.enclosing_node()
+        with self._part_lock:
+            if node is None:
+                self._open_round()
+            elif id(node) not in self._watched:
+                self._watched[id(node)] = node
+                hooks.after(node, weakref.ref(self), "_node_ran")
+
+    def _check_owner(self, what: str) -> None:
+        """Refuse ``what`` on an optimizer a newer step-in-backward one has replaced."""
+        if not all(hooks.owns(self, p) for p in self._params):
+            composition.refuse(self._artifact.name, "accumulating" if what ==
+                               "accumulating" else "step_in_backward", "replaced_optimizer")
 
     @torch.compiler.disable
     def _bucket_ready(self, bucket: Any, group: Any) -> torch.futures.Future:
@@ -225,6 +278,7 @@ class StepInBackward:
                 self._sync()
                 self._follow()
                 self._round, self._ddp_stepped = task, []
+                self._stepped = set()
                 self._round_scalars: dict = {}
                 if task != -1:   # (after DDP's own end-of-backward callback: see _ended)
                     Variable._execution_engine.queue_callback(self._ended)
@@ -236,14 +290,23 @@ class StepInBackward:
 
     @torch.compiler.disable
     def _close_round(self) -> None:
-        """The end of a backward that stepped: the update count set, step counts
-        mirrored, the gradients DDP wrote back released."""
+        """The end of a backward that stepped: the gradients DDP wrote back released, the
+        parameters still holding a gradient stepped with it and released (those held from
+        nested backwards; those whose hook did not fire: accumulated under accumulating()
+        and not reached by this backward), the update count set, step counts mirrored."""
         with self._part_lock:
-            core = self._core
-            core.t = max(core.t, max((s.steps for s in core.records), default=0))
             for p in self._ddp_stepped:
                 p.grad = None
+            held = [p for p in self._params if p.grad is not None and
+                    id(p) not in self._by_ddp and hooks.owns(self, p)]
+            if held:   # (one part; a refusal leaves them and the open step as they are)
+                self._step_part(held, [p.grad for p in held])
+                for p in held:
+                    p.grad = None
+            core = self._core
+            core.t = max(core.t, max((s.steps for s in core.records), default=0))
             self._round, self._ddp_stepped = None, []
+            self._stepped, self._watched = set(), {}
             self._opt_called = True   # (torch's lr schedulers read it)
             self._mirror()
 
@@ -280,6 +343,7 @@ class StepInBackward:
         gradients released; returns the closure's ``loss``."""
         if statistics:
             raise TypeError(f"{self._artifact.name}: {RULE}; step() takes no statistics")
+        self._check_owner("step")
         held = [p for p in self._params if p.grad is not None]
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
