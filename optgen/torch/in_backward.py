@@ -117,6 +117,7 @@ class StepInBackward:
         self._index: tuple[Any, dict[int, int]] = (None, {})
         self._nested: set[int] = set()       # id(p): reached by a nested backward (held)
         self._stepped: set[int] = set()      # id(p): stepped by its hook this backward
+        self._partial: set[int] = set()      # id(p): of those, reached by a nested one after
         self._watched: dict[int, Any] = {}   # id(node): nodes whose end closes the step
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -211,16 +212,11 @@ class StepInBackward:
 
     def _hold(self, p: torch.Tensor, node: Any) -> None:
         """``p``'s gradient, from a backward nested in ``node``'s, waits for the end of the
-        outermost backward (the close is queued there once ``node`` has run)."""
+        outermost backward (the close is queued there once ``node`` has run). One already
+        stepped in this backward (its outer gradient completed first) is not stepped again:
+        the close drops what came after and raises."""
         if id(p) in self._stepped:
-            i = self._positions()[id(p)]
-            raise ValueError(
-                f"{self._artifact.name}: {RULE}; parameter {i} "
-                f"({tuple(p.shape)}) was stepped when its gradient completed in the outer "
-                "backward, then a reentrant checkpoint's backward added to its gradient "
-                "(a weight used both outside and inside a use_reentrant=True segment): "
-                "this backward stepped it with part of its gradient. The next backwards "
-                "hold it to their end; resume from a checkpoint, or use use_reentrant=False")
+            self._partial.add(id(p))
         if id(node) not in self._watched:
             self._watched[id(node)] = node
             hooks.after(node, weakref.ref(self), "_node_ran")
@@ -297,6 +293,9 @@ class StepInBackward:
         with self._part_lock:
             for p in self._ddp_stepped:
                 p.grad = None
+            partial = [(i, p) for i, p in enumerate(self._params) if id(p) in self._partial]
+            for _, p in partial:
+                p.grad = None
             held = [p for p in self._params if p.grad is not None and
                     id(p) not in self._by_ddp and hooks.owns(self, p)]
             if held:   # (one part; a refusal leaves them and the open step as they are)
@@ -306,9 +305,18 @@ class StepInBackward:
             core = self._core
             core.t = max(core.t, max((s.steps for s in core.records), default=0))
             self._round, self._ddp_stepped = None, []
-            self._stepped, self._watched = set(), {}
+            self._stepped, self._watched, self._partial = set(), {}, set()
             self._opt_called = True   # (torch's lr schedulers read it)
             self._mirror()
+        if partial:
+            raise ValueError(
+                f"{self._artifact.name}: {RULE}; parameters "
+                f"{', '.join(f'{i} {tuple(p.shape)}' for i, p in partial)} were stepped when "
+                "their gradient completed in the outer backward, then a reentrant "
+                "checkpoint's backward added to it (a weight used outside a "
+                "use_reentrant=True segment, after it, and inside it): this backward stepped "
+                "them with that part of their gradient only. Later backwards hold them to "
+                "their end; resume from a checkpoint, or use use_reentrant=False")
 
     def _positions(self) -> dict[int, int]:
         """id(p) -> p's index in the runtime, for this optimizer's parameters."""
