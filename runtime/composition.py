@@ -131,6 +131,10 @@ _rows([
         "inside accumulating() the segments' backwards add to .grad and step nothing; the "
         "stepping backward holds what its segments reach and steps it with the sum at its "
         "end")),
+    ("accumulating", "checkpoint_nonreentrant", composes(
+        "the recomputation runs inside each micro-batch's backward; inside accumulating() "
+        "it adds to .grad, the stepping backward steps each parameter as its sum "
+        "completes")),
     ("accumulating", "tied_weights", composes(
         "each micro-batch adds the sum of a weight's uses to .grad; the stepping backward "
         "steps it once with the total")),

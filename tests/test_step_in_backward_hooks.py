@@ -85,6 +85,25 @@ def test_checkpointed_shared_and_tied_weights_step_once(rule, reentrant):
     assert opts[1]._core.t == 3
 
 
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpointed_segments_under_accumulation(reentrant):
+    """Two micro-batches a step, the first under accumulating(): the segments' backwards
+    add up, the stepping backward steps each parameter once with the sum (torch.optim:
+    backward, backward, step)."""
+    nets, opts = pair(lambda: Albert(reentrant), *OPTIMIZERS["adamw"])
+    for it in range(2):
+        for k in range(2):
+            i, y = data(10 * it + k)
+            torch.nn.functional.cross_entropy(nets[0](i), y).backward()
+            with opts[1].accumulating() if k == 0 else _nothing():
+                torch.nn.functional.cross_entropy(nets[1](i), y).backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        assert all(p.grad is None for p in nets[1].parameters())
+    close(*nets)
+    assert [float(opts[1].state[p]["step"]) for p in nets[1].parameters()] == [2.0] * 3
+
+
 class Reused(torch.nn.Module):
     """A weight used inside a reentrant segment and again after it, outside."""
 

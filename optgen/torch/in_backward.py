@@ -14,8 +14,15 @@ sets its ``.grad`` to None. What one backward steps is one step: its first hook 
 changed group values on and follows moved data (what ``step()`` does first), and a
 callback at the end of the backward sets the runtime's update count ``t`` (the most
 steps any parameter has taken: a reentrant checkpoint's inner backward, a backward of
-its own, ends before the outer one), mirrors the step counts into ``opt.state`` and
-tells lr schedulers the optimizer stepped.
+its own, ends before the outer one), steps the parameters still holding a gradient (see
+below; accumulated ones this backward did not reach), mirrors the step counts into
+``opt.state`` and tells lr schedulers the optimizer stepped.
+Which hooks step (in_backward_hooks.py): those of the newest step-in-backward optimizer
+made on a parameter (an older one's do nothing; its step() and accumulating() raise);
+frozen parameters carry hooks too (one unfrozen later steps). A hook inside a nested
+backward (a reentrant checkpoint's segment) holds its gradient, which may be partial
+(shared weights), for the end of the outermost backward, as do that parameter's hooks in
+later outer backwards.
 A hook that raises (a gradient the checks refuse) leaves its parameter, its state and
 its ``.grad`` as they were; parameters stepped earlier in that backward stay stepped.
 
@@ -35,7 +42,7 @@ groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a s
 agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
 optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
 parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
-Imports: fsdp.
+Imports: fsdp, in_backward_hooks, optgen.runtime.composition.
 """
 from __future__ import annotations
 
