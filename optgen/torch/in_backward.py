@@ -239,11 +239,11 @@ class StepInBackward:
                 self._watched[id(node)] = node
                 hooks.after(node, weakref.ref(self), "_node_ran")
 
-    def _check_owner(self, what: str) -> None:
-        """Refuse ``what`` on an optimizer a newer step-in-backward one has replaced."""
+    def _check_owner(self, item: str) -> None:
+        """Refuse ``item`` (the table's: "step_in_backward" for step(), "accumulating") on
+        an optimizer that a newer step-in-backward one has replaced."""
         if not all(hooks.owns(self, p) for p in self._params):
-            composition.refuse(self._artifact.name, "accumulating" if what ==
-                               "accumulating" else "step_in_backward", "replaced_optimizer")
+            composition.refuse(self._artifact.name, item, "replaced_optimizer")
 
     @torch.compiler.disable
     def _bucket_ready(self, bucket: Any, group: Any) -> torch.futures.Future:
@@ -358,7 +358,7 @@ class StepInBackward:
         gradients released; returns the closure's ``loss``."""
         if statistics:
             raise TypeError(f"{self._artifact.name}: {RULE}; step() takes no statistics")
-        self._check_owner("step")
+        self._check_owner("step_in_backward")
         held = [p for p in self._params if p.grad is not None]
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
