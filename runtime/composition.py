@@ -167,8 +167,6 @@ _THEIRS = (
              ["torch_state_dict", "reshard_checkpoint"])
     | _pairs(["schedule_free"], [*_MASTERS, "state_bf16", "state_q8"])
     | _pairs(["fsdp2"], ["reshard_checkpoint"]))
-
-
 _fill([
     ("step_in_backward", "clip_global_norm", refused(
         _IB + "clip_global_norm needs every gradient first (the norm of all of them)")),
@@ -230,8 +228,7 @@ _fill([
     ("fsdp2", "zero1", refused(
         "FSDP2 shards each parameter across the ranks already; ZeroRedundancyOptimizer "
         "partitions whole parameters")),
-    ("fsdp2", "agree", composes(
-        "FSDP2's steps agree over the mesh by default; agree=<group> names the ranks")),
+    ("fsdp2", "agree", composes("FSDP2's steps agree over the mesh; agree=<group>: those ranks")),
     ("zero1", "agree", composes(
         "every rank's local step runs its checks, then the ranks agree: every rank steps "
         "its partition or none does")),
