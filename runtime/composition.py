@@ -155,9 +155,8 @@ def _pairs(xs: Iterable[str], ys: Iterable[str]) -> set[frozenset]:  # (cells of
     return {frozenset((x, y)) for x in xs for y in ys if x != y}
 
 
-# cells the sections above decide (where they are open, ``missing`` lists them)
 _MASTERS = ("master_split16", "master_split8", "multi_precision")
-_THEIRS = (
+_THEIRS = (   # (cells the sections above decide: where they are open, ``missing`` says)
     _pairs(["step_in_backward"], ["checkpoint_reentrant", "checkpoint_nonreentrant",
                                   "freeze_unfreeze", "replaced_optimizer", "ddp", "GradScaler",
                                   "clip_grad_norm", "plain_accumulation", "hf_trainer"])
@@ -245,6 +244,8 @@ _fill([
     ("loss_scale", "GradScaler", composes(
         "GradScaler unscales .grad by its scale, then the kernels divide by loss_scale: "
         "both scales are undone")),
+    ("loss_scale", "clip_grad_norm", composes("clip at max_norm * loss_scale: clip_grad_norm_ "
+                                              "sees .grad undivided")),
     ("nonfinite_skip", "GradScaler", composes(
         "GradScaler skips step() on an inf first; a non-finite gradient it lets through "
         "skips the step in optgen")),

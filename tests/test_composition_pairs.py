@@ -249,11 +249,13 @@ def run(s: Scenario, side: str) -> list[torch.Tensor]:
         if scaler is not None:
             scaler.unscale_(opt)
         if s.clip_grad:
-            torch.nn.utils.clip_grad_norm_(params, 0.1)
+            torch.nn.utils.clip_grad_norm_(   # (loss_scale: the scaled gradients' norm)
+                params, 0.1 * (s.loss_scale if side == "optgen" else 1.0))
         if s.clip is not None and side != "optgen":
             torch.nn.utils.clip_grad_norm_(params, s.clip, foreach=False)
-        if s.nan_at == i and side != "optgen":
-            pass   # (the optgen side skips this step)
+        if s.nan_at == i and side != "optgen":   # (the optgen side skips this step)
+            if scaler is not None:
+                scaler.update()
         elif scaler is not None:
             scaler.step(opt)
             scaler.update()
