@@ -232,8 +232,7 @@ _fill([
         "every rank's local step runs its checks, then the ranks agree: every rank steps "
         "its partition or none does")),
     ("fsdp2", "clip_global_norm", composes(
-        "the shards' sums of squares are summed across the mesh: the norm of every whole "
-        "gradient")),
+        "the shards' sums of squares are summed across the mesh: every whole gradient's norm")),
     ("fsdp2", "nonfinite_skip", composes(
         "the shards' non-finite checks are summed across the mesh: every rank skips or none")),
     ("state_bf16", "state_q8", composes(
