@@ -50,6 +50,14 @@ def options(spec_name: str, flat: bool, options: Mapping[str, Any], offload: Any
     return on | {k for k, v in flags.items() if v}
 
 
+def checked(spec_name: str, flat: bool, options_: Mapping[str, Any], offload: Any,
+            agree: Any, step_in_backward: Any) -> set[str]:
+    """``options``' items, checked by the table (a ValueError naming a refused pair)."""
+    active = options(spec_name, flat, options_, offload, agree, step_in_backward)
+    composition.check(spec_name, active)
+    return active
+
+
 def check_groups(owner: str, active: set[str], param_groups: list[dict[str, Any]]) -> None:
     """The table's check with what the groups add (capturable groups, DTensors)."""
     more = {"capturable": any(g.get("capturable") for g in param_groups),

@@ -10,11 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
+from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp, contract
 from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward, placement
-from . import contract
-from optgen.runtime import composition, flatten, get_artifact
-from optgen.runtime import groups
+from optgen.runtime import composition, flatten, get_artifact, groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
@@ -59,9 +57,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
 
     def _prepare(self, flat: bool, kwargs: dict[str, Any], params: Any):
-        """The runtime side, before torch's constructor: runtime options (popped from
-        ``kwargs``; the target defaults to the parameters' device's), the artifact,
-        offload; returns the artifact."""
+        """The runtime side, before torch's constructor: runtime options (popped from ``kwargs``;
+        the target defaults to the parameters'), the table's check, the artifact (returned)."""
         if not isinstance(flat, bool):
             raise TypeError(f"flat must be True or False, got {flat!r}")
         self._flat = flat
@@ -73,10 +70,9 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         name = os.path.basename(self.spec)[:-3]
         self._agree = torch_agreement.check(name, kwargs.pop("agree", torch_agreement.AUTO))
         self._agreement: torch_agreement.Agreement | None = None   # (set with the core)
-        torch_offload.check(name, offload, self._target, flat, options.get("master_format"))
-        self._active = contract.options(name, flat, options, offload, self._agree,
-                                        kwargs.get("step_in_backward"))
-        composition.check(name, self._active)   # (the table: runtime/composition.py)
+        torch_offload.check(name, offload, self._target, flat)
+        self._active = contract.checked(name, flat, options, offload, self._agree,
+                                        kwargs.get("step_in_backward"))   # (the table's)
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
