@@ -137,11 +137,14 @@ def test_matches_single_process(mode, world, single, tmp_path):
             where = f"{mode}, world size {world}, rank {r}: {name}"
             if mode == "fsdp" and name.endswith("-offload"):   # DTensors, even whole ones
                 assert str(got[f"{name}/error"]).endswith(
-                    "DTensor parameters with offload are not built"), where
+                    "offload with fsdp2 is refused: DTensor parameters with offload are not "
+                    "built"), where
                 continue
-            if mode == "zero" and world > 1 and name == "adamw-clip":
-                continue   # ZeRO-1 gives each rank's optimizer its partition only, so an
-                # optimizer's global norm is its partition's (docs/distributed.md)
+            if mode == "zero" and name == "adamw-clip":   # ZeRO-1 gives each rank's
+                # optimizer its partition only: its global norm would be the partition's
+                assert "clip_global_norm with zero1 is refused" in \
+                    str(got[f"{name}/error"]), where
+                continue
             if split and name.endswith("-unsummed"):   # per-shard norms: far off
                 assert max(_rel(got[f"{name}/{i}"], w) for i, w in enumerate(params)) > 0.1, \
                     f"{where}: LAMB without the cross-shard sums matched the whole-tensor run"
@@ -217,9 +220,11 @@ def test_a_bad_step_on_one_rank_stops_every_rank(tmp_path):
         assert "keeps whole-matrix states and refreshes from statistics the trainer passes " \
             "(A, G), which are not summed across ranks" in str(got["thor/raised"])
         assert str(got["offload/raised"]) == \
-            "ValueError: torch_adamw: DTensor parameters with offload are not built"
+            "ValueError: torch_adamw: offload with fsdp2 is refused: DTensor parameters with " \
+            "offload are not built"
         assert str(got["flat/raised"]) == \
-            "ValueError: torch_adamw: DTensor parameters with flat=True are not built"
+            "ValueError: torch_adamw: flat with fsdp2 is refused: DTensor parameters with " \
+            "flat=True are not built"
 
 
 # sampled: both ways to 1 rank, optgen's 2 -> 4 and DCP's 4 -> 2 (--exhaustive: the others)

@@ -130,7 +130,7 @@ def test_adam_offload_has_the_seed_signature():
      r"adam: offload='cpu' steps the states on the host, which needs a host target "
      r"\(llvm, c\), got target='cuda'"),
     (dict(offload="cpu", flat=True), ValueError,
-     r"adam: flat=True and offload='cpu' together are not built"),
+     r"adam: offload with flat is refused: flat=True and offload='cpu' together are not built"),
 ])
 def test_bad_offload_options(kw, error, message):
     with pytest.raises(error, match=message):

@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp
+from . import torch_checkpoints, offload as torch_offload, ops as torch_ops, fsdp, contract
 from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_backward, placement
-from optgen.runtime import flatten, get_artifact
-from optgen.runtime import groups
+from optgen.runtime import composition, flatten, get_artifact, groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
@@ -58,9 +57,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
 
     def _prepare(self, flat: bool, kwargs: dict[str, Any], params: Any):
-        """The runtime side, before torch's constructor: runtime options (popped from
-        ``kwargs``; the target defaults to the parameters' device's), the artifact,
-        offload; returns the artifact."""
+        """The runtime side, before torch's constructor: runtime options (popped from ``kwargs``;
+        the target defaults to the parameters'), the table's check, the artifact (returned)."""
         if not isinstance(flat, bool):
             raise TypeError(f"flat must be True or False, got {flat!r}")
         self._flat = flat
@@ -72,7 +70,9 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         name = os.path.basename(self.spec)[:-3]
         self._agree = torch_agreement.check(name, kwargs.pop("agree", torch_agreement.AUTO))
         self._agreement: torch_agreement.Agreement | None = None   # (set with the core)
-        torch_offload.check(name, offload, self._target, flat, options.get("master_format"))
+        torch_offload.check(name, offload, self._target, flat)
+        self._active = contract.checked(name, flat, options, offload, self._agree,
+                                        kwargs.get("step_in_backward"))   # (the table's)
         art = self._artifact = get_artifact(self.spec, self._target, base=self.base,
                                             state_format=options.get("state_format"),
                                             stochastic_rounding=options.get(
@@ -111,8 +111,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         if not params:
             return
         if any(fsdp.is_dtensor(p) for p in params):   # (before any copy)
-            raise ValueError(f"{self._artifact.name}: DTensor parameters with flat=True are "
-                             "not built")
+            composition.refuse(self._artifact.name, "flat", "fsdp2")
         try:
             views = flatten([p.data for p in params])
             grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p)
@@ -159,8 +158,9 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     def _rebuild(self, old: _Core | None) -> _Core:
         """A runtime optimizer over the current groups, keeping existing states."""
         self._params = [p for g in self.param_groups for p in g["params"]]
+        contract.check_groups(self._artifact.name, self._active, self.param_groups)
         fsdp.check(self._artifact.name, self._artifact, self._params,
-                           self._options.get("clip_global_norm"), self._offload, self._flat)
+                   self._options.get("clip_global_norm"))
         host = self._runtime_tensor
         groups = [{"params": [host(p) for p in g["params"]], **self._group_hyper(g)}
                   for g in self.param_groups]

@@ -99,11 +99,10 @@ def _split_dim(p: Any) -> int | None:
     return None
 
 
-def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offload: Any,
-          flat: bool) -> None:
-    """Sharded parameters against the rule and options (ValueError naming the
-    parameter and the rule); parameters of one optimizer on one mesh, split on one of
-    its dimensions."""
+def check(owner: str, artifact: Any, params: list, clip_global_norm: Any) -> None:
+    """Sharded parameters against the rule (ValueError naming the parameter and the
+    rule); parameters of one optimizer on one mesh, split on one of its dimensions.
+    (DTensors against other options: the composition table, optgen/torch/contract.py.)"""
     dts = [(i, p) for i, p in enumerate(params) if is_dtensor(p)]
     if not dts:
         return
@@ -115,9 +114,6 @@ def check(owner: str, artifact: Any, params: list, clip_global_norm: Any, offloa
         raise ValueError(f"{owner}: parameters {i} and {j} are DTensors on different device "
                          f"meshes ({_mesh_text(a)} and {_mesh_text(b)}); one optimizer steps "
                          "parameters of one mesh")
-    if offload or flat:
-        raise ValueError(f"{owner}: DTensor parameters with "
-                         f"{'offload' if offload else 'flat=True'} are not built")
     whole = _reduces(artifact) or any(k.matrix for k in artifact.kernels) or \
         clip_global_norm is not None or \
         any(s.shape in ("row", "col") for s in artifact.states)

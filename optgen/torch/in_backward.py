@@ -64,27 +64,11 @@ RULE = "step_in_backward steps each parameter as its gradient completes"
 
 def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: Any
             ) -> str | None:
-    """Why these options cannot step inside backward (None: they can)."""
-    if options.get("clip_global_norm") is not None:
-        return "clip_global_norm needs every gradient first (the norm of all of them)"
-    if options.get("nonfinite") == "skip":
-        return ("nonfinite='skip' needs every gradient first (one non-finite gradient "
-                "skips every parameter's update); nonfinite='raise' works")
-    if flat:
-        return "flat=True steps a whole group with one launch, after all its gradients"
-    if offload is not None:
-        return f"offload={offload!r} with it is not built (bucketed host copies)"
+    """Why this rule cannot step inside backward (None: it can); the other options
+    against it: the composition table (runtime/composition.py, optgen/torch/contract.py)."""
     if art.inputs or art.statistics:
         return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
                 "step(), which backward cannot pass")
-    if agree is not None and not isinstance(agree, str):
-        return ("agree=<group> makes the ranks agree on each step before it changes "
-                "anything; inside backward each rank steps alone")
-    if _made_by_zero():
-        return ("under ZeroRedundancyOptimizer (ZeRO-1) each rank's optimizer holds its "
-                "partition and would step it with the rank's own gradient, before DDP "
-                "averages it; step after backward (step_in_backward=False), or use DDP "
-                "with opt.attach(ddp_model)")
     return None
 
 
@@ -131,14 +115,14 @@ class StepInBackward:
         super().add_param_group(param_group)
         if not self._in_backward:
             return
-        group, why = self.param_groups[-1], None
+        group, other = self.param_groups[-1], None
         if group.get("capturable"):
-            why = "capturable=True steps in a captured graph, not in backward"
+            other = "capturable"
         elif any(fsdp.is_dtensor(p) for p in group["params"]):
-            why = "FSDP2's DTensor parameters are stepped by shards after their reduce-scatter"
-        if why:
+            other = "fsdp2"
+        if other:
             self.param_groups.pop()
-            raise ValueError(f"{self._artifact.name}: {RULE}; {why}")
+            composition.refuse(self._artifact.name, "step_in_backward", other)
         hooks.hook_all(group["params"], functools.partial(_grad_ready, weakref.ref(self)))
         hooks.claim(group["params"], self)   # (in_backward_hooks.py: the newest owns)
 

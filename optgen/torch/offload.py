@@ -41,12 +41,11 @@ BUCKET_BYTES = 32 << 20    # gradient bytes per bucket of copies
 
 def check(owner: str, offload: Any, target: str, flat: bool, master_format: Any = None
           ) -> None:
-    """The offload option against the others (ValueError naming the rule)."""
+    """The offload option's value and target (ValueError naming the rule); offload
+    against the other options (``flat``, ``master_format``): the composition table
+    (runtime/composition.py, read by optgen/torch/contract.py)."""
     if offload is None:
         return
-    if master_format not in (None, "fp32"):
-        raise ValueError(f"{owner}: offload={offload!r} keeps a float32 master copy on the "
-                         f"host; master_format={master_format!r} applies without offload")
     if offload not in PLACES:
         raise ValueError(f"{owner}: offload must be None or one of {', '.join(PLACES)}, "
                          f"got {offload!r}")
@@ -54,9 +53,6 @@ def check(owner: str, offload: Any, target: str, flat: bool, master_format: Any 
         raise ValueError(f"{owner}: offload={offload!r} steps the states on the host, which "
                          f"needs a host target ({', '.join(backends.host_targets())}), "
                          f"got target={target!r}")
-    if flat:
-        raise ValueError(f"{owner}: flat=True and offload={offload!r} together are not built "
-                         "(flat groups adopt the device parameters into one buffer)")
 
 
 class HostCopies:
