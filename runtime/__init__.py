@@ -124,14 +124,21 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
     return Optimizer(art, params, **options)
 
 
-def _sum_of_squares(target: str) -> Artifact:
-    """The artifact of specs/_sum_of_squares.py for ``target`` (the reduction pass
-    ``clip_global_norm`` and the non-finite check run on every gradient), built once."""
-    if target not in _SQUARES:
-        _SQUARES[target] = get_artifact(
-            os.path.join(catalog.specs_dir(), "_sum_of_squares.py"), target)
-    return _SQUARES[target]
+def _sum_of_squares(art: Artifact) -> Artifact | None:
+    """The artifact of specs/_sum_of_squares.py (the reduction pass ``clip_global_norm``
+    and the non-finite check run on every gradient) for the optimizer's artifact
+    ``art``: built once per target where ``art`` may build; else the one ``art`` ships
+    (``optgen build --out``), or None (compiles nothing: the array library's pass)."""
+    if art.builder is not None:
+        if art.target not in _SQUARES:
+            _SQUARES[art.target] = get_artifact(
+                os.path.join(catalog.specs_dir(), catalog.SQUARES_SPEC), art.target)
+        return _SQUARES[art.target]
+    shipped = os.path.join(art.path, catalog.SHIPPED_SQUARES)
+    if shipped not in _SQUARES:
+        _SQUARES[shipped] = Artifact.load(shipped) if os.path.isdir(shipped) else None
+    return _SQUARES[shipped]
 
 
-_SQUARES: dict[str, Artifact] = {}
+_SQUARES: dict[str, Artifact | None] = {}
 _launch.SUM_OF_SQUARES = _sum_of_squares

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import exchange, interpret, owned, shards, tensors
 from optgen.core import formats, views
-from .artifact import KernelInfo, bfloat16_tensor
+from .artifact import KernelInfo, VariantNotBuilt, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
 from .slots import ParamSlot
@@ -35,7 +35,7 @@ from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
 # target -> the artifact of specs/_sum_of_squares.py (set by optgen.runtime, which builds)
-SUM_OF_SQUARES: Callable[[str], Any] | None = None
+SUM_OF_SQUARES: Callable[[Any], Any] | None = None
 
 
 class Launcher:
@@ -229,20 +229,19 @@ class Launcher:
             self.hooks[1](i)
 
     def squares(self, i: int, g: Any, scale: float) -> float | None:
-        """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient by the
-        pass of specs/_sum_of_squares.py (backend="reference": the interpreter's); None
-        where launches wait for copies (offload hooks) or ``g`` is on another device."""
+        """``sum((scale * g)**2)`` (summed in float64) of parameter ``i``'s dense gradient
+        by the pass of specs/_sum_of_squares.py (backend="reference": the interpreter's);
+        None where launches wait for copies (offload hooks), ``g`` is on another device
+        or a prebuilt artifact ships no such pass (then the array library's)."""
         s = self.slots[i]
         if SUM_OF_SQUARES is None or self.hooks or \
                 tensors.device(g, s.lib) != tensors.device(s.array, s.lib):
             return None
         dtype = tensors.dtype_name(g, s.lib)
         if dtype not in self.norms:
-            art = SUM_OF_SQUARES(self.artifact.target)
-            k = art.kernel_for(dtype, {})
-            if self.compiled:
-                art.ready(k)
-            self.norms[dtype] = art, k, self.compiled and art.function(k.launches[0]["symbol"])
+            self.norms[dtype] = self._norm_kernel(dtype)
+        if self.norms[dtype] is None:     # (a prebuilt artifact that ships none)
+            return None
         art, k, fn = self.norms[dtype]
         if not s.numel:
             return 0.0
@@ -256,6 +255,22 @@ class Launcher:
         flat = views.as_kernel(tensors.kernel_arg(g, s.lib), "brc", s.dims, "flat")
         fn(bfloat16_tensor(flat) if s.bf16_numpy else flat, work, np.array([scale], k.dtype))
         return float(work[0])
+
+    def _norm_kernel(self, dtype: str) -> tuple | None:
+        """(artifact, kernel, function) of the sum-of-squares pass for ``dtype``
+        gradients; None where an artifact that builds nothing ships none for it."""
+        art = SUM_OF_SQUARES(self.artifact)
+        k = None if art is None else art.kernel_for(dtype, {})
+        if k is None:
+            return None
+        if self.compiled:
+            try:
+                art.ready(k)
+            except VariantNotBuilt:
+                if art.builder is not None:
+                    raise
+                return None
+        return art, k, self.compiled and art.function(k.launches[0]["symbol"])
 
     def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
         """Calls one plan entry of parameter ``i`` with this step's arrays."""
