@@ -35,7 +35,8 @@ that buffer leaves the ring (eager steps after a capture never touch it), a new 
 takes its place at the next step or stage outside a capture (a capture allocates no
 pinned memory), and ``stage()`` writes it. Every capture keeps its buffer for the
 optimizer's life, so graphs captured one after another (one per input shape, or a
-capture made again) all replay the staged scalars: ``stage()`` writes each of them. Before writing, stage waits for the device to finish what it
+capture made again) all replay the staged scalars: ``stage()`` writes each of them.
+Before writing, stage waits for the device to finish what it
 was given (the previous replay's copy among it): an event recorded inside a graph
 fires at each replay only as an external event node, which not every library and
 version records, so a device synchronize is the one wait that holds wherever the

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import exchange, interpret, owned, shards, tensors
 from optgen.core import formats, views
-from .artifact import KernelInfo, VariantNotBuilt, bfloat16_tensor
+from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
 from optgen.core.reference import LOW_COPY
 from .slots import ParamSlot
@@ -35,7 +35,7 @@ from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
 # target -> the artifact of specs/_sum_of_squares.py (set by optgen.runtime, which builds)
-SUM_OF_SQUARES: Callable[[Any], Any] | None = None
+SUM_OF_SQUARES: Callable[[Any, str, bool], tuple | None] | None = None
 
 
 class Launcher:
@@ -239,7 +239,7 @@ class Launcher:
             return None
         dtype = tensors.dtype_name(g, s.lib)
         if dtype not in self.norms:
-            self.norms[dtype] = self._norm_kernel(dtype)
+            self.norms[dtype] = SUM_OF_SQUARES(self.artifact, dtype, self.compiled)
         if self.norms[dtype] is None:     # (a prebuilt artifact that ships none)
             return None
         art, k, fn = self.norms[dtype]
@@ -255,22 +255,6 @@ class Launcher:
         flat = views.as_kernel(tensors.kernel_arg(g, s.lib), "brc", s.dims, "flat")
         fn(bfloat16_tensor(flat) if s.bf16_numpy else flat, work, np.array([scale], k.dtype))
         return float(work[0])
-
-    def _norm_kernel(self, dtype: str) -> tuple | None:
-        """(artifact, kernel, function) of the sum-of-squares pass for ``dtype``
-        gradients; None where an artifact that builds nothing ships none for it."""
-        art = SUM_OF_SQUARES(self.artifact)
-        k = None if art is None else art.kernel_for(dtype, {})
-        if k is None:
-            return None
-        if self.compiled:
-            try:
-                art.ready(k)
-            except VariantNotBuilt:
-                if art.builder is not None:
-                    raise
-                return None
-        return art, k, self.compiled and art.function(k.launches[0]["symbol"])
 
     def _caller(self, i: int, g, scalars: np.ndarray, extra: Mapping[str, Any]) -> Callable:
         """Calls one plan entry of parameter ``i`` with this step's arrays."""
