@@ -25,11 +25,17 @@ def build(spec, target: str = "llvm", *, out=None, force: bool = False, base=Non
     ``arch``: the CUDA architectures (cuda only, default "sm_80,sm_90");
     ``state_format``: also the kernels with states in that format (bf16);
     ``variants``: the libraries built now, "default" (float32 parameters, default flag
-    values), "all", or a list of variant names (the others build on first use)."""
+    values), "all", or a list of variant names (the others build on first use). Under
+    ``out`` the artifact also ships the kernels of the global-norm pass
+    (``clip_global_norm``) for its variants' dtypes (optgen/compiler/ship.py)."""
     from optgen.compiler.pipeline import build as _build
+    from optgen.compiler.ship import ship_squares
     from optgen.core import catalog
-    return _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
-                  state_format=state_format, variants=variants)
+    r = _build(catalog.resolve(spec), target, out=out, force=force, base=base, arch=arch,
+               state_format=state_format, variants=variants)
+    if out is not None:   # a prebuilt artifact ships the global-norm pass (optgen.load)
+        ship_squares(r, target, arch)
+    return r
 
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactWarning", "BuildError", "Optimizer",

@@ -142,6 +142,7 @@ def _cmd_cache(args) -> int:
 def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
+    from optgen.compiler.ship import ship_squares
     from optgen.core import catalog, formats
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
@@ -164,6 +165,8 @@ def _cmd_build(args) -> int:
                           "optgen build", formats.request(
                               "optgen build", _state_format(args.state_format)),
                           args.stochastic_rounding), args.master_format), variants=variants)
+            if args.out is not None:    # (what clip_global_norm runs where nothing compiles)
+                ship_squares(r, target, args.arch if targets.get(target).takes_arch else None)
             built += not r.cache_hit
             what = "cache hit" if r.cache_hit else "built"
             print(f"{what}: {r.name} for {target} in {r.seconds:.3f} s -> {r.path}", flush=True)

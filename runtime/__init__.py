@@ -124,14 +124,34 @@ def create(spec: str | os.PathLike | Artifact, params: Any, *, target: str = "ll
     return Optimizer(art, params, **options)
 
 
-def _sum_of_squares(target: str) -> Artifact:
-    """The artifact of specs/_sum_of_squares.py for ``target`` (the reduction pass
-    ``clip_global_norm`` and the non-finite check run on every gradient), built once."""
-    if target not in _SQUARES:
-        _SQUARES[target] = get_artifact(
-            os.path.join(catalog.specs_dir(), "_sum_of_squares.py"), target)
-    return _SQUARES[target]
+def _sum_of_squares(art: Artifact, dtype: str, compiled: bool) -> tuple | None:
+    """(artifact, kernel, function or False) of specs/_sum_of_squares.py's pass (the
+    reduction ``clip_global_norm`` and the non-finite check run on every gradient) for
+    ``dtype`` gradients of an optimizer of ``art``: built once per target where ``art``
+    may build; else the one ``art`` ships (``optgen build --out``), or None (compiles
+    nothing: the array library's pass runs)."""
+    if art.builder is not None:
+        if art.target not in _SQUARES:
+            _SQUARES[art.target] = get_artifact(
+                os.path.join(catalog.specs_dir(), catalog.SQUARES_SPEC), art.target)
+        squares = _SQUARES[art.target]
+    else:
+        shipped = os.path.join(art.path, catalog.SHIPPED_SQUARES)
+        if shipped not in _SQUARES:
+            _SQUARES[shipped] = Artifact.load(shipped) if os.path.isdir(shipped) else None
+        squares = _SQUARES[shipped]
+    k = None if squares is None else squares.kernel_for(dtype, {})
+    if k is None:
+        return None
+    if compiled:
+        try:
+            squares.ready(k)
+        except VariantNotBuilt:
+            if squares.builder is not None:
+                raise
+            return None     # (shipped for other dtypes)
+    return squares, k, compiled and squares.function(k.launches[0]["symbol"])
 
 
-_SQUARES: dict[str, Artifact] = {}
+_SQUARES: dict[str, Artifact | None] = {}
 _launch.SUM_OF_SQUARES = _sum_of_squares

@@ -31,8 +31,12 @@ buffer needs no ring: copies and kernels are ordered on the launch's stream (ste
 one stream), so copy k+1 lands after kernel k has read the buffer.
 
 A captured graph copies from one fixed pinned buffer, the one its capture wrote:
-that buffer leaves the ring (eager steps after a capture never touch it) and
-``stage()`` writes it. Before writing, stage waits for the device to finish what it
+that buffer leaves the ring (eager steps after a capture never touch it), a new one
+takes its place at the next step or stage outside a capture (a capture allocates no
+pinned memory), and ``stage()`` writes it. Every capture keeps its buffer for the
+optimizer's life, so graphs captured one after another (one per input shape, or a
+capture made again) all replay the staged scalars: ``stage()`` writes each of them.
+Before writing, stage waits for the device to finish what it
 was given (the previous replay's copy among it): an event recorded inside a graph
 fires at each replay only as an external event node, which not every library and
 version records, so a device synchronize is the one wait that holds wherever the
@@ -66,36 +70,54 @@ class CaptureError(RuntimeError):
 
 
 class ScalarBuffer:
-    """One launch's scalars: the device buffer and the pinned ring that feeds it."""
+    """One launch's scalars: the device buffer, the pinned ring that feeds it in eager
+    steps, and the pinned buffers captured graphs copy from (one per capture)."""
 
     def __init__(self, transfers: Any, packed: np.ndarray):
         self.transfers = transfers
         self.dev = transfers.device_row(packed)
-        self.ring = [[*transfers.alloc(packed), None] for _ in range(RING)]  # host, pinned, event
-        self.next = 0                 # the ring's buffer the next eager step writes
-        self.graph: int | None = None   # the buffer a captured graph copies from
+        self.ring: list[list] = []        # [host, pinned, event] free for eager steps
+        self.refill(packed)
+        self.next = 0                     # the ring's buffer the next eager step writes
+        self.graphs: list[list] = []      # [host, pinned, None] that captured graphs read
 
     def fits(self, packed: np.ndarray) -> bool:
-        return self.ring[0][0].shape == packed.shape and self.ring[0][0].dtype == packed.dtype
+        host = (self.ring or self.graphs)[0][0]
+        return host.shape == packed.shape and host.dtype == packed.dtype
 
-    def write(self, packed: np.ndarray, staging: bool) -> None:
-        """This step's scalars into a pinned buffer free to write, and (eager) its copy."""
+    def refill(self, packed: np.ndarray) -> None:
+        """New pinned buffers for those captures took (never during a capture: it may
+        not allocate pinned memory)."""
+        while len(self.ring) < RING:
+            self.ring.append([*self.transfers.alloc(packed), None])
+
+    def write(self, packed: np.ndarray, staging: bool, owner: str) -> None:
+        """This step's scalars into a pinned buffer free to write, and (eager) its copy;
+        staging: into every captured buffer (stage_ready waited for the replays' copies)."""
         t = self.transfers
-        if staging:                   # (stage_ready waited for the replay's copy)
-            self.ring[self.graph][0][...] = packed
+        capturing = not staging and t.capturing()
+        if not capturing:
+            self.refill(packed)
+        if staging:
+            for host, _, _ in self.graphs:
+                host[...] = packed
             return
-        capturing = t.capturing()
-        j = self.next if self.next != self.graph else (self.next + 1) % RING
-        self.next = (j + 1) % RING
+        if not self.ring:
+            raise CaptureError(f"{owner}: {len(self.graphs)} captures in a row took every "
+                               "pinned buffer of a launch; run an eager step or stage() "
+                               "between captures")
+        j = self.next % len(self.ring)
         host, pinned, event = self.ring[j]
         if event is not None and not capturing and not t.done(event):
             t.wait(event)             # (its copy has not run: the host is ahead)
         host[...] = packed
         t.copy(self.dev, pinned)
         if capturing:                 # the graph reads this buffer from now on
-            self.graph, self.ring[j][2] = j, None
+            self.graphs.append(self.ring.pop(j))
+            self.next = j
         else:
             self.ring[j][2] = t.record(event)
+            self.next = j + 1
 
 
 class ScalarBuffers:
@@ -125,11 +147,11 @@ class ScalarBuffers:
         if not isinstance(buffer, ScalarBuffer):  # (CPU: the kernel reads the host buffer itself)
             buffer[...] = packed
             return buffer
-        if self.staging and buffer.graph is None:
+        if self.staging and not buffer.graphs:
             raise CaptureError(f"{self.owner}: stage() writes the scalars a captured step "
                                f"copies, and no captured step launches parameters {key[0]}; "
                                "capture opt.step() in a graph first")
-        buffer.write(packed, self.staging)
+        buffer.write(packed, self.staging, self.owner)
         return buffer.dev
 
     def check_grads(self, grads: Sequence[Any], libs: Sequence[str]) -> None:

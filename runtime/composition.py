@@ -175,6 +175,49 @@ _rows([
 
 # -- capture, global clip, names -------------------------------------------------------
 _rows([
+    ("capturable", "torch_compile", composes(
+        "torch.compile calls the step as one opaque op (optgen::step) at every iteration: its "
+        "host half (step counts, lr, bias corrections into the ring of pinned buffers) and its "
+        "launches run at each call, as eager steps; a CUDA graph captured around it replays "
+        "after opt.stage(), as any capture")),
+    ("capturable", "lr_scheduler", composes(
+        "a scheduler's new lr in param_groups reaches the next opt.stage() (read as step() "
+        "reads it) and goes into every captured graph's scalar buffer; nothing is rebuilt")),
+    ("capturable", "step_in_backward", refused(
+        "capturable=True steps in a captured graph, not in backward")),
+    ("clip_global_norm", "step_in_backward", refused(
+        "clip_global_norm needs every gradient first (the norm of all of them)")),
+    ("clip_global_norm", "fsdp2", composes(
+        "each rank sums the squares of its local shards; the split parameters' parts are "
+        "summed across ranks, whole ones counted once: every rank clips by the global norm "
+        "one process would find")),
+    ("clip_global_norm", "ddp", composes(
+        "DDP averages the gradients in backward; step() takes the norm of the averaged "
+        "gradients, the same on every rank, and every rank clips alike")),
+    ("clip_global_norm", "clip_grad_norm", composes(
+        "clip_grad_norm_ scales .grad first, then step() clips the clipped gradients again "
+        "by clip_global_norm (nothing more where it is not smaller): clip with one of them")),
+    ("clip_global_norm", "multi_tensor", composes(
+        "the norm is one sum-of-squares pass per gradient before the launches; the "
+        "multi-tensor lists take the clip factor in their scalars (rescale_grad)")),
+    ("clip_global_norm", "flat", composes(
+        "the sum-of-squares pass reads each parameter's gradient view of the flat buffer; "
+        "the flat run takes the clip factor in its scalars")),
+    ("clip_global_norm", "offload", composes(
+        "every gradient is copied to the host first; the norm is the array library's "
+        "float64 pass over the host gradients, then the buckets step with the clip factor")),
+    ("named_parameters", "fsdp2", composes(
+        "the names are the groups' param_names, as torch keeps them; each rank's local shard "
+        "takes its parameter's name, so the spec's name flags agree on every rank")),
+    ("named_parameters", "torch_state_dict", composes(
+        "state_dict's groups hold 'param_names' as torch's do; load_state_dict takes the "
+        "checkpoint's names (torch's rule) and the spec's name flags follow them")),
+    ("named_parameters", "flat", composes(
+        "name flags stay per parameter when flat=True adopts a group into one buffer: a "
+        "group mixing names steps each parameter by its own flag")),
+    ("named_parameters", "multi_tensor", composes(
+        "name flags pick each parameter's kernel as any flag does; multi-tensor lists hold "
+        "parameters whose kernels agree")),
 ])
 
 # -- everything else -------------------------------------------------------------------

@@ -35,7 +35,7 @@ from .sparse import RowSparse
 
 REPEAT = object()  # a plan entry: the next entries run a hyperparameter's number of times
 # target -> the artifact of specs/_sum_of_squares.py (set by optgen.runtime, which builds)
-SUM_OF_SQUARES: Callable[[str], Any] | None = None
+SUM_OF_SQUARES: Callable[[Any, str, bool], tuple | None] | None = None
 
 
 class Launcher:
@@ -229,20 +229,19 @@ class Launcher:
             self.hooks[1](i)
 
     def squares(self, i: int, g: Any, scale: float) -> float | None:
-        """``sum((scale * g)**2)`` in float64 of parameter ``i``'s dense gradient by the
-        pass of specs/_sum_of_squares.py (backend="reference": the interpreter's); None
-        where launches wait for copies (offload hooks) or ``g`` is on another device."""
+        """``sum((scale * g)**2)`` (summed in float64) of parameter ``i``'s dense gradient
+        by the pass of specs/_sum_of_squares.py (backend="reference": the interpreter's);
+        None where launches wait for copies (offload hooks), ``g`` is on another device
+        or a prebuilt artifact ships no such pass (then the array library's)."""
         s = self.slots[i]
         if SUM_OF_SQUARES is None or self.hooks or \
                 tensors.device(g, s.lib) != tensors.device(s.array, s.lib):
             return None
         dtype = tensors.dtype_name(g, s.lib)
         if dtype not in self.norms:
-            art = SUM_OF_SQUARES(self.artifact.target)
-            k = art.kernel_for(dtype, {})
-            if self.compiled:
-                art.ready(k)
-            self.norms[dtype] = art, k, self.compiled and art.function(k.launches[0]["symbol"])
+            self.norms[dtype] = SUM_OF_SQUARES(self.artifact, dtype, self.compiled)
+        if self.norms[dtype] is None:     # (a prebuilt artifact that ships none)
+            return None
         art, k, fn = self.norms[dtype]
         if not s.numel:
             return 0.0

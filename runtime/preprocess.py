@@ -14,6 +14,11 @@ from . import tensors
 from .sparse import RowSparse
 
 NORM_EPS = 1e-6   # clip coefficient max_norm / (norm + eps), as torch.nn.utils.clip_grad_norm_
+# A kernel forms each square in its dtype (float32 for float32 and 16-bit gradients) and
+# sums in float64; a gradient whose squares overflowed is summed again with its scale
+# times RESCUE: every finite float32 value's square fits then (|x| * 2**-64 < 2**64),
+# and the sum divided by RESCUE**2 (a power of two: exact) is the float64 one.
+RESCUE = 2.0 ** -64
 
 
 def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
@@ -27,8 +32,10 @@ def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
     ``rescale[group]`` is each group's rescale_grad); norm is None when it was not computed (neither clipping nor a
     non-finite check). scale is None (norm NaN) when a gradient is not finite and
     ``nonfinite == "skip"``; with ``"raise"`` that is a FloatingPointError.
-    ``squares(i, g, r)``: a dense gradient's sum of squares times r by a kernel
-    (float64; None: none, then the array library's)."""
+    ``squares(i, g, r)``: the sum of the squares of a dense gradient times r by a kernel
+    (summed in float64, each square in the kernel's dtype: an infinite sum is taken again
+    scaled, so finite float32 gradients give a finite norm; None: no kernel, then the
+    array library's float64 pass)."""
     scale = 1.0 / loss_scale
     if clip_global_norm is None and nonfinite is None:
         return scale, None
@@ -42,6 +49,9 @@ def grad_scale(owner: str, grads: Sequence[Any], slots: Sequence[Any], *,
             continue
         r = rescale[slots[i].group] * scale
         sq = None if squares is None or isinstance(g, RowSparse) else squares(i, g, r)
+        if sq is not None and not math.isfinite(sq):   # an overflow, or a non-finite value
+            again = squares(i, g, r * RESCUE)
+            sq = again / (RESCUE * RESCUE) if again is not None else sq
         parts[shards_.split(shards, i) is None] += \
             tensors.sum_of_squares(*values(i, g)) * r * r if sq is None else sq
     bad = None              # a non-finite gradient (not an overflow of the sum)

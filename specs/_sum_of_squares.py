@@ -1,6 +1,8 @@
-"""The sum of the squares of a scaled gradient's elements, in float64: the runtime's
-``clip_global_norm`` and non-finite check run this spec's reduction pass on every
-gradient (its update, which leaves ``w`` as it is, never runs).
+"""The sum of the squares of a scaled gradient's elements, summed in float64 (each square
+in the kernel's dtype: the runtime takes a gradient again with a scale of 2**-64 where its
+float32 squares overflow): the runtime's ``clip_global_norm`` and non-finite check run
+this spec's reduction pass on every gradient (its update, which leaves ``w`` as it is,
+never runs).
 
     total = sum over the elements of (scale * grad)**2
 """

@@ -130,6 +130,59 @@ def test_replays_read_the_staged_scalars_and_eager_steps_leave_the_graph_buffer_
     assert dev.log.count("idle") == 1 + 6 + 1   # one wait per stage
 
 
+def capture(rows, dev, k):
+    """Capture the step of ``k`` in a graph of its own: the ops it records."""
+    dev.idle()                                # (torch.cuda.graph synchronizes first)
+    dev.is_capturing, dev.graph = True, []
+    try:
+        eager(rows, dev, k)
+    finally:
+        dev.is_capturing = False
+    return dev.graph
+
+
+def test_every_live_capture_replays_the_staged_scalars():
+    """Two graphs captured from one optimizer (say one per input shape) both copy from
+    their own pinned buffer: stage() writes both, so a replay of either reads the staged
+    step's scalars, with eager steps in between. (stage() writing only the newest
+    capture's buffer: the first graph replayed its capture's scalars, or an eager step's.)"""
+    dev = LateDevice()
+    rows = ScalarBuffers("opt", transfers=dev)
+    eager(rows, dev, 0)
+    first = capture(rows, dev, 1)
+    second = capture(rows, dev, 2)
+    for g in (first, second):
+        dev.queue += g
+    want = [0, 1, 2]
+    for k in range(3, 12):
+        rows.staging = True
+        rows.wait()
+        rows.place(("p",), scalars(k), None, "numpy")
+        rows.staging = False
+        dev.queue += first if k % 3 else second
+        want.append(k)
+        if k % 2:                             # eager steps must not touch either graph's
+            eager(rows, dev, 100 + k)         # buffer, however many captures came
+            want.append(100 + k)
+    dev.idle()
+    assert dev.read == [scalars(k).tolist() for k in want]
+
+
+def test_captures_in_a_row_beyond_the_ring_are_an_error():
+    """Each capture keeps one pinned buffer; a fresh one replaces it at the next step or
+    stage outside a capture (a capture may not allocate pinned memory). With no step in
+    between, the ring runs out after RING captures: a CaptureError, not a shared buffer."""
+    dev = LateDevice()
+    rows = ScalarBuffers("opt", transfers=dev)
+    eager(rows, dev, 0)
+    for k in range(RING):
+        capture(rows, dev, k + 1)
+    with pytest.raises(CaptureError, match="captures in a row"):
+        capture(rows, dev, 9)
+    eager(rows, dev, 10)                      # a step outside a capture refills the ring
+    capture(rows, dev, 11)
+
+
 def test_stage_without_a_captured_step_is_an_error():
     dev = LateDevice()
     rows = ScalarBuffers("opt", transfers=dev)

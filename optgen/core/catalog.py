@@ -7,6 +7,10 @@ import os
 import re
 
 _registered: dict[str, str] = {}
+# the global-norm pass (clip_global_norm, the non-finite check): its spec file in specs/,
+# and the folder inside an artifact built with --out that ships its kernels
+SQUARES_SPEC = "_sum_of_squares.py"
+SHIPPED_SQUARES = "_sum_of_squares"
 
 
 def specs_dir() -> str:

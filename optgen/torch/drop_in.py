@@ -49,7 +49,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     base: str | None = None
 
     def __init__(self, params, *, flat: bool = False, **kwargs: Any):
-        params = placement.listed(params)
+        params = placement.listed(params, type(self).__name__, kwargs)
         art = self._prepare(flat, kwargs, params)
         given = groups.alias(art.name, art.hypers, kwargs)
         spec_defaults = {n: h.default for n, h in art.hypers.items()}
@@ -89,7 +89,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
 
     # -- the runtime optimizer behind the torch interface --------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
+        placement.check_names(self._artifact.name, param_group, len(self.param_groups))
+        super().add_param_group(param_group)   # (torch: (name, param) pairs -> param_names)
         if self._flat:
             self._adopt(self.param_groups[-1]["params"])
         self._core = self._rebuild(self._core)
@@ -98,8 +99,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         # would otherwise run a step with lr 0 to create them, which lr > 0 rules refuse)
 
     def _op_lists(self) -> tuple[list, list]:
-        """The parameters and every state tensor, in a fixed order: what ``optgen::step``
-        takes and writes under torch.compile."""
+        """The tensors ``optgen::step`` takes and writes (torch.compile), in a fixed order."""
         states = [v for st in self._core.state for _, v in sorted(st.items())
                   if isinstance(v, torch.Tensor)]
         return list(self._params), states
@@ -120,8 +120,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             raise TypeError(f"{self._artifact.name}: flat=True needs every parameter of a "
                             f"group on one device with one dtype ({e})") from None
         for p, v, g in zip(params, views, grads):
-            p.data = v
-            p.grad = g
+            p.data, p.grad = v, g
         buffer = grads[0].as_strided((sum(g.numel() for g in grads),), (1,),
                                      grads[0].storage_offset())
         self._flat_grads.append((params, grads, buffer))
@@ -166,17 +165,16 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
                   for g in self.param_groups]
         capturable = any(g.get("capturable") for g in self.param_groups)   # (torch forms)
         core = _Core(self._artifact, groups, shards=fsdp.splits(self._params),
+                     param_names=placement.names(self.param_groups), decay_filter=None,
                      **self._options, **({"capturable": True} if capturable else {}))
         if self._offload is not None:
             core.watch(self._offload.ready, self._offload.done)
         if [id(host(p)) for p in self._params] != [id(q) for q in core.params]:
             raise RuntimeError(f"{self._artifact.name}: runtime and param_groups disagree")
-        if old is not None:
-            where = {id(p): i for i, p in enumerate(old.params)}
-            for j, p in enumerate(core.params):
-                if id(p) in where:
-                    i = where[id(p)]
-                    core.adopt(j, old.records[i])
+        where = {} if old is None else {id(p): i for i, p in enumerate(old.params)}
+        for j, p in enumerate(core.params):
+            if id(p) in where:
+                core.adopt(j, old.records[where[id(p)]])
         self._synced = [self._group_hyper(g) for g in self.param_groups]
         self._agreement = torch_agreement.choose(self._agree, core.shards)
         self._dtensors = any(fsdp.is_dtensor(p) for p in self._params)
@@ -396,5 +394,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         core.t = max((s.steps for s in core.records), default=0)
         core.forget_kernels()
         self._synced = [{} for _ in self.param_groups]   # re-send every group's values
+        if self._artifact.name_flags and placement.names(self.param_groups, core.names):
+            self._core = self._rebuild(core)   # (renamed: the name flags follow the names)
+            self._op_tensors = self._op_lists()
         self._sync()
         self._mirror()
