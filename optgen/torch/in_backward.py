@@ -35,7 +35,10 @@ groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a s
 agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
 optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
 parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
-Imports: fsdp.
+What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
+after backward, plain accumulation, the Hugging Face Trainer) is checked before a
+backward's first step by optgen/torch/in_backward_guard.py.
+Imports: fsdp, in_backward_guard.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp
+from . import fsdp, in_backward_guard
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
 
@@ -114,6 +117,7 @@ class StepInBackward:
         self._ddp_stepped: list = []         # parameters a DDP hook stepped this backward
         self._round: Any = None              # the graph task of the open step
         self._index: tuple[Any, dict[int, int]] = (None, {})
+        self._guard = in_backward_guard.Guard(art.name)   # the loop around the backwards
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -177,12 +181,19 @@ class StepInBackward:
         # bucket's step runs, joins that thread: std::terminate at exit)
         self._by_ddp.update((id(p), weakref.ref(ddp_model)) for p in params)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._in_backward:
+            self._guard.looped()   # (the loop calls it: see in_backward_guard.py)
+        super().zero_grad(set_to_none=set_to_none)
+
     # -- the hooks -----------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete: step ``p`` and release the gradient (not inside
         accumulating(), nor for the parameters an attached DDP model steps)."""
-        if self._held or id(p) in self._by_ddp or id(p) not in self._positions():
+        if self._held or id(p) in self._by_ddp or id(p) not in self._positions() or \
+                self._guard.holds():
             return   # (not stepped here; a group whose adding failed: not this optimizer's)
+        self._guard.stepping(self, [p])   # (may refuse: before anything changes)
         in_backward = self._open_round()
         self._step_part([p], [p.grad])
         p.grad = None
@@ -196,9 +207,11 @@ class StepInBackward:
         parameters of the bucket with their averages (views of the bucket)."""
         import torch.distributed as dist
         buffer = bucket.buffer()
+        held = self._held or self._guard.holds()   # (accelerate's sync_each_batch)
         pairs = [(p, g) for p, g in zip(bucket.parameters(), bucket.gradients())
-                 if id(p) in self._by_ddp]
+                 if id(p) in self._by_ddp and not held]
         if pairs:
+            self._guard.stepping(self, [p for p, _ in pairs])
             self._open_round()
         buffer.div_(dist.get_world_size(group))
         done = dist.all_reduce(buffer, group=group, async_op=True).get_future()
@@ -280,6 +293,7 @@ class StepInBackward:
         gradients released; returns the closure's ``loss``."""
         if statistics:
             raise TypeError(f"{self._artifact.name}: {RULE}; step() takes no statistics")
+        self._guard.looped()
         held = [p for p in self._params if p.grad is not None]
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
