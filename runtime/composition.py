@@ -136,7 +136,8 @@ _rows([
         "scaler.step(opt), or step after backward", when="first step")),
     ("attach_ddp", "GradScaler", refused(
         "a bucket's step would take its scaled gradients before GradScaler has seen the "
-        "others (as step_in_backward with GradScaler)", when="first step")),
+        "others (as step_in_backward with GradScaler); use loss_scale=s (a fixed scale, "
+        "divided in each kernel)", when="first step")),
     ("accumulating", "GradScaler", composes(
         "backwards inside accumulating() step nothing and keep their scaled gradients; "
         "scaler.step(opt) unscales them, checks them for inf and NaN and calls "

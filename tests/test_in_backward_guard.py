@@ -210,3 +210,30 @@ def test_hf_trainer_accumulates_with_max_grad_norm_0(tmp_path):
                  gradient_accumulation_steps=2).train()
     assert int(opts[1].state[nets[1].lin.weight]["step"]) == 4
     assert same(weights(nets[0]), weights(nets[1]), 1e-6)
+
+
+def test_the_backward_is_found_from_another_thread():
+    """Hooks of CUDA tensors run on autograd's device threads: the roots and the loop's
+    frames are then read from the thread that runs ``torch.autograd.backward`` (here a
+    hook hands the lookup to a thread of its own)."""
+    import threading
+    from optgen.torch import in_backward_guard as guard
+    net = model()
+    found = []
+
+    def hook(p):
+        t = threading.Thread(target=lambda: found.append(guard._backward_stack()))
+        t.start()
+        t.join()
+
+    net[0].bias.register_post_accumulate_grad_hook(hook)
+    scaled = loss_of(net, 0) * torch.tensor(8.0)
+    _backward_and_clip(scaled)
+    (roots, callers), = found
+    assert len(roots) == 1 and roots[0] is scaled and guard._scaled(roots)
+    assert guard._clipping(callers).f_code is _backward_and_clip.__code__
+
+
+def _backward_and_clip(loss):
+    loss.backward()
+    return torch.nn.utils.clip_grad_norm_

@@ -211,7 +211,7 @@ class StepInBackward:
         pairs = [(p, g) for p, g in zip(bucket.parameters(), bucket.gradients())
                  if id(p) in self._by_ddp and not held]
         if pairs:
-            self._guard.stepping(self, [p for p, _ in pairs])
+            self._guard.stepping(self, [p for p, _ in pairs], "attach_ddp")
             self._open_round()
         buffer.div_(dist.get_world_size(group))
         done = dist.all_reduce(buffer, group=group, async_op=True).get_future()

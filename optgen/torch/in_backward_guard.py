@@ -76,17 +76,19 @@ class Guard:
         return isinstance(shared, dict) and shared.get("sync_gradients", True) is False
 
     @torch.compiler.disable
-    def stepping(self, opt: Any, params: Iterable[torch.Tensor]) -> None:
-        """``params`` of ``opt`` are about to be stepped by this backward: refuse what the
-        loop around it cannot take, before anything changes."""
+    def stepping(self, opt: Any, params: Iterable[torch.Tensor],
+                 by: str = "step_in_backward") -> None:
+        """``params`` of ``opt`` are about to be stepped by this backward (``by`` their
+        hooks, or "attach_ddp": a bucket of an attached DDP model): refuse what the loop
+        around it cannot take, before anything changes."""
         task = torch._C._current_graph_task_id()
         if task == -1 or task != self.task:
             self.task = task
-            self._first_step(opt)
+            self._first_step(opt, by)
         ids = [id(p) for p in params]
         if any(i in self.stepped for i in ids):
             if self.loop_calls:
-                composition.refuse(self.owner, "step_in_backward", "plain_accumulation")
+                composition.refuse(self.owner, by, "plain_accumulation")
             self.twice = True
         self.stepped.update(ids)
 
@@ -99,12 +101,12 @@ class Guard:
             composition.refuse(self.owner, "step_in_backward", "plain_accumulation")
 
     # -- a backward's first step -----------------------------------------------------------
-    def _first_step(self, opt: Any) -> None:
+    def _first_step(self, opt: Any, by: str) -> None:
         roots, callers = _backward_stack()
         if self._unattached(opt):
             composition.refuse(self.owner, "step_in_backward", "ddp")
         if _scaled(roots) and self._scaler_holds_a_scale():
-            composition.refuse(self.owner, "step_in_backward", "GradScaler")
+            composition.refuse(self.owner, by, "GradScaler")
         trainer = _trainer(callers, opt)
         if trainer is not None and (getattr(trainer.args, "max_grad_norm", 0) or 0) > 0:
             composition.refuse(self.owner, "step_in_backward", "hf_trainer")
@@ -112,12 +114,11 @@ class Guard:
             where = _clipping(callers)
             if where is not None:   # (attributed to the loop's line that ran backward)
                 self.warned = True
-                code, text = where.f_code, composition.verdict("step_in_backward",
-                                                               "clip_grad_norm").text
+                code, text = where.f_code, composition.verdict(by, "clip_grad_norm").text
                 names = ", ".join(sorted(CLIPS.intersection(code.co_names)))
                 warnings.warn_explicit(
-                    f"{self.owner}: step_in_backward with clip_grad_norm: {text} ({code.co_name}"
-                    f" names {names})", UserWarning, code.co_filename, where.f_lineno,
+                    f"{self.owner}: {by} with clip_grad_norm: {text} ({code.co_name} names "
+                    f"{names})", UserWarning, code.co_filename, where.f_lineno,
                     module=str(where.f_globals.get("__name__", "")))
 
     def _unattached(self, opt: Any) -> bool:
