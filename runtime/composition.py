@@ -163,6 +163,82 @@ _rows([
 
 # -- the step inside backward against trainers' habits (DDP, GradScaler, clipping, loops)
 _rows([
+    ("step_in_backward", "ddp", refused(
+        "under DistributedDataParallel a gradient is complete only after its bucket's "
+        "all-reduce, which the parameter's hook fires before: each rank would step on its "
+        "own gradient, then DDP would write the average back for opt.step() to step "
+        "again; call opt.attach(ddp_model) once, before the first backward (each bucket "
+        "then steps after its all-reduce)", when="first step")),
+    ("attach_ddp", "ddp", composes(
+        "DDP's communication hook averages each bucket (its all-reduce over the world "
+        "size, as DDP) and then steps the bucket's parameters with the averages; their "
+        "gradients, which DDP writes back at the end of backward, are released then; "
+        "find_unused_parameters=True is refused at attach")),
+    ("step_in_backward", "attach_ddp", composes(
+        "attach is for step_in_backward=True (a ValueError without it): the attached "
+        "model's buckets step its parameters after their all-reduce, the hooks step the "
+        "optimizer's other parameters")),
+    ("attach_ddp", "accumulating", composes(
+        "accumulating() also enters the attached model's no_sync(), so the micro-batch's "
+        "forward must be inside it too; the last micro-batch's backward, outside, "
+        "all-reduces the sums and steps each bucket; opt.step() refuses gradients that "
+        "were never all-reduced")),
+    ("accumulating", "ddp", composes(
+        "backwards inside accumulating() step nothing, so DDP's own all-reduce writes "
+        "each average into .grad as usual and opt.step() steps the sums, as DDP's "
+        "ordinary loop; a backward outside it without opt.attach(ddp_model) is refused")),
+    ("step_in_backward", "GradScaler", refused(
+        "GradScaler.scale(loss) multiplies every gradient by the scale, and its step "
+        "skips the whole update when any gradient is inf or NaN: inside backward each "
+        "parameter would step with its scaled gradient before the others are seen; use "
+        "loss_scale=s (a fixed scale, divided in each kernel; nonfinite='raise' stops at "
+        "an overflow), run every micro-batch inside opt.accumulating() before "
+        "scaler.step(opt), or step after backward", when="first step")),
+    ("attach_ddp", "GradScaler", refused(
+        "a bucket's step would take its scaled gradients before GradScaler has seen the "
+        "others (as step_in_backward with GradScaler); use loss_scale=s (a fixed scale, "
+        "divided in each kernel)", when="first step")),
+    ("accumulating", "GradScaler", composes(
+        "backwards inside accumulating() step nothing and keep their scaled gradients; "
+        "scaler.step(opt) unscales them, checks them for inf and NaN and calls "
+        "opt.step(), which steps the held gradients (or skips, as GradScaler does); no "
+        "memory saving")),
+    ("step_in_backward", "loss_scale", composes(
+        "each parameter's kernel divides its gradient by the fixed scale, as the ordinary "
+        "step does (the same kernel argument); nothing is skipped: nonfinite='raise' "
+        "stops at a non-finite gradient, leaving that parameter as it was")),
+    ("step_in_backward", "clip_grad_norm", refused(
+        "every gradient is released in backward, before clip_grad_norm_ runs: it finds "
+        "none, returns 0 and clips nothing; for a global clip step after backward "
+        "(step_in_backward=False with clip_grad_norm_ or clip_global_norm=); refused "
+        "under the Hugging Face Trainer with max_grad_norm > 0, a warning at the first "
+        "backward when code calling it names clip_grad_norm_", when="first step")),
+    ("attach_ddp", "clip_grad_norm", refused(
+        "each bucket's gradients are released after its step, before clip_grad_norm_ "
+        "runs (as step_in_backward with clip_grad_norm)", when="first step")),
+    ("accumulating", "clip_grad_norm", composes(
+        "backwards inside accumulating() keep their gradients: clip_grad_norm_ after the "
+        "last one clips them and opt.step() steps the clipped gradients")),
+    ("step_in_backward", "plain_accumulation", refused(
+        "each backward outside accumulating() is a step: k micro-batches would take k "
+        "steps with one micro-batch's gradient each; run all but the last micro-batch "
+        "inside opt.accumulating(); seen as a parameter stepped again with no opt.step() "
+        "or zero_grad() since, in a loop that calls them: refused before it is stepped "
+        "(at that call, the first time a loop calls one)", when="first step")),
+    ("attach_ddp", "plain_accumulation", refused(
+        "each backward's buckets all-reduce and step (as step_in_backward with "
+        "plain_accumulation); run all but the last micro-batch inside "
+        "opt.accumulating(), which enters no_sync()", when="first step")),
+    ("accumulating", "plain_accumulation", composes(
+        "accumulating() is the step inside backward's gradient accumulation: backwards "
+        "inside add up their gradients, the next backward outside (or opt.step()) steps "
+        "with the sums, equal to backward() k times then step()")),
+    ("step_in_backward", "hf_trainer", refused(
+        "the Trainer clips after backward by default (max_grad_norm=1.0), when every "
+        "gradient is already released: its clip would clip nothing; with "
+        "max_grad_norm=0 they compose, gradient_accumulation_steps > 1 included "
+        "(accelerate's sync_gradients=False holds the non-final micro-batches as "
+        "accumulating() does); fp16 brings a GradScaler (refused)", when="first step")),
 ])
 
 # -- masters, offload and writes from outside -----------------------------------------

@@ -11,7 +11,9 @@ accumulates two micro-batches (the first one's forward and backward under
 gradients as views of its buckets (``gradient_as_bucket_view=True``) and as copies.
 The single process trains the same model on whole batches with the ordinary step.
 DDP's average of the halves' mean losses' gradients is the whole batch's; the
-parameters must agree to float32 rounding.
+parameters must agree to float32 rounding. First, the DDP model without
+``opt.attach``: the first backward must be refused on each rank, every parameter as
+it was (``unattached``).
 """
 from __future__ import annotations
 
@@ -68,17 +70,36 @@ def train(world: int, rank: int, views: bool = True) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in net.parameters()]
 
 
+def unattached(rank: int) -> str:
+    """The step inside backward under DDP without ``opt.attach(ddp)``: the refusal's
+    message ('' when the backward was not refused); no parameter may have changed."""
+    net = model()
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.002)
+    opt = ot.AdamW(net.parameters(), lr=1e-2, step_in_backward=True)
+    before = [p.detach().clone() for p in net.parameters()]
+    x, y = rows(0, 2, rank)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+    except ValueError as e:
+        assert all(torch.equal(a, p) for a, p in zip(before, net.parameters())), \
+            "a parameter changed before the refusal"
+        assert all(int(s["step"]) == 0 for s in opt.state.values())
+        return str(e)
+    return ""
+
+
 def main() -> None:
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(seconds=60))
     try:
+        refused = unattached(rank)
         params = {views: train(world=2, rank=rank, views=views) for views in (True, False)}
     finally:
         torch.distributed.destroy_process_group()
-    np.savez(out, **{f"{views}-{i}": p for views, ps in params.items()
-                     for i, p in enumerate(ps)})
+    np.savez(out, refused=np.array(refused), **{f"{views}-{i}": p for views, ps in
+                                                params.items() for i, p in enumerate(ps)})
 
 
 if __name__ == "__main__":

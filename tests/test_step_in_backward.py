@@ -328,7 +328,8 @@ def test_ddp_world_2(tmp_path):
     """DDP (gloo, 2 processes, several buckets) with ``opt.attach(ddp)``: each rank
     trains on its half of every global batch, with one accumulated step, with DDP's
     gradients as views of its buckets and as copies; equal to one process on the whole
-    batches with the ordinary step (and no gradient left after a backward)."""
+    batches with the ordinary step (and no gradient left after a backward). Without
+    ``opt.attach``, each rank's first backward is refused before anything changes."""
     import in_backward_ddp_run as run
     single = run.train(world=1, rank=0)   # (first: the ranks then find its kernels built)
     port, env = _free_port(), dict(os.environ, OMP_NUM_THREADS="1")
@@ -347,6 +348,10 @@ def test_ddp_world_2(tmp_path):
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
     for out in outs:
+        with np.load(out) as z:
+            refused = str(z["refused"])
+        assert "step_in_backward with ddp is refused" in refused, refused
+        assert "call opt.attach(ddp_model)" in refused, refused
         for views in (True, False):   # (DDP's gradients as views of its buckets, copies)
             with np.load(out) as z:
                 got = [z[f"{views}-{i}"] for i in range(len(single))]

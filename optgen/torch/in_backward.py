@@ -42,7 +42,10 @@ groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a s
 agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
 optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
 parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
-Imports: fsdp, in_backward_hooks, optgen.runtime.composition.
+What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
+after backward, plain accumulation, the Hugging Face Trainer) is checked before a
+backward's first step by optgen/torch/in_backward_guard.py.
+Imports: fsdp, in_backward_hooks, in_backward_guard, optgen.runtime.composition.
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp, in_backward_hooks as hooks
+from . import fsdp, in_backward_guard, in_backward_hooks as hooks
 from optgen.runtime import composition
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
@@ -110,6 +113,7 @@ class StepInBackward:
         self._stepped: set[int] = set()      # id(p): stepped by its hook this backward
         self._partial: set[int] = set()      # id(p): of those, reached by a nested one after
         self._watched: dict[int, Any] = {}   # id(node): nodes whose end closes the step
+        self._guard = in_backward_guard.Guard(art.name)   # the loop around the backwards
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -172,25 +176,34 @@ class StepInBackward:
         # bucket's step runs, joins that thread: std::terminate at exit)
         self._by_ddp.update((id(p), weakref.ref(ddp_model)) for p in params)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._in_backward:
+            self._guard.looped()   # (the loop calls it: see in_backward_guard.py)
+        super().zero_grad(set_to_none=set_to_none)
+
     # -- the hooks -----------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete: step ``p`` and release the gradient (not inside
-        accumulating(), nor for the parameters an attached DDP model steps, nor where a
-        newer optimizer owns ``p``). In a nested backward (a reentrant checkpoint's) the
-        gradient may be partial: it is held, and the end of the outermost backward steps
-        it; so is ``p`` in the outer backward once a nested one has reached it."""
+        accumulating() or accelerate's non-final micro-batches, nor for the parameters an
+        attached DDP model steps, nor where a newer optimizer owns ``p``). In a nested
+        backward (a reentrant checkpoint's) the gradient may be partial: it is held, and
+        the end of the outermost backward steps it; so is ``p`` in the outer backward once
+        a nested one has reached it. The guard checks the loop before a step."""
         if id(p) in self._by_ddp or id(p) not in self._positions() or \
                 not hooks.owns(self, p):
             return   # (not stepped here; a group whose adding failed: not this optimizer's)
+        held = self._held or self._guard.holds()
         node = hooks.enclosing_node()
         if node is not None:
             with self._part_lock:
                 self._nested.add(id(p))
-                if not self._held:
+                if not held:
                     self._hold(p, node)
             return
-        if self._held:
+        if held:
             return
+        if id(p) not in self._nested:
+            self._guard.stepping(self, [p])   # (may refuse: before anything changes)
         in_backward = self._open_round()
         if in_backward and id(p) in self._nested:
             return   # (held: the end of this backward steps it, see _close_round)
@@ -236,9 +249,11 @@ class StepInBackward:
         parameters of the bucket with their averages (views of the bucket)."""
         import torch.distributed as dist
         buffer = bucket.buffer()
+        held = self._held or self._guard.holds()   # (accelerate's sync_each_batch)
         pairs = [(p, g) for p, g in zip(bucket.parameters(), bucket.gradients())
-                 if id(p) in self._by_ddp]
+                 if id(p) in self._by_ddp and not held]
         if pairs:
+            self._guard.stepping(self, [p for p, _ in pairs], "attach_ddp")
             self._open_round()
         buffer.div_(dist.get_world_size(group))
         done = dist.all_reduce(buffer, group=group, async_op=True).get_future()
@@ -290,6 +305,7 @@ class StepInBackward:
             held = [p for p in self._params if p.grad is not None and
                     id(p) not in self._by_ddp and hooks.owns(self, p)]
             if held:   # (one part; a refusal leaves them and the open step as they are)
+                self._guard.stepping(self, held)
                 self._step_part(held, [p.grad for p in held])
                 for p in held:
                     p.grad = None
@@ -343,6 +359,7 @@ class StepInBackward:
         if statistics:
             raise TypeError(f"{self._artifact.name}: {RULE}; step() takes no statistics")
         self._check_owner("step_in_backward")
+        self._guard.looped()
         held = [p for p in self._params if p.grad is not None]
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
