@@ -262,6 +262,7 @@ _rows([
     ("capturable", "step_in_backward", refused(
         "capturable=True steps in a captured graph, not in backward")),
     ("clip_global_norm", "step_in_backward", refused(
+        "step_in_backward steps each parameter as its gradient completes; "
         "clip_global_norm needs every gradient first (the norm of all of them)")),
     ("clip_global_norm", "fsdp2", composes(
         "each rank sums the squares of its local shards; the split parameters' parts are "

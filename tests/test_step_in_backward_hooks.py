@@ -269,6 +269,7 @@ def test_a_replaced_optimizer():
             torch.nn.functional.mse_loss(net(x), y).backward()
         plain.step()
         plain.zero_grad()
+        new.zero_grad()   # (the loop's habit: nothing held, nothing to release)
         sched.step()
     close(*nets)
     assert float(old.state[nets[1][0].weight]["step"]) == 1
