@@ -246,7 +246,76 @@ _rows([
 ])
 
 # -- checkpoints, state formats, schedule-free ----------------------------------------
+_SF = ("train()/eval() move the stored truth in float32: z read as its values ({z}), "
+       "{master} lerped toward it and stored back in its format, the weight its rounding")
+_TSD = ("state_dict() holds {holds}; load_state_dict restores it exactly (a resumed run "
+        "is the uninterrupted one bit for bit){more}")
 _rows([
+    ("schedule_free", "state_bf16", composes(_SF.format(
+        z="bfloat16 widened", master="the parameter"))),
+    ("schedule_free", "state_q8", composes(_SF.format(
+        z="codes dequantized; z itself is not written", master="the parameter"))),
+    ("schedule_free", "master_split16", composes(_SF.format(
+        z="as stored", master="the split master decoded from the weight and its correction,"
+        " encoded back into both (exact)"))),
+    ("schedule_free", "master_split8", composes(_SF.format(
+        z="as stored", master="the split master decoded from the weight and its correction,"
+        " encoded back into both (within ULP/254)"))),
+    ("schedule_free", "multi_precision", composes(_SF.format(
+        z="as stored", master="the float32 master"))),
+    ("schedule_free", "offload", composes(_SF.format(
+        z="as stored on the host", master="the host master") +
+        "; the device parameter is copied from it")),
+    ("schedule_free", "torch_state_dict", composes(
+        "each group's train_mode is in the state_dict and restored with it; z and the "
+        "master are states like any other (save after eval(), as the authors advise)")),
+    ("state_q8", "torch_state_dict", composes(_TSD.format(
+        holds="q8/q4/fp8 states as their float32 values (torch's names) with their block "
+        "scales beside them (<state>__absmax, which torch.optim ignores)",
+        more=": the values are coded in the saved blocks again; values of another format "
+        "(torch.optim's, float32 states) are quantized anew, with a warning"))),
+    ("state_bf16", "torch_state_dict", composes(_TSD.format(
+        holds="bfloat16 states as they are",
+        more="; float32 states from another optimizer are rounded into them, with a "
+        "warning"))),
+    ("master_split16", "torch_state_dict", composes(_TSD.format(
+        holds="the correction (w__corr); the model's state_dict holds the bfloat16 "
+        "weight: together they are the master",
+        more=" when the model's weights are loaded first (a trainer's order); a float32 "
+        "master's state_dict converts into a split one"))),
+    ("master_split8", "torch_state_dict", composes(_TSD.format(
+        holds="the int8 correction (w__corr) beside the model's bfloat16 weight",
+        more=" when the model's weights are loaded first (a trainer's order)"))),
+    ("multi_precision", "torch_state_dict", composes(_TSD.format(
+        holds="the float32 master ('master'): it, not the bfloat16 weight, is the truth",
+        more=""))),
+    ("offload", "torch_state_dict", composes(_TSD.format(
+        holds="the host states (and masters)",
+        more=": the host copies are taken again from the loaded weights, then the "
+        "states restored"))),
+    ("fsdp2", "torch_state_dict", composes(
+        "state_dict() holds DTensor states (torch.distributed.checkpoint's form); q8/q4/"
+        "fp8 states of sharded parameters are kept in per-shard blocks that a DTensor "
+        "cannot describe: state_dict() refuses them (a ValueError naming opt.save)")),
+    ("state_q8", "hf_trainer", composes(
+        "accelerate's AcceleratedOptimizer round-trips the state_dict at start (exact) and "
+        "the Trainer's optimizer.pt resumes to the uninterrupted run's weights")),
+    ("fsdp2", "reshard_checkpoint", composes(
+        "opt.save(folder) writes each rank's rows; opt.load(folder) reads the rows it "
+        "holds now at any world size, and a process with plain parameters (one process, "
+        "DDP) reassembles every rank's rows")),
+    ("zero1", "reshard_checkpoint", composes(
+        "torch's ZeroRedundancyOptimizer owns the checkpoint: consolidate_state_dict() "
+        "gathers every rank's local state_dict (torch's format) and its load_state_dict "
+        "gives each rank's local optgen optimizer its partition through load_state_dict, "
+        "which restores every state format as with torch_state_dict")),
+    ("state_q8", "reshard_checkpoint", composes(
+        "codes are blocked per shard: loaded at another world size (or by one process), "
+        "each file's rows are dequantized with their own blocks and quantized in the new "
+        "blocks (a warning says so); at the same world size the codes load as saved")),
+    ("master_split16", "reshard_checkpoint", composes(
+        "the correction is elementwise, split in rows like the weight: any world size "
+        "reads its rows exactly")),
 ])
 
 # -- capture, global clip, names -------------------------------------------------------

@@ -333,6 +333,11 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         if self._storage.follow(self._scalars is not None and self._scalars.staging):
             self._launches = None
 
+    def settle(self) -> None:
+        """The parameters' data as it is now belongs to the masters: the caller wrote
+        both (schedule-free's train()/eval()), so it is no write from outside."""
+        self._storage.settle()
+
     def repoint(self, i: int, array: Any) -> None:
         """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard
         or numpy view of a moved tensor); checked as moved data at the next step."""

@@ -3,7 +3,7 @@ CPU mesh), for tests/test_distributed_checkpoint.py, which runs this file in ``w
 processes:
 
     python tests/distributed_ckpt_run.py MODE WORLD RANK PORT OUT.npz
-    # MODE: fail | save | load
+    # MODE: fail | save | load, save:NAME | load:NAME (an optimizer of distributed_run.py)
 
 ``fail``: saves that fail on one rank (rank 1's file write; rank 0's index.json), each
 rank's error and how long it took, under a short process-group timeout so that a rank
@@ -29,8 +29,8 @@ from optgen.runtime import checkpoint
 TIMEOUT_S = 30     # the process group's: an old-style barrier hang ends in this
 
 
-def _model():
-    model, net, opt, x, y = distributed_run.setup("adam", "fsdp")
+def _model(name: str = "adam"):
+    model, net, opt, x, y = distributed_run.setup(name, "fsdp")
     return net, opt, x, y
 
 
@@ -91,15 +91,15 @@ def fail(folder: str) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def save(folder: str) -> dict[str, np.ndarray]:
-    net, opt, x, y = _model()
+def save(folder: str, name: str = "adam") -> dict[str, np.ndarray]:
+    net, opt, x, y = _model(name)
     distributed_run.run_steps(net, opt, x, y, 3)
     opt.save(os.path.join(folder, "ckpt"))
     return {}
 
 
-def load(folder: str) -> dict[str, np.ndarray]:
-    net, opt, x, y = _model()
+def load(folder: str, name: str = "adam") -> dict[str, np.ndarray]:
+    net, opt, x, y = _model(name)
     opened, read = [], checkpoint.load
 
     def counted(path):
@@ -121,7 +121,8 @@ def main() -> None:
         timeout=datetime.timedelta(seconds=TIMEOUT_S))
     folder = os.path.join(os.path.dirname(out), "ckpt")
     try:
-        results = {"fail": fail, "save": save, "load": load}[mode](folder)
+        verb, _, name = mode.partition(":")   # ("save:adam-q8": distributed_run's name)
+        results = {"fail": fail, "save": save, "load": load}[verb](folder, *[name][:bool(name)])
         np.savez(out, **results)
     finally:
         torch.distributed.destroy_process_group()

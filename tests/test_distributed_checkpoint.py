@@ -72,3 +72,39 @@ def test_load_opens_only_the_files_a_rank_needs(saved, loaded, tmp_path):
         for k in then:
             if k.startswith("state/"):
                 np.testing.assert_array_equal(now[k], then[k], err_msg=f"rank {r} {k}")
+
+
+
+@pytest.mark.parametrize("name", ["adam", pytest.param("adam-q8", marks=pytest.mark.exhaustive)])
+def test_fsdp2_save_loads_in_one_plain_process(name, tmp_path):
+    """A folder that two FSDP2 ranks saved loads into one process without a process group
+    (plain tensors, every row its own): its states are the rows of the ranks' files
+    put together (q8: the values of the files' per-shard blocks, quantized again in this
+    process's blocks: within a quantization step)."""
+    import distributed_run
+    from optgen.core import formats
+    from optgen.runtime import checkpoint
+    _launch(f"save:{name}", 2, tmp_path)
+    folder = tmp_path / "ckpt" / "ckpt"
+    files = [checkpoint.load(str(folder / n))
+             for n in json.loads((folder / "index.json").read_text())["files"]]
+    _, _, opt, _, _ = distributed_run.setup(name, "single")
+    opt.load(str(folder))
+    for i, (p, st) in enumerate(zip(opt._params, opt._core.state)):
+        assert float(opt.state[p]["step"]) == 3
+        for n, v in st.items():
+            if n.endswith(formats.ABSMAX) or not isinstance(v, torch.Tensor):
+                continue
+            got, parts = v.numpy(), [f["state"][i][n] for f in files]
+            if n + formats.ABSMAX in st:      # codes: compare the values they read
+                fmt = formats.from_stored(opt._artifact.stored[n])
+                got = fmt.dequantize((got, st[n + formats.ABSMAX].numpy()), tuple(p.shape))
+                parts = [formats.from_stored(f["stored"][i][n]).dequantize(
+                    (c, f["state"][i][n + formats.ABSMAX]), c.shape) for c, f in zip(parts, files)]
+            want = np.concatenate(parts)
+            assert got.shape == want.shape == tuple(p.shape), f"{i}.{n}"
+            if n + formats.ABSMAX in st:
+                np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * np.abs(want).max(),
+                                           err_msg=f"{i}.{n}")
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"{i}.{n}")

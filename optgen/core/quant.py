@@ -151,9 +151,12 @@ def blocks(n: int, block: int = BLOCK) -> int:
     return -(-n // block)
 
 
-def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+def quantize(x: np.ndarray, kind: str, block: int = BLOCK, scales: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 codes, float32 absmax per block) of float32 values: 8-bit codes shaped like
-    ``x``, 4-bit ones packed (``pack``)."""
+    ``x``, 4-bit ones packed (``pack``). ``scales``: each block's absmax as given (the
+    nearest codes of x / absmax; a map whose smallest value is not -1, the signed one,
+    codes a block whose largest magnitude is negative below its absmax), else x's own."""
     flat = np.asarray(x, np.float32).reshape(-1)
     n = flat.size
     absmax = np.zeros(blocks(n, block), np.float32)
@@ -161,7 +164,8 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK) -> tuple[np.ndarray, 
         return np.zeros(np.shape(x) if BITS[kind] == 8 else (0,), np.uint8), absmax
     pad = np.zeros(absmax.size * block, np.float32)
     pad[:n] = flat
-    absmax[:] = np.max(finite_magnitude(pad).reshape(-1, block), axis=1)
+    absmax[:] = np.max(finite_magnitude(pad).reshape(-1, block), axis=1) if scales is None \
+        else np.asarray(scales, np.float32).reshape(-1)
     scale = np.repeat(absmax, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         norm = np.where((scale > 0) & ~np.isnan(flat),

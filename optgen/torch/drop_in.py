@@ -384,7 +384,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         state_dict = self._optgen_form(state_dict)
         core = self._core
         plan = state_load.plan(self._artifact.name, state_dict, self.param_groups,
-                               self._params, core.state, self._artifact.state_format)
+                               self._params, core.state, self._artifact.state_format,
+                               self._artifact.stored)
         super().load_state_dict(state_dict)
         if self._offload is not None:   # the model's weights may have been loaded before
             self._offload.refresh(self._params)

@@ -5,8 +5,10 @@ The torch_* specs keep torch's state names, so the conversion is small: per para
 scalar states (NAdam's ``mu_product``, ASGD's ``eta``/``mu``) as 0-d tensors, and what
 a class's ``_torch_record`` / ``_optgen_record`` change (a state torch holds only
 sometimes, Adafactor's factored shapes). Group keys are torch's on both sides already.
-States are copied on the way out (torch.optim steps its tensors in place), q8/q4
-codes dequantized (format.py). Imports: format.
+States are copied on the way out (torch.optim steps its tensors in place); q8/q4/fp8
+codes are written as their float32 values with their block scales beside them
+(``<state>__absmax``, which torch.optim keeps and ignores): loading them back codes the
+values in those blocks again, exactly (state_load.reformat). Imports: torch_checkpoints.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
 from .torch_checkpoints import full_precision
-from optgen.core.formats import ABSMAX
 
 
 def to_torch(opt: Any, sd: dict[str, Any]) -> dict[str, Any]:
@@ -28,9 +29,9 @@ def to_torch(opt: Any, sd: dict[str, Any]) -> dict[str, Any]:
     for pid, rec in sd["state"].items():
         new: dict[str, Any] = {}
         for k, v in rec.items():
-            if k == "step" or k.endswith(ABSMAX):
+            if k == "step":
                 continue
-            # (q8/q4 codes dequantized to float32: torch.optim has no 8-bit states)
+            # (q8/q4/fp8 codes as float32 values, their block scales kept: exact back)
             new[k] = full_precision(k, v, rec, opt._artifact.stored, shapes.get(pid)) \
                 if isinstance(v, torch.Tensor) else \
                 torch.tensor(float(v), dtype=_get_scalar_dtype())

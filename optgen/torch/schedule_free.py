@@ -9,18 +9,24 @@ x to y (``p.lerp_(z, 1 - beta1)``), ``eval()`` moves those in train mode back to
 (x = y = z there). ``step()`` outside train mode is a RuntimeError. The authors advise
 ``eval()`` before saving a checkpoint and before evaluating.
 
-With ``multi_precision`` or ``offload`` the switch moves the master copy (in its own
-dtype) and rounds it into the parameter, as a step does.
-Imports: drop_in.
+The switch moves the stored truth, in float32, with every state and master format:
+``z`` is read as its values (bf16 widened, q8/q4/fp8 codes dequantized: ``z`` itself is
+not written), the master is the float32 copy (``multi_precision``, ``offload``), the
+split master decoded from the weight and its correction (``master_format``: encoded
+back into both), or the parameter; the moved master is rounded into the parameter as a
+step rounds it. Imports: drop_in.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from . import fsdp
 from .drop_in import OptgenOptimizer
-from optgen.runtime import catalog
+from optgen.core import formats
+from optgen.runtime import catalog, state, tensors
 
 
 class AdamWScheduleFree(OptgenOptimizer):
@@ -62,21 +68,58 @@ class AdamWScheduleFree(OptgenOptimizer):
         self._switch(False)
 
     def _switch(self, train: bool) -> None:
+        self._follow()   # (weights written since the last step win first, as at a step)
+        index = {id(p): i for i, p in enumerate(self._params)}
         for group in self.param_groups:
             if group["train_mode"] == train:
                 continue
             beta1 = float(group["betas"][0])
             weight = 1 - beta1 if train else 1 - 1 / beta1
             for p in group["params"]:
-                state = self.state[p]
-                if float(state.get("step", 0)) == 0:   # no z yet: x = y = z
+                i = index[id(p)]
+                if self._core.records[i].steps == 0:   # no z yet: x = y = z
                     continue
-                held = state.get("master", self._runtime_tensor(p))   # the stepped copy
-                held.lerp_(state["z"].to(held.device), weight)
-                if held is not p:
-                    p.copy_(held)
+                self._move(p, i, weight)
             group["train_mode"] = train
+        self._core.settle()   # (the weights written here are the masters' own)
         self._note_modes()
+
+    def _move(self, p: torch.Tensor, i: int, weight: float) -> None:
+        """Parameter ``i``'s master lerped toward z by ``weight`` in float32, stored back
+        in its format, and rounded into the parameter."""
+        st, x = self._core.state[i], self._runtime_tensor(p)   # (x: what the kernels step)
+        z = self._values(i, "z", x)
+        if formats.CORRECTION in st:      # split master: (bfloat16 weight, correction)
+            fmt = formats.master(self._artifact.state_format)
+            corr = st[formats.CORRECTION]
+            theta = fmt.family.decode(fmt, tensors.to_numpy(x, "torch"),
+                                      corr.detach().cpu().numpy())
+            moved = torch.from_numpy(np.asarray(theta, np.float32)).to(x.device).lerp_(z, weight)
+            w, c = fmt.family.encode(fmt, moved.cpu().numpy())
+            tensors.copy_into(x, "torch", w)
+            corr.copy_(torch.from_numpy(np.asarray(c)))
+        elif state.MASTER in st:          # a float32 master (multi_precision)
+            st[state.MASTER].lerp_(z.to(st[state.MASTER].device), weight)
+            x.copy_(st[state.MASTER])
+        elif x.dtype == torch.float32:
+            x.lerp_(z, weight)
+        else:                             # a low-precision weight stepped as it is
+            x.copy_(x.float().lerp_(z, weight))
+        if x is not fsdp.local(p):        # (offload: the device parameter from its host copy)
+            p.copy_(x)
+
+    def _values(self, i: int, name: str, like: torch.Tensor) -> torch.Tensor:
+        """State ``name`` of parameter ``i`` as float32 values on ``like``'s device:
+        block-quantized codes dequantized, a cast format widened."""
+        st = self._core.state[i]
+        v = st[name]
+        if name + formats.ABSMAX in st:
+            fmt = formats.from_stored(self._artifact.stored[name])
+            values = fmt.dequantize((v.detach().cpu().numpy(),
+                                     st[name + formats.ABSMAX].detach().cpu().numpy()),
+                                    tuple(like.shape))
+            return torch.from_numpy(np.asarray(values, np.float32)).to(like.device)
+        return v.detach().to(device=like.device, dtype=torch.float32)
 
     @torch.no_grad()
     def step(self, closure=None, **statistics):

@@ -18,7 +18,8 @@ no index names (earlier saves').
 Loading (a folder, or one file that ``save`` wrote without DTensor parameters): each
 rank reads ``index.json`` and only the files it needs (those holding rows
 it holds now; with equal world sizes its own rank's file) and checks what it would
-load; the ranks agree, and every rank loads or none does (a ShardedCheckpointError on
+load (a process with plain parameters, without a process group or under DDP or
+ZeRO-1, holds every row: it reads every file that holds rows); the ranks agree, and every rank loads or none does (a ShardedCheckpointError on
 every rank naming the failing ranks' errors; nothing changes).
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 
 from optgen.core import formats, views
 from optgen.runtime import checkpoint, owned, shards as runtime_shards, tempfiles
-from .fsdp import is_dtensor, local, rows, sharded
+from .fsdp import local, rows, sharded
 
 FORMAT = 2
 INDEX = "index.json"
@@ -212,8 +213,9 @@ def _read(core: Any, params: list, kinds: dict[str, str], folder: str, rank: int
               params=[dict(e) for e in first["params"]])
     for i, p in enumerate(params):
         whole = _held(core, sd, i, p, kinds, part, len(files))
-        if not is_dtensor(p) or (rows(p) is None and held[base][i] is None):
+        if p.ndim == 0 or (rows(p) is None and held[base][i] is None):
             continue        # whole here and in the checkpoint: every file has it
+        # (a plain tensor, in a process without DTensors: every row is its own)
         mine = rows(p) or (0, p.shape[0])
         # the files holding these rows (a parameter saved whole: the first file)
         here = [(part(r), span) for r, span in spans[i]] if any(
@@ -257,9 +259,9 @@ def _held(core: Any, sd: dict, i: int, p: Any, kinds: dict[str, str],
 def _spans(p: Any, i: int, held: list) -> list[tuple[int, tuple[int, int]]]:
     """(rank, rows) of the files holding rows of parameter ``i`` that this rank holds
     now (or exactly its rows: an empty shard's per-shard blocks)."""
-    if not is_dtensor(p):
+    if p.ndim == 0:
         return []
-    mine = rows(p) or (0, p.shape[0])
+    mine = rows(p) or (0, p.shape[0])   # (held whole: a DTensor or a plain tensor)
     out = []
     for r, h in enumerate(held):
         if h[i] is None:

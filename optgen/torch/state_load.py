@@ -20,12 +20,13 @@ from optgen.runtime import state, tensors
 
 
 def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any]],
-         params: list, states: list[dict[str, Any]], fmt: dict[str, str] | None = None
-         ) -> list[tuple[int, dict[str, Any]]]:
+         params: list, states: list[dict[str, Any]], fmt: dict[str, str] | None = None,
+         stored: dict[str, str] | None = None) -> list[tuple[int, dict[str, Any]]]:
     """(parameter index, saved record) of every parameter ``state_dict`` holds a state
     for, each checked against ``states`` (the runtime's); a saved master of another
-    form (float32, split: ``fmt`` is the artifact's format dict) converted first, with
-    one warning line."""
+    form (float32, split: ``fmt`` is the artifact's format dict) and saved states of
+    another state format (``stored``: the artifact's, ``reformat``) converted first,
+    with one warning line."""
     saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
     if len(saved_groups) != len(param_groups) or any(
             len(a["params"]) != len(b["params"])
@@ -40,6 +41,7 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
                 continue
             i, rec = index[id(p)], saved_state[pid]
             rec = _remaster(rec, states[i], p, fmt or {}, converted)
+            rec = reformat(name, i, rec, states[i], stored or {}, converted)
             want = set(states[i]) | {"step"}
             if set(rec) - {formats.PARAM} != want:
                 raise ValueError(f"{name}: state_dict state of parameter "
@@ -54,6 +56,61 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
         warnings.warn(f"{name}: state_dict states converted to this optimizer's state "
                       f"format ({', '.join(sorted(converted))})", stacklevel=3)
     return out
+
+
+def reformat(name: str, i: int, rec: dict[str, Any], mine: dict[str, Any],
+             stored: dict[str, str], converted: set[str]) -> dict[str, Any]:
+    """Parameter ``i``'s saved record with each tensor state in this optimizer's format
+    (``mine``: its states; ``stored``: the artifact's formats of its block-quantized ones):
+    values (float32, bfloat16: torch's format, another optimizer's) of a state kept as
+    codes are coded in this optimizer's blocks, with the saved block scales where the
+    record holds them and they give the values back exactly (the codes they came from),
+    else with their own (a conversion); values of a state kept as values are cast to its
+    dtype (a conversion where it differs), their block scales dropped. Codes of a state
+    kept as values are refused: an optgen-format record does not say its format."""
+    out = dict(rec)
+    for n, v in mine.items():
+        got = out.get(n)
+        if n.endswith(formats.ABSMAX) or not isinstance(v, torch.Tensor) or \
+                not isinstance(got, torch.Tensor):
+            continue
+        here = fsdp.local(got).detach()
+        if n + formats.ABSMAX in mine and here.is_floating_point():
+            out[n], out[n + formats.ABSMAX] = _coded(here, out.get(n + formats.ABSMAX),
+                                                     mine[n + formats.ABSMAX],
+                                                     formats.from_stored(stored[n]), converted)
+        elif n + formats.ABSMAX not in mine and not here.is_floating_point() and \
+                v.is_floating_point():
+            raise ValueError(f"{name}: state_dict state {i}.{n} holds block-quantized codes "
+                             f"({here.dtype}), which an optgen-format state_dict keeps "
+                             f"without their format; this optimizer keeps {n} as {v.dtype}: "
+                             "load it into an optimizer of the same state_format, or carry "
+                             "it as values (a torch form's state_dict(), opt.save(path))")
+        elif n + formats.ABSMAX not in mine:
+            out.pop(n + formats.ABSMAX, None)   # (values with their codes' block scales)
+            if here.is_floating_point() and here.dtype != v.dtype:
+                out[n] = here.to(v.dtype)
+                converted.add(f"{_dtype(here)} -> {_dtype(v)}")
+    return out
+
+
+def _coded(values: torch.Tensor, scales: Any, like: torch.Tensor, fmt: Any,
+           converted: set[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, block scales) of ``values`` in ``fmt``: with the saved ``scales`` when
+    they code the values back exactly, else with the values' own (a conversion)."""
+    x = values.float().cpu().numpy()
+    if isinstance(scales, torch.Tensor) and tuple(fsdp.local(scales).shape) == tuple(like.shape):
+        codes = fmt.quantize(x, fsdp.local(scales).detach().float().cpu().numpy())
+        back = np.asarray(fmt.dequantize(codes, x.shape), np.float32)
+        if np.array_equal(back.view(np.uint32), x.view(np.uint32)):
+            return torch.from_numpy(codes[0]), torch.from_numpy(codes[1])
+    codes = fmt.quantize(x)
+    converted.add(f"{_dtype(values)} -> {fmt.name}")
+    return torch.from_numpy(codes[0]), torch.from_numpy(codes[1])
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
 
 
 def _remaster(rec: dict[str, Any], mine: dict[str, Any], p: Any, fmt: dict[str, str],

@@ -113,12 +113,15 @@ def to_optgen(name: str, groups: list[dict], sd: dict[str, Any]) -> dict[str, An
                 for pid, p in zip(sg["params"], g["params"])}
     state = {}
     for pid, rec in sd["state"].items():
-        unknown = sorted(set(rec) - set(states) - {"step"})
+        unknown = sorted(k for k in set(rec) - set(states) - {"step"}
+                         if not (k.endswith(ABSMAX) and k[:-len(ABSMAX)] in states))
         if unknown or ("step" not in rec and name != "sgd"):
             raise ValueError(f"{name}: state of parameter {pid} in the torch.optim checkpoint "
                              f"has {sorted(rec)}; torch.optim.{cls} (as optgen converts it) "
                              f"keeps {sorted(set(states) | {'step'})}")
         new = {states.get(k, k): v for k, v in rec.items()}
+        new.update((states[k[:-len(ABSMAX)]] + ABSMAX, v) for k, v in rec.items()
+                   if k.endswith(ABSMAX) and k[:-len(ABSMAX)] in states)
         if name == "sgd":   # (torch keeps None where momentum was off: no buffer yet)
             buf = new.get("momentum_buffer")
             new[SGD_STARTED] = torch.tensor(0.0 if buf is None else 1.0, dtype=torch.float64)
@@ -134,7 +137,9 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
     """The drop-in's state_dict ``sd`` in torch.optim's format: ``torch.optim.<cls>``
     loads it and continues the run. q8/q4 states (codes and ``<state>__absmax``;
     ``stored`` names their maps) are written dequantized, as float32, shaped as the
-    parameter (``shapes`` by state_dict index): torch.optim has no 8-bit states."""
+    parameter (``shapes`` by state_dict index): torch.optim has no 8-bit states; their
+    block scales go beside them (``<torch name>__absmax``, which torch.optim ignores),
+    so that loading the values back gives the codes again."""
     cls, states, keys = _format(name, "writing a torch.optim checkpoint")
     back = {ours: theirs for theirs, ours in states.items()}
     back_keys = {ours: theirs for theirs, ours in keys.items()}
@@ -147,6 +152,8 @@ def to_torch(name: str, sd: dict[str, Any], stored: dict[str, str] | None = None
         # are, and two optimizers stepping one state tensor in place would corrupt both
         new = {back[k]: full_precision(k, v, rec, stored or {}, (shapes or {}).get(pid))
                for k, v in rec.items() if k in back}
+        new.update((back[k] + ABSMAX, torch.as_tensor(rec[k + ABSMAX]).detach().clone())
+                   for k in back if k + ABSMAX in rec)   # (block scales: exact back)
         if name == "sgd":
             if not float(rec.get(SGD_STARTED, 0.0)):
                 new["momentum_buffer"] = None

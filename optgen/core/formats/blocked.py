@@ -112,8 +112,9 @@ class BlockQuantized(StateFormat):
         (name, blocks), = self.companions(fmt, state, n).items()
         return {state: codes, name: fill(blocks, absmax, "float32")}
 
-    def quantize(self, fmt: Format, values: np.ndarray) -> tuple[np.ndarray, ...]:
-        return quant.quantize(values, fmt.map, fmt.block)
+    def quantize(self, fmt: Format, values: np.ndarray, scales: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, ...]:
+        return quant.quantize(values, fmt.map, fmt.block, scales)
 
     def dequantize(self, fmt: Format, stored: tuple[np.ndarray, ...], shape: tuple[int, ...]
                    ) -> np.ndarray:

@@ -92,7 +92,8 @@ class BlockScaledFp8(BlockQuantized):
     maps = {SIGNED: "fp8", ROOT: "fp8"}
 
     # -- numpy ------------------------------------------------------------------------
-    def quantize(self, fmt: Format, values: np.ndarray) -> tuple[np.ndarray, ...]:
+    def quantize(self, fmt: Format, values: np.ndarray, scales: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, ...]:
         flat = np.asarray(values, np.float32).reshape(-1)
         n, block = flat.size, fmt.block
         scale = np.zeros(-(-n // block), np.float32)
@@ -105,7 +106,8 @@ class BlockScaledFp8(BlockQuantized):
         if root:
             absmax = np.sqrt(absmax)
         scale[:] = np.where(absmax > 0, np.maximum(absmax / np.float32(MAX),
-                                                   np.float32(MIN_SCALE)), np.float32(0))
+                                                   np.float32(MIN_SCALE)), np.float32(0)) \
+            if scales is None else np.asarray(scales, np.float32).reshape(-1)
         # x times the block's 1 / scale, as the kernels do: one division a block instead
         # of one an element (1 where the scale is 0: the block's finite values are 0)
         inv = np.float32(1) / np.where(scale > 0, scale, np.float32(1))

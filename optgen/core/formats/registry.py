@@ -65,9 +65,14 @@ class Format:
         """The stored arrays (the state and its companions) of a state at ``init``."""
         return self.family.allocate(self, state, init, shape, fill)
 
-    def quantize(self, values: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The stored arrays of float32 ``values``: (codes, absmax) when blocked."""
-        return self.family.quantize(self, values)
+    def quantize(self, values: np.ndarray, scales: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, ...]:
+        """The stored arrays of float32 ``values``: (codes, absmax) when blocked, coded
+        with the given block ``scales`` (the companion as stored) instead of the values'
+        own where given (a checkpoint's values read back into its codes)."""
+        if scales is None:
+            return self.family.quantize(self, values)
+        return self.family.quantize(self, values, scales)
 
     def dequantize(self, stored: tuple[np.ndarray, ...], shape: tuple[int, ...]
                    ) -> np.ndarray:
