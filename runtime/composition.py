@@ -316,6 +316,17 @@ _rows([
     ("master_split16", "reshard_checkpoint", composes(
         "the correction is elementwise, split in rows like the weight: any world size "
         "reads its rows exactly")),
+    ("master_split8", "reshard_checkpoint", composes(
+        "the 8-bit correction is elementwise, split in rows like the weight: any world "
+        "size reads its rows exactly")),
+    ("multi_precision", "reshard_checkpoint", composes(
+        "the float32 master is elementwise, split in rows like the weight: any world size "
+        "reads its rows exactly")),
+    ("state_bf16", "reshard_checkpoint", composes(
+        "bf16 states are elementwise (no blocks): any world size reads its rows exactly")),
+    ("schedule_free", "reshard_checkpoint", composes(
+        "z (and the master the switch moves) are elementwise states: any world size reads "
+        "its rows; train()/eval() mode is the optimizer's, set again after loading")),
 ])
 
 # -- capture, global clip, names -------------------------------------------------------
