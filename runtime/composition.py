@@ -326,7 +326,7 @@ _rows([
         "bf16 states are elementwise (no blocks): any world size reads its rows exactly")),
     ("schedule_free", "reshard_checkpoint", composes(
         "z (and the master the switch moves) are elementwise states: any world size reads "
-        "its rows; train()/eval() mode is the optimizer's, set again after loading")),
+        "its rows; each group's train_mode is in the checkpoint, as in schedulefree")),
 ])
 
 # -- capture, global clip, names -------------------------------------------------------
