@@ -14,6 +14,7 @@ from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from .kernel_ir import KernelIR
 from .lower_bits import nan_bits, stochastic
+from . import scratch as _scratch
 from .specialize import MASTER_DTYPE
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -70,6 +71,8 @@ class LoweredKernel(formats.FormattedKernel):
     tabled: list[LoweredBuffer] = field(default_factory=list)  # "multi": table columns
     role: str = "launch"        # which manifest slot runs it: "launch" (launches[launch]
     launch: int | None = None   # ["symbol"]), "seg"/"mt" (its "seg/mt_symbol"), "lazy"
+    scratch: list[str] = field(default_factory=list)  # values bound through memory
+                                # (optgen.compiler.scratch), in the compute dtype
 
     @property
     def blocked(self) -> bool:
@@ -305,12 +308,22 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return out
         return f"{_CALL[e.op]}({', '.join(a)})"
 
+    size: dict[int, int] = {}    # unfolded tree size of each value since the last load
+    scratch: list[str] = []
+
+    def unfolded(e: Expr) -> int:
+        if e.op in ("const", "hyper") or id(e) in red_of or id(e) in early_of:
+            return 1
+        exponent = e.args[1].value if e.op == "pow" and e.args[1].op == "const" else None
+        return 1 + _scratch.uses(e.op, exponent) * sum(size.get(id(a), 1) for a in e.args)
+
     def emit(roots: list[Expr]) -> None:
         order = list(walk(roots, stop=stop))
         lazy = _branch_only_powers(order, roots, stop)
         for k, e in enumerate(order):
             if e.op in ("const", "hyper") or id(e) in names:
                 continue
+            size[id(e)] = 1 if e.op in ("param", "grad", "state", "buf") else unfolded(e)
             if id(e) in lazy:     # rendered inside its where's branch (see below)
                 names[id(e)] = render(e)
                 continue
@@ -339,6 +352,11 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
                 names[id(e)] = render(e)
                 continue
             names[id(e)] = f"v{k}"
+            if size[id(e)] > _scratch.LIMIT:    # a leaf to TVM's analyzer from here on
+                scratch.append(f"{_scratch.PREFIX}{k}")
+                body.extend(_scratch.barrier(scratch[-1], f"v{k}", render(e)))
+                size[id(e)] = 1
+                continue
             body.append(f"v{k}: T.let = {render(e)}")
 
     def lbuf(name: str) -> LoweredBuffer:
@@ -369,7 +387,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
                              [lbuf(b) for b in buffers], list(kir.scalars), body,
                              acc=accs[0][0], red=accs[0][1], op=accs[0][2],
                              reduced=ln.node.name, also=accs[1:],
-                             writes=[*ln.outputs, *(r for _, r in pairs)])
+                             writes=[*ln.outputs, *(r for _, r in pairs)], scratch=scratch)
     # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
     outs = ln.values if ln.values is not None else \
         {n: e for n, e in ((n, kir.tensor_updates[n]) for n in ln.outputs)
@@ -380,5 +398,5 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
     return LoweredKernel(symbol, dtype, "update", view, ln.space,
                          [lbuf(b) for b in buffers], list(kir.scalars), body,
                          writes=list(outs) + ([corr] if split and "w" in outs else []),
-                         quant=dict(kir.quant), quant_block=kir.quant_block)
+                         quant=dict(kir.quant), quant_block=kir.quant_block, scratch=scratch)
 

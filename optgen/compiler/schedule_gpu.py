@@ -41,6 +41,7 @@ import numpy as np
 
 from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
+from .scratch import folded
 from .templates import render
 
 THREADS = 256          # threads per block
@@ -110,6 +111,8 @@ def _decompose(idx: str, axes: str) -> list[str]:
 
 def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
     """TVMScript of pass ``k`` and the grid of each device kernel it becomes."""
+    if not (k.kind == "update" and k.view != "multi" and not k.blocked):
+        k = folded(k)    # (only kernel_gpu_update.py.j2 allocates scratch buffers)
     ctx = dict(k=k, acc=acc_dtype, threads=THREADS, align=np.dtype(k.dtype).itemsize)
     if k.blocked:   # one block per quant block (a power of two >= 32); 4-bit
         mids = nibble_midpoints(k)                  # states: a thread packs its pairs

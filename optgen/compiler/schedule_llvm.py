@@ -13,6 +13,7 @@ import numpy as np
 from optgen.core import quant
 from .lower import LoweredKernel, nibble_midpoints
 from .matmul import MatmulPass, schedule_matmul
+from .scratch import folded
 from .templates import render
 from .tvm_backend import host_has
 
@@ -25,12 +26,15 @@ REDUCE_CHUNKS = 64               # fixed chunk count of whole-tensor reductions 
 REDUCE_LANES = 16                # float64 partial sums per chunk, at most (float32: 16 lanes)
 REDUCE_CHAINS = 4                # independent accumulators per chunk (additions overlap)
 RED_SCALAR_SIZE = 1 + REDUCE_CHUNKS * REDUCE_LANES   # size of a per-parameter reduction buffer
+SCRATCH_VIEWS = ("flat", "lazy", "multi")   # update templates with scratch buffers
 
 
 def schedule(k: LoweredKernel, vector: bool = True) -> str:
     """``vector=False`` gives one-element "vectors" (the C target: scalar loops)."""
     itemsize = np.dtype(k.dtype).itemsize
     vec = VECTOR_BYTES // itemsize if vector else 1
+    if not (k.kind == "update" and k.view in SCRATCH_VIEWS and not k.blocked):
+        k = folded(k)    # (its template allocates no scratch buffers)
     if k.kind == "matmul":
         m = k.matmul
         return schedule_matmul(MatmulPass(
