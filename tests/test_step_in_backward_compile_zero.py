@@ -111,6 +111,7 @@ def test_zero1_refuses_step_in_backward_at_construction(tmp_path):
                        capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ("ValueError: torch_adamw: step_in_backward steps each parameter as its gradient "
-            "completes; under ZeroRedundancyOptimizer (ZeRO-1)") in r.stdout, r.stdout
+    assert ("ValueError: torch_adamw: step_in_backward with zero1 is refused: step_in_backward "
+            "steps each parameter as its gradient completes; under ZeroRedundancyOptimizer "
+            "(ZeRO-1)") in r.stdout, r.stdout
     assert "plain ZeRO steps: True" in r.stdout, r.stdout

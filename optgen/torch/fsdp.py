@@ -26,6 +26,7 @@ Replicated DTensors are whole on every rank and take any rule.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -33,14 +34,16 @@ import torch
 from optgen.runtime import exchange, owned, shards
 from optgen.core import views
 
-try:
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:   # a torch built without torch.distributed
-    DTensor = Replicate = Shard = None
+
+def _dtensor() -> Any:
+    """torch.distributed.tensor where it is imported (None otherwise): a DTensor exists
+    only once its module is, so ``import optgen.torch`` does not import it (0.5-0.8 s)."""
+    return sys.modules.get("torch.distributed.tensor")
 
 
 def is_dtensor(t: Any) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    m = _dtensor()
+    return m is not None and isinstance(t, m.DTensor)
 
 
 def local(t: Any) -> Any:
@@ -51,8 +54,9 @@ def local(t: Any) -> Any:
 def sharded(p: Any) -> bool:
     """Whether this rank holds only part of ``p`` (a placement other than Replicate over
     a mesh dimension with more than one rank)."""
-    return is_dtensor(p) and any(not isinstance(pl, Replicate) and p.device_mesh.size(d) > 1
-                                 for d, pl in enumerate(p.placements))
+    return is_dtensor(p) and any(
+        not isinstance(pl, _dtensor().Replicate) and p.device_mesh.size(d) > 1
+        for d, pl in enumerate(p.placements))
 
 
 def mesh_key(mesh: Any) -> tuple:
@@ -91,9 +95,10 @@ def _reduces(artifact: Any) -> bool:
 def _split_dim(p: Any) -> int | None:
     """The mesh dimension a parameter's first dimension is split on, when that is its
     only split (``Shard(0)``); None otherwise."""
+    dt = _dtensor()
     cut = [d for d, pl in enumerate(p.placements)
-           if not isinstance(pl, Replicate) and p.device_mesh.size(d) > 1]
-    if len(cut) == 1 and isinstance(p.placements[cut[0]], Shard) and \
+           if not isinstance(pl, dt.Replicate) and p.device_mesh.size(d) > 1]
+    if len(cut) == 1 and isinstance(p.placements[cut[0]], dt.Shard) and \
             p.placements[cut[0]].dim == 0:
         return cut[0]
     return None
@@ -204,21 +209,22 @@ def shown(p: Any, state: Any, kind: str = "param") -> Any:
     runtime/owned.py)."""
     if not is_dtensor(p) or not isinstance(state, torch.Tensor) or kind in owned.WHOLE_MATRIX:
         return state
+    dt = _dtensor()
     if kind not in ("row", "col") or tuple(state.shape) == tuple(p._local_tensor.shape):
         if tuple(state.shape) != tuple(p._local_tensor.shape):
             return state
-        return DTensor.from_local(state, p.device_mesh, p.placements, run_check=False,
-                                  shape=p.shape, stride=p.stride())
+        return dt.DTensor.from_local(state, p.device_mesh, p.placements, run_check=False,
+                                     shape=p.shape, stride=p.stride())
     axes = "br" if kind == "row" else "bc"
     split = shards.axis_of_dim0(p.ndim) in axes
-    placements = [pl if isinstance(pl, Shard) and pl.dim == 0 and split else Replicate()
+    placements = [pl if isinstance(pl, dt.Shard) and pl.dim == 0 and split else dt.Replicate()
                   for pl in p.placements]
-    if any(isinstance(pl, Shard) and pl.dim != 0 for pl in p.placements):
+    if any(isinstance(pl, dt.Shard) and pl.dim != 0 for pl in p.placements):
         return state          # (no row/column rule runs on such a split: see check)
     shape = views.state_shape(tuple(p.shape), kind)
     stride = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-    return DTensor.from_local(state, p.device_mesh, placements, run_check=False,
-                              shape=torch.Size(shape), stride=stride)
+    return dt.DTensor.from_local(state, p.device_mesh, placements, run_check=False,
+                                 shape=torch.Size(shape), stride=stride)
 
 
 # -- for sharded checkpoints (optgen/torch/sharded_checkpoint.py) ----------------------

@@ -45,7 +45,7 @@ parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable`
 What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
 after backward, plain accumulation, the Hugging Face Trainer) is checked before a
 backward's first step by optgen/torch/in_backward_guard.py.
-Imports: fsdp, in_backward_hooks, in_backward_guard, optgen.runtime.composition.
+Imports: eager, fsdp, in_backward_hooks, in_backward_guard, optgen.runtime.composition.
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ import torch
 from torch.autograd import Variable
 
 from . import fsdp, in_backward_guard, in_backward_hooks as hooks
+from .eager import eager
 from optgen.runtime import composition
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
@@ -242,7 +243,7 @@ class StepInBackward:
         if not all(hooks.owns(self, p) for p in self._params):
             composition.refuse(self._artifact.name, item, "replaced_optimizer")
 
-    @torch.compiler.disable
+    @eager
     def _bucket_ready(self, bucket: Any, group: Any) -> torch.futures.Future:
         """A DDP bucket's gradients are summed locally: average them over the ranks (the
         sum's all-reduce divided by the world size, as DDP), then step this optimizer's
@@ -286,11 +287,11 @@ class StepInBackward:
                     Variable._execution_engine.queue_callback(self._ended)
         return task != -1
 
-    @torch.compiler.disable
+    @eager
     def _ended(self) -> None:
         Variable._execution_engine.queue_callback(self._close_round)
 
-    @torch.compiler.disable
+    @eager
     def _close_round(self) -> None:
         """The end of a backward that stepped: the gradients DDP wrote back released, the
         parameters still holding a gradient stepped with it and released (those held from
@@ -373,7 +374,7 @@ class StepInBackward:
         return loss
 
 
-@torch.compiler.disable   # (a compiled train step's backward runs its hooks eagerly)
+@eager   # (a compiled train step's backward runs its hooks eagerly)
 def _grad_ready(me: weakref.ref, p: torch.Tensor) -> None:
     """The post-accumulate-grad hook of ``p``: steps it, through its optimizer if alive."""
     opt = me()

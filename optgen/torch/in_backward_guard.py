@@ -35,7 +35,7 @@ stepped):
 Composes: accelerate's ``GradientState.sync_gradients`` False (the Trainer's and
 ``accelerator.accumulate()``'s non-final micro-batches) holds a backward as
 ``accumulating()`` does (``holds``): the final micro-batch steps with the sums.
-Imports: optgen.runtime.composition.
+Imports: eager, optgen.runtime.composition.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ from typing import Any, Iterable
 import torch
 
 from optgen.runtime import composition
+from .eager import eager
 
 CLIPS = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"})
 LIBRARIES = frozenset({"torch", "transformers", "accelerate", "optgen"})   # not the loop's code
@@ -75,7 +76,7 @@ class Guard:
         shared = getattr(getattr(state, "GradientState", None), "_shared_state", None)
         return isinstance(shared, dict) and shared.get("sync_gradients", True) is False
 
-    @torch.compiler.disable
+    @eager
     def stepping(self, opt: Any, params: Iterable[torch.Tensor],
                  by: str = "step_in_backward") -> None:
         """``params`` of ``opt`` are about to be stepped by this backward (``by`` their
@@ -92,7 +93,7 @@ class Guard:
             self.twice = True
         self.stepped.update(ids)
 
-    @torch.compiler.disable
+    @eager
     def looped(self) -> None:
         """The loop called ``opt.step()`` or ``opt.zero_grad()``."""
         twice, self.twice, self.loop_calls = self.twice, False, True

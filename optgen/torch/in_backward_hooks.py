@@ -14,7 +14,7 @@ owns a parameter, the hooks themselves, and in which backward a hook runs.
   when the outermost backward ends (``after``: a node's post hook, run in the backward
   that ran the node).
 
-Imports: nothing of optgen's.
+Imports: eager.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import weakref
 from typing import Any, Callable, Iterable
 
 import torch
+
+from .eager import eager
 
 # id(p) -> (weak reference to p, weak reference to its owner)
 _OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
@@ -83,7 +85,7 @@ def after(node: Any, me: weakref.ref, then: str) -> None:
     node.register_hook(functools.partial(_ran, me, then))
 
 
-@torch.compiler.disable
+@eager
 def _ran(me: weakref.ref, then: str, grad_inputs: Any, grad_outputs: Any) -> None:
     opt = me()
     if opt is not None:
