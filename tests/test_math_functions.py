@@ -174,3 +174,37 @@ def test_targets_name_the_functions_their_compilers_know():
     assert names == {"llvm": ["atanf", "tanh"], "c": ["atanf", "tanh"],
                      "cuda": ["atanf", "tanh"], "opencl": ["atan", "tanh"],
                      "metal": ["atan", "tanh"], "webgpu": ["atan", "tanh"]}
+
+
+# -- Adam-atan2 with the DSL's atan2, against the paper ---------------------------------
+def _adam_atan2_oracle(w, grads, lr, beta1, beta2, weight_decay, a, b):
+    """Everett et al. 2024 (arXiv:2407.05872), in float64: Adam whose update is
+    a * atan2(m_hat, b * sqrt(v_hat)), with decoupled weight decay."""
+    w = w.astype(np.float64)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        g = g.astype(np.float64)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+        w = w * (1 - lr * weight_decay) - lr * a * np.arctan2(m_hat, b * np.sqrt(v_hat))
+    return w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_adam_atan2_matches_the_paper(dtype):
+    art = optgen.get_artifact(os.path.join(os.path.dirname(SPEC), "adam_atan2.py"))
+    rng = np.random.default_rng(7)
+    hp = dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.1, a=1.27, b=1.0)
+    w0 = rng.standard_normal(1031).astype(dtype)
+    grads = [rng.standard_normal(1031).astype(dtype) * 10.0 ** rng.uniform(-6, 2)
+             for _ in range(30)]
+    for g in grads:
+        g[:5] = 0.0               # moments stay 0 there: atan2(0, 0) = 0, only the decay
+    w = w0.copy()
+    opt = optgen.create(art, [w], **hp)
+    for g in grads:
+        opt.step([g])
+    expect = _adam_atan2_oracle(w0, grads, **hp)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert np.max(np.abs(w - expect)) <= tol * np.max(np.abs(expect))
