@@ -146,6 +146,9 @@ def test_functions_within_their_ulp_bounds(target, dtype, monkeypatch):
         measured[fn] = ulps(state, rounded, exact, f"{fn} on {target}, {dtype}")
         bound = BOUNDS[fn][dtype == "float64"]
         assert measured[fn] <= bound, f"{fn} on {target}, {dtype}: {measured[fn]:.3f} ulp > {bound}"
+    host = sum(float(f(mpmath.mpf(P))) for f in EXACT.values()) + math.atan2(P, -1.0) - 2.0
+    np.testing.assert_allclose(opt.state[0]["s_host"][7:30], grad[7:30].astype(np.float64) * host,
+                               rtol=1e-6 if dtype == "float32" else 1e-15)
     print(f"\n{target} {dtype}: " + ", ".join(f"{k} {v:.3f}" for k, v in measured.items()))
 
 
