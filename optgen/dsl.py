@@ -52,6 +52,16 @@ def rsqrt(x): return apply("rsqrt", x)
 def sign(x): return apply("sign", x)
 def exp(x): return apply("exp", x)
 def log(x): return apply("log", x)
+def atan(x): return apply("atan", x)
+def atan2(y, x): return apply("atan2", y, x)
+def tanh(x): return apply("tanh", x)
+def erf(x): return apply("erf", x)
+def log1p(x): return apply("log1p", x)
+def expm1(x): return apply("expm1", x)
+def sinh(x): return apply("sinh", x)
+def cosh(x): return apply("cosh", x)
+def copysign(x, y): return apply("copysign", x, y)
+def pow(x, y): return apply("pow", x, y)  # noqa: A001 — x ** y, named as papers write it
 def minimum(a, b): return apply("min", a, b)
 def maximum(a, b): return apply("max", a, b)
 def where(cond, a, b): return apply("where", cond, a, b)
@@ -223,3 +233,6 @@ def _basis(q, shape: str, what: str) -> Expr:
 def clip(x, lo, hi):
     """min(max(x, lo), hi) written with comparisons so that NaN stays NaN."""
     return where(x > hi, hi, where(x < lo, lo, x))
+
+
+clamp = clip   # torch's name

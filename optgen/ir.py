@@ -32,7 +32,13 @@ from .errors import SpecError
 
 # op name -> (arity, result dtype or None for "same as float operands", operand dtype)
 ARITH = {"add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2,
-         "neg": 1, "sqrt": 1, "rsqrt": 1, "abs": 1, "sign": 1, "exp": 1, "log": 1}
+         "neg": 1, "sqrt": 1, "rsqrt": 1, "abs": 1, "sign": 1, "exp": 1, "log": 1,
+         "copysign": 2}
+# the C library's functions (libm: C99 names; optgen.compiler.math_calls names them per
+# target): op -> arity
+LIBM = {"atan": 1, "atan2": 2, "tanh": 1, "erf": 1, "log1p": 1, "expm1": 1, "sinh": 1,
+        "cosh": 1}
+ARITH.update(LIBM)
 COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
 LOGIC = {"and": 2, "or": 2, "not": 1}
 LEAVES = {"const", "param", "grad", "state", "hyper", "t"}
@@ -340,7 +346,8 @@ def walk(roots, stop=()) -> Iterator[Expr]:
 # -- rendering scalar expressions as Python text (manifest host scalars) ---------------
 _PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
            "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "and", "or": "or"}
-_PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where"}
+_PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where", "copysign",
+            *LIBM}
 
 
 def to_python(e: Expr, names: dict[int, str] | None = None) -> str:

@@ -14,7 +14,7 @@ from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from .kernel_ir import KernelIR
 from .lower_bits import nan_bits, stochastic
-from . import scratch as _scratch
+from . import math_calls, scratch as _scratch
 from .specialize import MASTER_DTYPE
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -300,6 +300,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return (f"T.Select({x} > {const(0)}, {const(1)}, "
                     f"T.Select({x} < {const(0)}, {const(-1)}, "
                     f"T.Select({isnan(x)}, {x}, {const(0)})))")
+        if e.op in math_calls.OPS:    # atan, ..., copysign
+            return math_calls.render(e.op, ty, a)
         if e.op in ("min", "max"):   # (constants are finite: the verifier checks)
             out = f"{_CALL[e.op]}({a[0]}, {a[1]})"
             for arg, x in reversed(list(zip(e.args, a))):

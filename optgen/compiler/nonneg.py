@@ -97,7 +97,7 @@ def _sign(e: Expr, states: set[str], bounds, memo: dict) -> bool:
         out = True
     elif op == "state":
         out = e.name in states
-    elif op in ("sqrt", "abs", "exp"):
+    elif op in ("sqrt", "abs", "exp", "cosh"):
         out = True
     elif op in ("add", "div", "min"):
         out = all(_sign(x, states, bounds, memo) for x in a)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Collection
 
 from ..declarations import Spec
-from . import schedule_gpu, schedule_llvm, targets
+from . import math_calls, schedule_gpu, schedule_llvm, targets
 from .kernel_ir import KernelIR
 from .loader import load_spec
 from .lower import LoweredKernel, lower
@@ -121,10 +121,12 @@ def _debug(stage: str, text: str) -> None:
 
 def schedule(k: LoweredKernel, tg: targets.Target) -> tuple[str, list | None]:
     """Stage 5 for a target: TVMScript text, and the device kernels' grids (GPU)."""
+    k = math_calls.resolve(k, tg)     # atan, erf, ...: the target's names (or BuildError)
     if tg.family == "gpu":
         return schedule_gpu.schedule(k, tg.acc_dtype)
-    # a target without vector (C) gets scalar loops (targets/c.py says why)
-    return schedule_llvm.schedule(k, vector=tg.vector), None
+    # a target without vector (C) gets scalar loops (targets/c.py says why), and so does
+    # a pass calling the C library (math_calls says why)
+    return schedule_llvm.schedule(k, vector=tg.vector and not math_calls.calls(k)), None
 
 
 def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,

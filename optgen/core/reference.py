@@ -25,6 +25,11 @@ LOW_COPY = "w_low"   # the low-precision parameter of a mixed-precision kernel
 
 _UNARY = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs, "sign": np.sign,
           "neg": np.negative, "not": np.logical_not}
+# the C library's functions (optgen.ir.LIBM) and copysign: evaluated in float64 and
+# rounded once to the kernel dtype, the most exact value a float32 kernel can return
+_LIBM = {"atan": np.arctan, "atan2": np.arctan2, "tanh": np.tanh, "erf": None,
+         "log1p": np.log1p, "expm1": np.expm1, "sinh": np.sinh, "cosh": np.cosh,
+         "copysign": np.copysign}
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
            "pow": np.power, "min": np.minimum, "max": np.maximum, "lt": np.less,
            "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
@@ -107,6 +112,9 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = dt(1) / np.sqrt(a[0])
         elif op == "where":
             v = np.where(a[0], a[1], a[2])
+        elif op in _LIBM:
+            wide = [np.asarray(x, np.float64) for x in a]
+            v = _erf(wide[0]) if op == "erf" else _LIBM[op](*wide)
         elif op in _UNARY:
             v = _UNARY[op](a[0])
         else:
@@ -126,6 +134,9 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             out[name] = np.broadcast_to(np.asarray(vals[i], dtype=dt), target.shape) \
                 .reshape(like.shape).astype(dt if name in raw else like.dtype)
         return out
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)   # (numpy has no erf; math.erf is libm's)
 
 
 def partial_sums(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -38,6 +39,15 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "min": lambda a, b: _F(np.minimum(_F(a), _F(b))),
     "max": lambda a, b: _F(np.maximum(_F(a), _F(b))),
     "where": _where,
+    "copysign": lambda x, y: _F(np.copysign(_F(x), _F(y))),
+    "atan": lambda x: _F(np.arctan(_F(x))),
+    "atan2": lambda y, x: _F(np.arctan2(_F(y), _F(x))),
+    "tanh": lambda x: _F(np.tanh(_F(x))),
+    "erf": lambda x: _F(math.erf(_F(x))),
+    "log1p": lambda x: _F(np.log1p(_F(x))),
+    "expm1": lambda x: _F(np.expm1(_F(x))),
+    "sinh": lambda x: _F(np.sinh(_F(x))),
+    "cosh": lambda x: _F(np.cosh(_F(x))),
 }
 
 _BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from optgen.core import targets as core_targets
+from ...errors import BuildError
 from optgen.core.targets import TargetFacts, fact
 
 # One device kernel as a signature reader finds it: launch bounds (threads per block,
@@ -70,6 +71,18 @@ class Target:
         """(TVM op, dtype) -> why this machine cannot compile it for the target; the build
         refuses them with that reason (an LLVM back end would abort the process)."""
         return {}
+
+    def math_name(self, fn: str, dtype: str) -> str:
+        """The name this target's compiler knows the C library's function ``fn``
+        (optgen.ir.LIBM: atan, atan2, tanh, erf, log1p, expm1, sinh, cosh) by on
+        ``dtype``: C99's (``atanf`` on float32, ``atan`` on float64) unless a target
+        overrides it; a function the target lacks is a BuildError (``lacks``)."""
+        return fn + "f" if dtype == "float32" else fn
+
+    def lacks(self, fn: str, why: str) -> BuildError:
+        """The BuildError for a function ``fn`` this target cannot compute."""
+        return BuildError(f"{fn}() has no {self.name} implementation: {why}; use another "
+                          "target or write the function with the DSL's other operations")
 
     # -- options and availability -------------------------------------------------------
     def parse_archs(self, arch: str | None) -> tuple[str, ...]:

@@ -9,6 +9,11 @@ _SIGNATURE = re.compile(r'kernel void ()(\w+)\(')
 
 
 class Metal(Target):
+    def math_name(self, fn: str, dtype: str) -> str:
+        if fn in ("erf", "log1p", "expm1"):
+            raise self.lacks(fn, "the Metal Shading Language has no erf, log1p or expm1")
+        return fn    # its built-ins are overloaded
+
     def status(self) -> dict[str, str]:
         return {"build": "yes (Metal source)", "compile": "no: needs Apple's metal compiler",
                 "run": "no: needs macOS"}

@@ -12,6 +12,9 @@ _SIGNATURE = re.compile(r'__kernel void ()(\w+)\(([^)]*)\)')
 
 
 class OpenCL(Target):
+    def math_name(self, fn: str, dtype: str) -> str:
+        return fn    # OpenCL C's built-ins are overloaded on float and double
+
     def status(self) -> dict[str, str]:
         return {"build": "yes (OpenCL C source)"}
 

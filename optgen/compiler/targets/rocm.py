@@ -137,6 +137,13 @@ class ROCm(Target):
                "build this spec's float64 kernels for rocm")
         return {(op, "float64"): why for op in ("tirx.exp", "tirx.log", "tirx.pow")}
 
+    def math_name(self, fn: str, dtype: str) -> str:
+        if rocm_path() is None:
+            raise self.lacks(fn, "LLVM's AMDGPU back end has no such function; ROCm's "
+                             "device library (ocml) has it: install ROCm (ROCM_PATH or "
+                             "/opt/rocm)")
+        return f"__ocml_{fn}_{'f32' if dtype == 'float32' else 'f64'}"
+
     def check_toolchain(self) -> None:
         if linker() is None:
             raise BuildError("target rocm needs a ROCm toolchain (ld.lld to link the code "

@@ -10,6 +10,11 @@ _SIGNATURE = re.compile(r'fn ()(\w+)\(\n')
 
 
 class WebGPU(Target):
+    def math_name(self, fn: str, dtype: str) -> str:
+        if fn in ("erf", "log1p", "expm1"):
+            raise self.lacks(fn, "WGSL has no erf, log1p or expm1")
+        return fn    # its built-ins are overloaded
+
     def status(self) -> dict[str, str]:
         ok = importlib.util.find_spec("wgpu") is not None
         return {"build": "yes (WGSL source)",
