@@ -120,7 +120,9 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                 raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
                                 "parameters need multi_precision=True (a float32 master "
                                 "copy and float32 states)" + (
-                                    ", or for bfloat16 stochastic_rounding=True (stepped "
+                                    ", or for bfloat16 master_format='split16' or 'split8' "
+                                    "(the master kept as the weight and a 16- or 8-bit "
+                                    "correction) or stochastic_rounding=True (stepped "
                                     "without a master)" if dt == "bfloat16" else ""))
         elif dt not in plain:
             raise TypeError(f"{owner}: parameter {i} has dtype {dt}; the kernels "

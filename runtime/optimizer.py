@@ -370,10 +370,9 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        self.follow()                       # (then the checkpoint's master copies win)
+        self.follow()     # (checkpoint masters stay where the weights are their rounding)
         plan = checkpoint.check(self, sd)
         checkpoint.restore_states(self._slots, plan["states"])
-        self._storage.settle()              # (the checkpoint's masters match the data)
         self._defaults = plan["defaults"]
         for g, h in zip(self._groups, plan["groups"]):
             g.hyper = h

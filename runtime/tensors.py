@@ -210,6 +210,23 @@ def copy_cast(dst: Any, src: Any, lib: str) -> None:
         dst[...] = src
 
 
+def adopt_written(master: Any, w: Any, lib: str) -> None:
+    """``master[i] = w[i]`` wherever ``w[i]`` is not ``master[i]`` rounded to ``w``'s
+    dtype (to nearest even, as the kernels store it): a float32 master takes the weight's
+    values written from outside and keeps its own digits elsewhere. Elementwise, with
+    no host synchronization (a NaN weight is always taken)."""
+    if lib == "torch":
+        import torch
+        with torch.no_grad():
+            w = w.detach()
+            torch.where(master.to(w.dtype) == w, master, w, out=master)
+    elif lib == "numpy":
+        np.copyto(master, w, where=master.astype(w.dtype) != w)
+    else:
+        import cupy
+        cupy.copyto(master, w, where=master.astype(w.dtype) != w)
+
+
 def cast_copy(x: Any, lib: str, dtype: str) -> Any:
     """A new array of ``x`` converted to ``dtype`` (the float32 master copy)."""
     if lib == "numpy":
