@@ -329,9 +329,11 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         finally:
             self._scalars.staging = self._launch.dry = False
 
-    def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
+    def follow(self, masters: bool = False) -> None:   # data moved (p.data = new), and
         if self._storage.follow(self._scalars is not None and self._scalars.staging):
             self._launches = None
+        if masters:    # float32 masters as the next step reads them (storage.py)
+            self._storage.adopt()
 
     def repoint(self, i: int, array: Any) -> None:
         """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard
@@ -365,7 +367,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs, as plain values and numpy copies (states, step counts,
         groups, multipliers, spec hash; an lr schedule resumes as the new one's, at ``t``)."""
-        self.follow()
+        self.follow(masters=True)
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:

@@ -33,12 +33,13 @@ is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
 Values written from outside, in place or not (``p.copy_``, ``load_state_dict``,
 ``p.data.mul_(mask)``, a compiled step's write-back), are told by content, not by
 torch's version counter (which misses ``p.data`` writes and counts a compiled step's own
-write-back): before every step a float32 master takes the weight's value wherever the
-weight is not the master rounded to its dtype (``adopt``; elementwise, so a pruned
-element loses its master and the others keep theirs), and a split master's kernels
-decode a correction that cannot belong to its weight as the weight itself
-(optgen/core/formats/split.py). Data moved to new memory starts a split master's
-correction at zero (unless it holds the old values).
+write-back), in the kernels: a mixed-precision kernel reads its float32 master as the
+weight wherever the weight is not the master rounded (optgen/compiler/lower.py
+``adopted``), a split master's kernel decodes a correction that cannot belong to its
+weight as the weight (optgen/core/formats/split.py); the reference interpreter alike.
+``adopt`` does the first on the host, for a checkpoint written before the next step.
+Data moved to new memory starts a split master's correction at zero (unless it holds
+the old values).
 
 May import: numpy, optgen.core.formats, capture, flat, checks (labels), state, tensors.
 """
@@ -106,10 +107,8 @@ class Storage:
             moved += [self.slots[i] for i in sorted(self.handed)
                       if self.slots[i] not in moved]
         if not moved:
-            self.adopt()
             return False
         self.check(moved, staging)
-        self.adopt()
         for s in moved:
             if formats.CORRECTION in s.state and not tensors.equal(s.array, s.karg, s.lib):
                 s.state[formats.CORRECTION][...] = 0   # (the old correction was the old data's)
@@ -123,7 +122,8 @@ class Storage:
 
     def adopt(self) -> None:
         """Each float32 master takes its weight's value wherever the weight is not the
-        master rounded to the weight's dtype: written from outside (module doc)."""
+        master rounded to the weight's dtype (written from outside: the module doc), as
+        the next step's kernels would read it; before a checkpoint is written."""
         for s in self.slots:
             if s.mixed:
                 tensors.adopt_written(s.state[state.MASTER], s.array, s.lib)

@@ -325,7 +325,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
                              "keeps q8/q4 states in per-shard blocks, which state_dict (and "
                              "torch.distributed.checkpoint) cannot describe; save them with "
                              "opt.save(folder), which reshards at load")
-        self._follow()
+        self._follow(runtime=False)
+        self._core.follow(masters=True)   # (masters as the next step reads them)
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from optgen.runtime import backends, tensors
+from optgen.runtime import backends, composition, tensors
 
 PLACES = ("cpu",)
 WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -49,9 +49,8 @@ def check(owner: str, offload: Any, target: str, flat: bool, master_format: Any 
     """The offload option against the others (ValueError naming the rule)."""
     if offload is None:
         return
-    if master_format not in (None, "fp32"):
-        raise ValueError(f"{owner}: offload={offload!r} keeps a float32 master copy on the "
-                         f"host; master_format={master_format!r} applies without offload")
+    if f"master_{master_format}" in composition.OPTIONS:   # (a split master)
+        composition.refuse(owner, "offload", f"master_{master_format}")
     if offload not in PLACES:
         raise ValueError(f"{owner}: offload must be None or one of {', '.join(PLACES)}, "
                          f"got {offload!r}")
