@@ -219,10 +219,13 @@ _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _seen(p: torch.Tensor) -> tuple:
-    """A device parameter's version counter and fingerprint (the sum of its bit patterns,
-    a device scalar: no synchronization here)."""
-    x = p.detach()
-    return x._version, torch.sum(x.view(_BITS[x.element_size()]), dtype=torch.int64)
+    """A device parameter's version counter and fingerprint: the sum of its bits as
+    64-bit words (wrapping), or of its elements' bit patterns where its bytes are not
+    whole aligned words; a device scalar (no synchronization here)."""
+    x = p.detach().reshape(-1)
+    whole = (x.numel() % 8 == 0) and x.storage_offset() * x.element_size() % 8 == 0
+    words = x.view(torch.int64) if whole else x.view(_BITS[x.element_size()])
+    return p._version, torch.sum(words, dtype=torch.int64)
 
 
 def _differ(old: list, new: list) -> list[bool]:
