@@ -329,11 +329,9 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         finally:
             self._scalars.staging = self._launch.dry = False
 
-    def follow(self, masters: bool = False) -> None:   # data moved (p.data = new), and
-        if self._storage.follow(self._scalars is not None and self._scalars.staging):
+    def follow(self, masters: bool = False) -> None:   # p.data = new; masters: storage.py
+        if self._storage.follow(self._scalars is not None and self._scalars.staging, masters):
             self._launches = None
-        if masters:    # float32 masters as the next step reads them (storage.py)
-            self._storage.adopt()
 
     def repoint(self, i: int, array: Any) -> None:
         """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard

@@ -98,17 +98,22 @@ class Storage:
         self.slots[i].array = array
         self.handed.add(i)
 
-    def follow(self, staging: bool = False) -> bool:
+    def follow(self, staging: bool = False, masters: bool = False) -> bool:
         """Follow every parameter whose data moved since its views were made (see the
-        module doc); False when none did (the usual step: nothing changes)."""
+        module doc); False when none did (the usual step: nothing changes). ``masters``:
+        then ``adopt`` (before a checkpoint is written)."""
         moved = [s for s in self.watched if (s.array.data_ptr(), s.array.shape,
                                              s.array.stride(), s.array.dtype) != s.where]
         if self.handed:
             moved += [self.slots[i] for i in sorted(self.handed)
                       if self.slots[i] not in moved]
         if not moved:
+            if masters:
+                self.adopt()
             return False
         self.check(moved, staging)
+        if masters:
+            self.adopt()
         for s in moved:
             if formats.CORRECTION in s.state and not tensors.equal(s.array, s.karg, s.lib):
                 s.state[formats.CORRECTION][...] = 0   # (the old correction was the old data's)

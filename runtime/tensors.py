@@ -212,19 +212,20 @@ def copy_cast(dst: Any, src: Any, lib: str) -> None:
 
 def adopt_written(master: Any, w: Any, lib: str) -> None:
     """``master[i] = w[i]`` wherever ``w[i]`` is not ``master[i]`` rounded to ``w``'s
-    dtype (to nearest even, as the kernels store it): a float32 master takes the weight's
-    values written from outside and keeps its own digits elsewhere. Elementwise, with
-    no host synchronization (a NaN weight is always taken)."""
+    dtype (to nearest even, compared bit for bit, as the mixed kernels read their master:
+    optgen/core/reference.py ``adopted``): a float32 master takes the weight's values
+    written from outside and keeps its own digits elsewhere. No host synchronization."""
     if lib == "torch":
         import torch
         with torch.no_grad():
             w = w.detach()
-            torch.where(master.to(w.dtype) == w, master, w, out=master)
-    elif lib == "numpy":
-        np.copyto(master, w, where=master.astype(w.dtype) != w)
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[w.element_size()]
+            same = master.to(w.dtype).view(bits) == w.view(bits)
+            torch.where(same, master, w, out=master)
     else:
-        import cupy
-        cupy.copyto(master, w, where=master.astype(w.dtype) != w)
+        xp = np if lib == "numpy" else __import__("cupy")
+        bits = f"uint{8 * w.dtype.itemsize}"
+        xp.copyto(master, w, where=master.astype(w.dtype).view(bits) != w.view(bits))
 
 
 def cast_copy(x: Any, lib: str, dtype: str) -> Any:

@@ -14,7 +14,7 @@ from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from optgen.core.reference import LOW_COPY
 from .kernel_ir import KernelIR
-from .lower_bits import nan_bits, stochastic
+from .lower_bits import adopted, nan_bits, stochastic
 from .specialize import MASTER_DTYPE
 
 TVM_DTYPE = {"float32": "float32", "float64": "float64"}
@@ -133,23 +133,6 @@ def narrow(value: str, dtype: str) -> str:
                f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
         value = f"T.Select({is_nan}, {nan}, {value})"
     return f'T.Cast("{dtype}", {value})'
-
-
-def adopted(master: str, low: str, dtype: str, ty: str) -> str:
-    """A mixed kernel's master as it reads it: the stored float32 master where the
-    low-precision weight is still its rounding (bit for bit), else the weight widened (a
-    weight written from outside the optimizer wins; reference.py does the same)."""
-    if dtype == "bfloat16":   # (on the bits, as ``narrow`` rounds: TVM's bfloat16
-        b, u = f'T.reinterpret("uint32", {master})', "T.uint32"   # legalization of a
-        near = (f"T.bitwise_and({b} + {u}(0x7FFF) + T.bitwise_and(T.shift_right({b}, "  # cast
-                f"{u}(16)), {u}(1)), {u}(0xFFFF0000))")                # compared crashes)
-        rounded = (f"T.Select({nan_bits(b)}, T.bitwise_or(T.bitwise_and({b}, "
-                   f"{u}(0x80000000)), {u}(0x7FC00000)), {near})")
-        same = (f'{rounded} == T.shift_left(T.Cast("uint32", T.reinterpret("uint16", {low})), '
-                f"{u}(16))")
-    else:
-        same = f'T.reinterpret("uint16", {narrow(master, dtype)}) == T.reinterpret("uint16", {low})'
-    return f"T.Select({same}, {master}, {widen(low, dtype, ty)})"
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,
