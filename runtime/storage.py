@@ -34,7 +34,7 @@ Values written from outside, in place or not (``p.copy_``, ``load_state_dict``,
 ``p.data.mul_(mask)``, a compiled step's write-back), are told by content, not by
 torch's version counter (which misses ``p.data`` writes and counts a compiled step's own
 write-back), in the kernels: a mixed-precision kernel reads its float32 master as the
-weight wherever the weight is not the master rounded (optgen/compiler/lower.py
+weight wherever the weight is not the master rounded (optgen/compiler/lower_bits.py
 ``adopted``), a split master's kernel decodes a correction that cannot belong to its
 weight as the weight (optgen/core/formats/split.py); the reference interpreter alike.
 ``adopt`` does the first on the host, for a checkpoint written before the next step.
