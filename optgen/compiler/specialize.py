@@ -154,7 +154,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
             if corr[0] not in ln.buffers:
                 ln.buffers = [x for b in ln.buffers for x in ([b, *corr] if b == "w" else [b])]
     if low_copy:   # every pass that reads w reads w_low: a weight written from outside
-        for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:   # wins (lower.py)
+        for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:   # wins (lower_bits.py)
             if "w" in ln.buffers and low_copy[0] not in ln.buffers:
                 ln.buffers = [x for b in ln.buffers for x in ([b, *low_copy] if b == "w" else [b])]
     if formats.block(spec.name, formatted):    # (one block size for all)
