@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import backends, state, tensors
+from . import backends, composition, state, tensors
 from optgen.core import formats
 from .sparse import RowSparse
 
@@ -45,9 +45,7 @@ def check_master(owner: str, multi_precision: Any, master_format: Any) -> bool:
     mp = check_bool(owner, "multi_precision", multi_precision)
     formats.mastered(owner, None, master_format)          # (a ValueError if unknown)
     if master_format not in (None, "fp32") and mp:
-        raise ValueError(f"{owner}: master_format={master_format!r} keeps the master as the "
-                         "bfloat16 weight and a correction; multi_precision=True keeps a "
-                         "float32 copy instead: pass one of them")
+        composition.refuse(owner, f"master_{master_format}", "multi_precision")
     return mp or master_format == "fp32"
 
 
@@ -120,7 +118,9 @@ def check_params(owner: str, artifact: Any, params: Sequence[Any],
                 raise TypeError(f"{owner}: parameter {i} has dtype {dt}; low-precision "
                                 "parameters need multi_precision=True (a float32 master "
                                 "copy and float32 states)" + (
-                                    ", or for bfloat16 stochastic_rounding=True (stepped "
+                                    ", or for bfloat16 master_format='split16' or 'split8' "
+                                    "(the master kept as the weight and a 16- or 8-bit "
+                                    "correction) or stochastic_rounding=True (stepped "
                                     "without a master)" if dt == "bfloat16" else ""))
         elif dt not in plain:
             raise TypeError(f"{owner}: parameter {i} has dtype {dt}; the kernels "

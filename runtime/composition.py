@@ -242,7 +242,66 @@ _rows([
 ])
 
 # -- masters, offload and writes from outside -----------------------------------------
+# Where a master and its weight disagree the weight wins: a master refines the weight below
+# its precision and never undoes a write (runtime/storage.py, optgen/core/formats/split.py,
+# optgen/torch/offload.py). Told by content, not by torch's version counter (which misses
+# p.data writes and counts a compiled step's own write-back).
+_SPLIT_STALE = {
+    "master_split16": "a zeroed weight with a negative correction, an infinite one with a "
+                      "positive one: NaN",
+    "master_split8": "a zero weight's correction of the other sign, one past the midpoint "
+                     "below the first value of a binade",
+}
+_rows([row for m, stale in _SPLIT_STALE.items() for row in [
+    (m, "write_inplace", composes(
+        "the weight as written steps: its master is the weight and the old correction's "
+        "low bits (within half a bfloat16 step of it), except where the correction cannot "
+        f"belong to the weight ({stale}): there the master is the weight. The kernel and "
+        "the reference tell by content")),
+    (m, "write_data", composes(
+        f"as write_inplace: p.data.mul_(mask), p.data.clamp_ are kept ({stale}: the weight)")),
+    (m, "replace_data", composes(
+        "new data (same shape, dtype, device) starts the correction at zero: the master is "
+        "the new weight (new data holding the old values keeps it)")),
+    (m, "torch_compile", composes(
+        "the compiled step writes weight and correction as the eager one does; its "
+        "write-back is no write from outside: bit for bit the eager run")),
+    ("offload", m, refused(
+        "offload='cpu' keeps a float32 master copy on the host; a split master_format keeps "
+        "the master beside the weight on the device: pass one of them")),
+    (m, "multi_precision", refused(
+        "a split master_format keeps the master as the bfloat16 weight and a correction; "
+        "multi_precision=True keeps a float32 copy instead: pass one of them")),
+]])
 _rows([
+    ("master_split16", "master_split8", refused(
+        "master_format takes one value: a parameter keeps one correction (a checkpoint of "
+        "one loads into the other through the decoded master)")),
+    ("multi_precision", "write_inplace", composes(
+        "before each step the float32 master takes the weight's value wherever the weight "
+        "is not the master rounded to its dtype (elementwise: written elements lose their "
+        "digits below it, the others keep them)")),
+    ("multi_precision", "write_data", composes(
+        "as write_inplace: p.data.mul_(mask) prunes the master too")),
+    ("multi_precision", "replace_data", composes(
+        "as write_inplace, on the new data (p.data = p.data.clone() loses nothing)")),
+    ("multi_precision", "torch_compile", composes(
+        "the compiled step's write-back holds the master's rounding, so nothing is taken: "
+        "bit for bit the eager run")),
+    ("offload", "multi_precision", composes(
+        "the host copy is the float32 master (offload keeps one for a low-precision "
+        "parameter either way); the device weight gets its rounding after each step")),
+    ("offload", "write_inplace", composes(
+        "torch's version counter tells: before the step the host master takes the "
+        "parameter's values wherever they are not its rounding")),
+    ("offload", "write_data", composes(
+        "a fingerprint tells (the sum of the parameter's bit patterns, taken on its device "
+        "after each copy back), then as write_inplace; a write keeping that sum (a "
+        "permutation of the values) is not seen")),
+    ("offload", "replace_data", composes(
+        "the new data is checked (shape, dtype, device: else the typed error before "
+        "anything changes) and the host master takes its values where they are not its "
+        "rounding")),
 ])
 
 # -- checkpoints, state formats, schedule-free ----------------------------------------

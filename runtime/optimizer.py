@@ -329,14 +329,9 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         finally:
             self._scalars.staging = self._launch.dry = False
 
-    def follow(self) -> None:   # parameters whose data moved (p.data = new): storage.py
-        if self._storage.follow(self._scalars is not None and self._scalars.staging):
+    def follow(self, masters: bool = False) -> None:   # p.data = new; masters: storage.py
+        if self._storage.follow(self._scalars is not None and self._scalars.staging, masters):
             self._launches = None
-
-    def settle(self) -> None:
-        """The parameters' data as it is now belongs to the masters: the caller wrote
-        both (schedule-free's train()/eval()), so it is no write from outside."""
-        self._storage.settle()
 
     def repoint(self, i: int, array: Any) -> None:
         """Parameter ``i`` is ``array`` from now on (the torch layer's FSDP2 local shard
@@ -370,15 +365,14 @@ class Optimizer(refresh.RefreshRules, RecordTable):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs, as plain values and numpy copies (states, step counts,
         groups, multipliers, spec hash; an lr schedule resumes as the new one's, at ``t``)."""
-        self.follow()
+        self.follow(masters=True)
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore a ``state_dict``; validated whole before anything is overwritten."""
-        self.follow()                       # (then the checkpoint's master copies win)
+        self.follow()     # (checkpoint masters stay where the weights are their rounding)
         plan = checkpoint.check(self, sd)
         checkpoint.restore_states(self._slots, plan["states"])
-        self._storage.settle()              # (the checkpoint's masters match the data)
         self._defaults = plan["defaults"]
         for g, h in zip(self._groups, plan["groups"]):
             g.hyper = h

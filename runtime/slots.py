@@ -41,7 +41,6 @@ class ParamSlot:
     chain: tuple[int, int] | None = None   # its flat chain [start, end) (runtime/flat.py)
     refreshed: int | None = None   # its step count at its last refresh rule
     where: tuple | None = None     # its data as karg, plan and runs saw it (storage.py)
-    version: int = 0               # torch's version counter of its data then (storage.py)
     # prepared (under the current flags): its kernel and how it is launched
     kernel: Any = None             # runtime.artifact.KernelInfo, None until prepared
     strategy: Any = None           # its launch strategy alone (runtime/strategies/)

@@ -18,7 +18,7 @@ and ``Storage.follow`` compares it before every step (and before a checkpoint is
 written or read); when it changed, the new data is checked whole, and then the record
 follows it: a new kernel argument, its plan and every run found again, chains found
 again (a parameter moved out of a flat buffer steps alone; its neighbours still fuse),
-and the master copy taken again from the new values unless they are the old values
+and the master copy takes the new values where they are not its rounding
 (``p.data = p.data.clone()`` loses nothing). Where following is impossible, before
 anything changes: another shape (its states have the old one: ValueError), dtype or
 device (TypeError), non-contiguous data or data overlapping another parameter or a
@@ -29,6 +29,17 @@ tuple per parameter per step, less than the gradient check no longer pays for th
 parameter's layout (runtime/gradcache.py: storage has the cache forget a moved
 parameter's gradient). The torch layer hands over a new object where its runtime array
 is a stand-in (FSDP2's local shard, SparseAdam's numpy view): ``repoint``.
+
+Values written from outside, in place or not (``p.copy_``, ``load_state_dict``,
+``p.data.mul_(mask)``, a compiled step's write-back), are told by content, not by
+torch's version counter (which misses ``p.data`` writes and counts a compiled step's own
+write-back), in the kernels: a mixed-precision kernel reads its float32 master as the
+weight wherever the weight is not the master rounded (optgen/compiler/lower_bits.py
+``adopted``), a split master's kernel decodes a correction that cannot belong to its
+weight as the weight (optgen/core/formats/split.py); the reference interpreter alike.
+``adopt`` does the first on the host, for a checkpoint written before the next step.
+Data moved to new memory starts a split master's correction at zero (unless it holds
+the old values).
 
 May import: numpy, optgen.core.formats, capture, flat, checks (labels), state, tensors.
 """
@@ -69,14 +80,6 @@ class Storage:
         self.watched = [s for s in slots if s.lib == "torch"]
         self.handed: set[int] = set()       # re-pointed by ``repoint``, checked next
         self.chains = self._chain()
-        self.settle()
-
-    def settle(self) -> None:
-        """The watched parameters' contents as the master copies now hold them: writes
-        after this (torch's version counter; the kernels' own writes leave it) are the
-        user's (``written``)."""
-        for s in self.watched:
-            s.version = s.array._version
 
     def _chain(self) -> list[tuple[int, int]]:
         """Flat chains of the parameters as they lie now (runtime/flat.py); parameters
@@ -95,31 +98,40 @@ class Storage:
         self.slots[i].array = array
         self.handed.add(i)
 
-    def follow(self, staging: bool = False) -> bool:
+    def follow(self, staging: bool = False, masters: bool = False) -> bool:
         """Follow every parameter whose data moved since its views were made (see the
-        module doc); False when none did (the usual step: nothing changes)."""
+        module doc); False when none did (the usual step: nothing changes). ``masters``:
+        then ``adopt`` (before a checkpoint is written)."""
         moved = [s for s in self.watched if (s.array.data_ptr(), s.array.shape,
                                              s.array.stride(), s.array.dtype) != s.where]
         if self.handed:
             moved += [self.slots[i] for i in sorted(self.handed)
                       if self.slots[i] not in moved]
-        written = [s for s in self.watched if s.array._version != s.version and s not in moved]
         if not moved:
-            for s in written:
-                self.written(s, _unchanged(s))
+            if masters:
+                self.adopt()
             return False
         self.check(moved, staging)
+        if masters:
+            self.adopt()
         for s in moved:
-            self.written(s, tensors.equal(s.array, s.karg, s.lib))
+            if formats.CORRECTION in s.state and not tensors.equal(s.array, s.karg, s.lib):
+                s.state[formats.CORRECTION][...] = 0   # (the old correction was the old data's)
             s.where = where(s.array, s.lib)
             self.launcher.bind(s)
             s.forget_kernel()
         self.grads.forget([s.index for s in moved])   # (a GradCache)
         self.handed.clear()
         self.chains = self._chain()
-        for s in written:
-            self.written(s, _unchanged(s))
         return True
+
+    def adopt(self) -> None:
+        """Each float32 master takes its weight's value wherever the weight is not the
+        master rounded to the weight's dtype (written from outside: the module doc), as
+        the next step's kernels would read it; before a checkpoint is written."""
+        for s in self.slots:
+            if s.mixed:
+                tensors.adopt_written(s.state[state.MASTER], s.array, s.lib)
 
     def check(self, moved: Sequence[Any], staging: bool) -> None:
         """The new data of each ``moved`` record can take its place (else the typed
@@ -162,26 +174,6 @@ class Storage:
                         "" if is_param else "'s states")
                     raise ValueError(f"{what}: its new data shares memory with {whose}; "
                                      "give each parameter its own memory")
-
-    @staticmethod
-    def written(s: Any, same: bool) -> None:
-        """Parameter ``s``'s values were replaced from outside (``p.data = new``, or
-        written in place: ``p.copy_(new)``, ``nn.Module.load_state_dict``): unless they
-        are the values the master rounds to (``same``), yours win — a float32 master is
-        taken again from them and a split master's correction is zeroed (the master is
-        the bfloat16 weight), so no stale master or correction reaches the next step."""
-        if not same and s.mixed:
-            tensors.copy_cast(s.state[state.MASTER], s.array, s.lib)
-        elif not same and formats.CORRECTION in s.state:
-            s.state[formats.CORRECTION][...] = 0
-        if s.lib == "torch":
-            s.version = s.array._version
-
-
-def _unchanged(s: Any) -> bool:
-    """Whether parameter ``s``, written in place since the last step, still holds what
-    its float32 master rounds to (a split master cannot tell: its weight is the data)."""
-    return s.mixed and tensors.equal(s.array, s.state[state.MASTER].to(s.array.dtype), s.lib)
 
 
 __all__ = ["Storage", "where"]

@@ -210,6 +210,24 @@ def copy_cast(dst: Any, src: Any, lib: str) -> None:
         dst[...] = src
 
 
+def adopt_written(master: Any, w: Any, lib: str) -> None:
+    """``master[i] = w[i]`` wherever ``w[i]`` is not ``master[i]`` rounded to ``w``'s
+    dtype (to nearest even, compared bit for bit, as the mixed kernels read their master:
+    optgen/core/reference.py ``adopted``): a float32 master takes the weight's values
+    written from outside and keeps its own digits elsewhere. No host synchronization."""
+    if lib == "torch":
+        import torch
+        with torch.no_grad():
+            w = w.detach()
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[w.element_size()]
+            same = master.to(w.dtype).view(bits) == w.view(bits)
+            torch.where(same, master, w, out=master)
+    else:
+        xp = np if lib == "numpy" else __import__("cupy")
+        bits = f"uint{8 * w.dtype.itemsize}"
+        xp.copyto(master, w, where=master.astype(w.dtype).view(bits) != w.view(bits))
+
+
 def cast_copy(x: Any, lib: str, dtype: str) -> Any:
     """A new array of ``x`` converted to ``dtype`` (the float32 master copy)."""
     if lib == "numpy":

@@ -252,7 +252,7 @@ def test_bfloat16_parameters_without_a_master():
         mixed.step([np.ones(n, BF16)])
     assert abs(got.mean() - float(mixed.state[0]["master"].mean())) < 2e-4
     with pytest.raises(TypeError, match="multi_precision=True .* or for bfloat16 "
-                                        "stochastic_rounding=True"):
+                                        "master_format=.* or stochastic_rounding=True"):
         optgen.create("sgd", [np.ones(n, BF16)])
 
 

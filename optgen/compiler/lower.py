@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from ..ir import Expr, walk
 from optgen.core import formats, rounding
+from optgen.core.reference import LOW_COPY
 from .kernel_ir import KernelIR
-from .lower_bits import nan_bits, stochastic
+from .lower_bits import adopted, nan_bits, stochastic
 from . import math_calls, scratch as _scratch
 from .specialize import MASTER_DTYPE
 
@@ -235,6 +236,8 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
         return f"{buffer_var(name)}[{index(kir.buffer_axes[name], view, transposed)}]"
 
     def load(name: str, transposed: bool = False) -> str:
+        if name == "w" and LOW_COPY in kir.buffers:   # mixed: the weight where it was
+            return adopted(slot_of("w"), slot_of(LOW_COPY), kir.storage[LOW_COPY], ty)
         if split and name == "w":
             return split.family.load_param(split, slot_of("w"), slot_of(corr))
         if name in fmts:         # block-quantized: the format's load

@@ -1,5 +1,6 @@
 """Bit-level lines of the lowering (optgen.compiler.lower): stochastic rounding to
-bfloat16 and the NaN test on float32 bits, as TVMScript text.
+bfloat16, the NaN test on float32 bits and a mixed kernel's read of its master, as
+TVMScript text.
 
 May import: optgen.core.rounding.
 """
@@ -32,3 +33,23 @@ def nan_bits(bits: str) -> str:
     """Whether the float32 with uint32 ``bits`` is a NaN (tested on the bits: see
     ``narrow``)."""
     return f"T.bitwise_and({bits}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)"
+
+
+def adopted(master: str, low: str, dtype: str, ty: str) -> str:
+    """A mixed kernel's master as it reads it: the stored float32 master where the
+    low-precision weight ``low`` is still its rounding to nearest even (bit for bit),
+    else the weight widened: a weight written from outside the optimizer wins
+    (optgen/core/reference.py ``adopted`` does the same). The bfloat16 rounding is done
+    on the bits, as ``lower.narrow``'s store rounds (NaN: the quiet NaN of its sign); a
+    bfloat16 cast compared as uint16 crashes TVM's bfloat16 legalization."""
+    u = "T.uint32"
+    if dtype == "bfloat16":
+        b = f'T.reinterpret("uint32", {master})'
+        near = (f"T.bitwise_and({b} + {u}(0x7FFF) + T.bitwise_and(T.shift_right({b}, "
+                f"{u}(16)), {u}(1)), {u}(0xFFFF0000))")
+        rounded = (f"T.Select({nan_bits(b)}, T.bitwise_or(T.bitwise_and({b}, "
+                   f"{u}(0x80000000)), {u}(0x7FC00000)), {near})")
+        wide = f'T.shift_left(T.Cast("uint32", T.reinterpret("uint16", {low})), {u}(16))'
+        return f'T.Select({rounded} == {wide}, {master}, T.reinterpret("float32", {wide}))'
+    same = f'T.reinterpret("uint16", T.Cast("{dtype}", {master})) == T.reinterpret("uint16", {low})'
+    return f'T.Select({same}, {master}, T.Cast("{ty}", {low}))'

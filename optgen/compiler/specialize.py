@@ -18,7 +18,8 @@ The pass splits the update into what runs where:
 A *mixed-precision* IR (``param_dtype`` float16 or bfloat16, multi_precision) is the
 same update with ``w`` as the float32 master copy: its gradients (``grad`` and the
 spec's extra inputs) are stored in the low dtype and read through a cast, and one more
-output, ``w_low``, receives the new master rounded to the low dtype.
+output, ``w_low``, receives the new master rounded to the low dtype; it is read too: where
+it is not the master rounded (written from outside the optimizer), its value is the master.
 
 The IR's types (``KernelIR``, ``Launch``) and its JSON form live in
 optgen.compiler.kernel_ir, below this module and the matrix planner
@@ -152,6 +153,10 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:
             if corr[0] not in ln.buffers:
                 ln.buffers = [x for b in ln.buffers for x in ([b, *corr] if b == "w" else [b])]
+    if low_copy:   # every pass that reads w reads w_low: a weight written from outside
+        for ln in [*kir.launches, *([kir.lazy] if kir.lazy else [])]:   # wins (lower_bits.py)
+            if "w" in ln.buffers and low_copy[0] not in ln.buffers:
+                ln.buffers = [x for b in ln.buffers for x in ([b, *low_copy] if b == "w" else [b])]
     if formats.block(spec.name, formatted):    # (one block size for all)
         quantize(spec, kir, {n: formats.of(formatted[n]).with_map((maps or {})[n])
                              for n in formats.quantized(formatted)})

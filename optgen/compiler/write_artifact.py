@@ -43,8 +43,9 @@ ABI = ("each kernel runs its 'launches' in order; a launch is kernel(*buffers, "
        "(items + 1, 3) int64 (row 0: the total; then tensor, first, end). "
        "A kernel whose param_dtype "
        "(float16, bfloat16) differs from its dtype (float32) is mixed precision: w "
-       "is the float32 master, 'w_low' (written, never read) receives the new w "
-       "rounded to param_dtype, and grad and the extra inputs are param_dtype. A kernel's "
+       "is the float32 master, 'w_low' receives the new w rounded to param_dtype and "
+       "is read first: where it is not w rounded, its value is the master (a weight "
+       "written from outside wins); grad and the extra inputs are param_dtype. A kernel's "
        "functions are in the library of its 'variant' (the folder of that name, whose "
        "variant.json records the library, its files and, GPU targets, the device ABI)")
 

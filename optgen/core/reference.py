@@ -42,7 +42,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
              given: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """New values of every output, each shaped like its array in ``arrays`` and of its
     dtype, except ``w_low`` (mixed precision): the new ``w`` in the kernel dtype, which
-    rounds when assigned into the low-precision parameter (it need not be in ``arrays``),
+    rounds when assigned into the low-precision parameter. Given in ``arrays``, ``w_low``
+    is read too: where it is not ``w`` rounded, it is the master (``adopted``),
     and the outputs in ``raw``, also in the kernel dtype (the caller rounds them:
     stochastic rounding, optgen/core/rounding.py).
 
@@ -67,6 +68,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = broadcastable(arrays[name], axes[name], d)
             if v.dtype != dt:  # float16 state, low-precision gradient: computed in dt
                 v = v.astype(dt)
+            if name == "w" and LOW_COPY in arrays:   # (mixed: see ``adopted``)
+                v = adopted(v, broadcastable(arrays[LOW_COPY], axes[LOW_COPY], d), dt)
         elif op in ("hyper", "t"):
             v = dt(scalars[rec["name"]])
         elif k in fixed:
@@ -137,6 +140,14 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
 
 
 _erf = np.frompyfunc(math.erf, 1, 1)   # (numpy has no erf; math.erf is libm's)
+
+
+def adopted(master: np.ndarray, low: np.ndarray, dt: type) -> np.ndarray:
+    """A mixed-precision master as the kernels read it: the master where the
+    low-precision weight ``low`` is its rounding to nearest even (bit for bit), else the
+    weight (written from outside the optimizer: it wins)."""
+    same = master.astype(low.dtype).view(np.uint16) == low.view(np.uint16)
+    return np.where(same, master, low.astype(dt))
 
 
 def partial_sums(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],

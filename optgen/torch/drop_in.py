@@ -187,7 +187,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         its host copy (offload), its local shard (DTensor), or ``p``."""
         return self._offload.master(p) if self._offload else fsdp.local(p)
 
-    def _follow(self, runtime: bool = True) -> None:
+    def _follow(self, runtime: bool = True, masters: bool = False) -> None:
         """Follow moved data (``p.data = new``) as torch.optim does: the runtime stand-ins
         (FSDP2 local shards, SparseAdam's numpy views: new ones), offload's host copies
         (taken again), the runtime's arrays (storage.py; its step does it: ``runtime``)."""
@@ -197,8 +197,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             for i, (p, x) in enumerate(zip(self._params, self._core.params)):
                 if self._runtime_tensor(p) is not x:
                     self._core.repoint(i, self._runtime_tensor(p))
-        if runtime:   # (else the runtime's step follows)
-            self._core.follow()
+        if runtime:   # (else the runtime's step follows; masters: as a step reads them)
+            self._core.follow(masters)
 
     def _sync(self) -> None:
         """Pass changed group values (an lr scheduler's new lr) to the runtime optimizer."""
@@ -323,7 +323,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
                              "keeps q8/q4 states in per-shard blocks, which state_dict (and "
                              "torch.distributed.checkpoint) cannot describe; save them with "
                              "opt.save(folder), which reshards at load")
-        self._follow()
+        self._follow(masters=True)
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))

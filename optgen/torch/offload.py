@@ -22,9 +22,14 @@ reads every gradient before any kernel runs: then the step waits for all copies 
 With CPU tensors as the "device" (what CI runs) the same code runs, with synchronous
 copies between separate buffers; ``log`` records the order of a step's bucket events.
 
-A device parameter whose data the trainer replaces (``p.data = new``, same shape, dtype
-and device) is followed as torch.optim follows it: before the step, its host copy is
-taken again from the new values (``follow``).
+The host copy is the master, but values written to a device parameter from outside win,
+as they do for torch.optim: data replaced (``p.data = new``, same shape, dtype and
+device) or written in place (``p.copy_``, ``model.load_state_dict``: torch's version
+counter tells), or through ``p.data`` (``p.data.mul_(mask)``, which the counter misses:
+a fingerprint tells, the sum of the parameter's bit patterns taken on its device after
+each copy back). Before the step the host copy takes the parameter's values wherever
+they are not the host copy rounded to the parameter's dtype (``follow``). A write through
+``p.data`` that keeps that sum (a permutation of the values) is not seen.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from typing import Any
 
 import torch
 
-from optgen.runtime import backends
+from optgen.runtime import backends, tensors
 
 PLACES = ("cpu",)
 WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -63,6 +68,7 @@ class HostCopies:
         self.owner = owner
         self._master: dict[int, torch.Tensor] = {}
         self._where: dict[int, tuple] = {}     # each device parameter's data, as copied
+        self._seen: dict[int, tuple] = {}      # its version and fingerprint, as copied
         self._grad: dict[int, torch.Tensor] = {}
         self.copies = {"grads_to_host": 0, "params_to_device": 0}
         self._params: list = []
@@ -87,15 +93,16 @@ class HostCopies:
             self._master[key] = host
             self._grad[key] = torch.empty_like(host, pin_memory=pin)
             self._where[key] = _where(p)
+            self._seen[key] = _seen(p)
         return self._master[key]
 
     @torch.no_grad()
     def follow(self, params: list) -> None:
-        """Device parameters whose data moved (``p.data = new``) since their host copy
-        was taken: checked (the parameter's shape, dtype and device, else the error
-        before anything changes), then the copy is taken again from the new values
-        unless they are what it rounds to (nothing lost then). Without this the step
-        would send the old copy's update over the new values."""
+        """Device parameters whose data moved (``p.data = new``; checked: the parameter's
+        shape, dtype and device, else the error before anything changes) or was written
+        since their host copy was taken: the host copy takes the parameter's values
+        wherever they are not what it rounds to (nothing lost elsewhere). Without this
+        the step would send the old copy's update over the new values."""
         moved = [(i, p) for i, p in enumerate(params) if _where(p) != self._where[id(p)]]
         for i, p in moved:
             old = self._where[id(p)]
@@ -108,11 +115,13 @@ class HostCopies:
                 raise ValueError(f"{what} data of shape {tuple(p.shape)}; its host copy and "
                                  f"states have shape {tuple(old[1])}: assign data of that "
                                  "shape, or make a new optimizer for the new shape")
-        for i, p in moved:
-            host = self._master[id(p)]
-            if not torch.equal(p.detach().cpu(), host.to(p.dtype)):
-                host.copy_(p.detach())
-            self._where[id(p)] = _where(p)
+        keys = [id(p) for p in params]
+        now = [_seen(p) for p in params]
+        changed = _differ([self._seen[k] for k in keys], now)
+        for p, key, seen, diff in zip(params, keys, now, changed):
+            if diff or _where(p) != self._where[key]:
+                tensors.adopt_written(self._master[key], p.detach().cpu(), "torch")
+                self._where[key], self._seen[key] = _where(p), seen
 
     def grads_to_host(self, params: list, grads: list, wait_all: bool = False) -> list:
         """Each device gradient copied into its host buffer (None stays None), in
@@ -180,6 +189,7 @@ class HostCopies:
             for j in self._members[b]:
                 p = self._params[j]
                 p.copy_(self._master[id(p)], non_blocking=True)
+                self._seen[id(p)] = _seen(p)
                 self.copies["params_to_device"] += 1
             self.log.append(("params", b))
 
@@ -194,12 +204,36 @@ class HostCopies:
         a trainer loads the model's weights, then the optimizer's state)."""
         for p in params:
             self.master(p).copy_(p.detach())
-            self._where[id(p)] = _where(p)
+            self._where[id(p)], self._seen[id(p)] = _where(p), _seen(p)
 
 
 def _where(p: torch.Tensor) -> tuple:
     """A device parameter's data: address, shape, strides, dtype, device."""
     return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _seen(p: torch.Tensor) -> tuple:
+    """A device parameter's version counter and fingerprint: the sum of its bits as
+    64-bit words (wrapping), or of its elements' bit patterns where its bytes are not
+    whole aligned words; a device scalar (no synchronization here)."""
+    x = p.detach().reshape(-1)
+    whole = (x.numel() % 8 == 0) and x.storage_offset() * x.element_size() % 8 == 0
+    words = x.view(torch.int64) if whole else x.view(_BITS[x.element_size()])
+    return p._version, torch.sum(words, dtype=torch.int64)
+
+
+def _differ(old: list, new: list) -> list[bool]:
+    """Per parameter: written since ``old`` (its version or its fingerprint changed);
+    the fingerprints compared on their device, read back at once."""
+    if not new:
+        return []
+    eq = [a[1] == b[1] for a, b in zip(old, new)]
+    same = torch.stack(eq).tolist() if len({e.device for e in eq}) == 1 else \
+        [bool(e) for e in eq]
+    return [a[0] != b[0] or not s for a, b, s in zip(old, new, same)]
 
 
 def seed_class(adam: type) -> type:

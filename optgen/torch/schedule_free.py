@@ -81,7 +81,6 @@ class AdamWScheduleFree(OptgenOptimizer):
                     continue
                 self._move(p, i, weight)
             group["train_mode"] = train
-        self._core.settle()   # (the weights written here are the masters' own)
         self._note_modes()
 
     def _move(self, p: torch.Tensor, i: int, weight: float) -> None:

@@ -26,10 +26,17 @@ correction (decoded: that NaN; its payload is lost). ±inf stores ±inf and zero
 torch's cast gives; split16 still decodes θ exactly (the correction is negative), split8
 decodes ±inf (θ' is infinite).
 
-The correction belongs to the weight it was written with: a weight changed outside the
-optimizer (other than by loading a checkpoint, which restores both) decodes to that
-weight plus a stale correction (within half a bfloat16 step; split16 at +-0 with a
-negative one: NaN). Set the correction to zero after such a change.
+The correction belongs to the weight it was written with. A weight written outside the
+optimizer keeps its correction (nothing stored tells such a write: every int16 is a
+valid split16 correction of every weight), so the master decodes to the written weight
+plus the old correction's low bits, within half a bfloat16 step of it, except where the
+correction cannot belong to the weight: split16 decodes a pair whose master would be NaN
+while the weight is not (a zeroed weight with a negative correction, an infinite one with
+a positive correction) as the weight itself, correction 0; split8 does the same for the
+corrections no encoding gives: one of the other sign than a zero weight, or one below
+the first value of a binade past the midpoint to the value below (|rho| > 64 towards
+zero: the spacing below is half), which would move the weight (it decodes a non-finite
+weight as itself already). Other pairs decode within half a bfloat16 step of the weight.
 
 May import: numpy, ml_dtypes, the registry.
 """
@@ -41,6 +48,9 @@ from .registry import Format, StateFormat, register
 
 CORR = "__corr"          # the parameter "w" keeps its correction as "w__corr"
 _SIGN, _MAG, _INF, _QNAN = 0x80000000, 0x7FFFFFFF, 0x7F800000, 0x7FC00000
+_MANT = 0x007F0000       # a bfloat16's mantissa bits, as float32 bits
+_REACH = 64              # split8: the largest |rho| below a binade's first value that
+                         # encodes (the spacing there is half: rint(63.5) = 64)
 
 
 class Split(StateFormat):
@@ -83,11 +93,16 @@ class Split(StateFormat):
         hi = np.asarray(w).view(np.uint16).astype(np.uint32) << np.uint32(16)
         if fmt.name == "split16":
             c = np.asarray(corr, np.int16).astype(np.int32).view(np.uint32)
-            return (hi + c).view(np.float32)
+            theta = hi + c
+            stale = ((theta & _MAG) > _INF) & ((hi & _MAG) <= _INF)   # (see the module doc)
+            return np.where(stale, hi, theta).view(np.float32)
         with np.errstate(invalid="ignore"):
             low = (np.asarray(corr, np.int8).astype(np.float32) / np.float32(127)) * \
                 half_ulp(hi)
-            keep = ~_finite(hi) | (np.asarray(corr) == 0)     # (θ' itself: -0 stays)
+            c = np.asarray(corr, np.int8)
+            reach = np.where((hi & _INF) != 0, _REACH, 0)     # (a binade's first; ±0)
+            stale = ((hi & _MANT) == 0) & np.where((hi & _SIGN) != 0, c > reach, c < -reach)
+            keep = ~_finite(hi) | (c == 0) | stale     # (θ' itself: -0 stays)
             return np.where(keep, hi.view(np.float32), hi.view(np.float32) + low
                             ).astype(np.float32)
 
@@ -95,11 +110,19 @@ class Split(StateFormat):
     def load_param(self, fmt: Format, w: str, corr: str) -> str:
         """The float32 master, from the weight's and the correction's elements."""
         hi = f'T.shift_left(T.Cast("uint32", T.reinterpret("uint16", {w})), T.uint32(16))'
-        if fmt.name == "split16":
-            return f'T.reinterpret("float32", {hi} + T.Cast("uint32", T.Cast("int32", {corr})))'
+        if fmt.name == "split16":   # (a pair decoding to NaN from a weight that is not: w)
+            theta = f'{hi} + T.Cast("uint32", T.Cast("int32", {corr}))'
+            stale = (f"T.And(T.bitwise_and({theta}, T.uint32({_MAG})) > T.uint32({_INF}), "
+                     f"T.bitwise_and({hi}, T.uint32({_MAG})) <= T.uint32({_INF}))")
+            return f'T.reinterpret("float32", T.Select({stale}, {hi}, {theta}))'
         low = (f'(T.Cast("float32", {corr}) / T.float32(127.0)) * '
                f'{_tvm_half_ulp(hi)}')
-        return (f'T.Select(T.And({_tvm_finite(hi)}, {corr} != T.int8(0)), '
+        u, i8 = "T.uint32", "T.int8"
+        reach = f"T.Select(T.bitwise_and({hi}, {u}({_INF})) != {u}(0), {i8}({_REACH}), {i8}(0))"
+        belongs = (f"T.Or(T.bitwise_and({hi}, {u}({_MANT})) != {u}(0), "
+                   f"T.Select(T.bitwise_and({hi}, {u}({_SIGN})) != {u}(0), "
+                   f"{corr} <= {reach}, {corr} >= {i8}(0) - {reach}))")
+        return (f'T.Select(T.And(T.And({_tvm_finite(hi)}, {corr} != T.int8(0)), {belongs}), '
                 f'T.reinterpret("float32", {hi}) + {low}, T.reinterpret("float32", {hi}))')
 
     def store_param(self, fmt: Format, name: str, value: str, w: str, corr: str
