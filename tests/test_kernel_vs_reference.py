@@ -430,7 +430,7 @@ def _float32_edge_values(rng) -> np.ndarray:
 def test_mixed_precision_rounding_is_numpys(low, tmp_path_factory, rng):
     """w_low = the master rounded to nearest even, bit-identical to numpy's float16 and
     ml_dtypes' bfloat16 casts for every float32, through the vector loop and the scalar
-    tail. bfloat16 NaNs become ml_dtypes' quiet NaN of their sign (lower.narrow). One
+    tail. bfloat16 NaNs become ml_dtypes' quiet NaN of their sign (lower_bits.narrow). One
     documented difference: float16 quiets a *signaling* NaN (x86 F16C, IEEE 754) where
     numpy keeps it signaling; both are NaN of the same sign (and the kernel, reading
     w_low as numpy rounded it, takes that NaN for its master: a weight it did not

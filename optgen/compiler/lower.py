@@ -14,7 +14,7 @@ from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from optgen.core.reference import LOW_COPY
 from .kernel_ir import KernelIR
-from .lower_bits import adopted, nan_bits, stochastic
+from .lower_bits import adopted, narrow, stochastic, widen
 from . import math_calls, scratch as _scratch
 from .specialize import MASTER_DTYPE
 
@@ -105,37 +105,6 @@ def index(axes: str, view: str, transposed: bool = False) -> str:
         assert axes == "brc", axes
         return "i"
     return ", ".join(axes)
-
-
-def widen(slot: str, dtype: str, ty: str) -> str:
-    """A load of a buffer stored as ``dtype``, in the kernel dtype ``ty`` (exact).
-
-    bfloat16 (into float32 only) widens through its bits: TVM 0.27's bfloat16 legalization
-    turns a let-bound ``T.Cast("float32", <bfloat16 load>)`` into an integer-to-float
-    conversion of the uint16 bits (``uitofp``: 1.0 reads as 16256.0)."""
-    if dtype == "bfloat16":
-        return (f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", '
-                f'T.reinterpret("uint16", {slot})), T.uint32(16)))')
-    return f'T.Cast("{ty}", {slot})'
-
-
-def narrow(value: str, dtype: str) -> str:
-    """``value`` rounded to the storage ``dtype``, to nearest even (from float32 or
-    float64 to float16; from float32 only to bfloat16, the compute dtype of mixed kernels).
-
-    TVM 0.27 legalizes float32 -> bfloat16 as integer rounding of the bits (``(x + 0x7FFF
-    + lsb) >> 16``): right for every number, but NaN payloads carry into inf or zero
-    (0x7F800001 -> inf, 0x7FFF8000 -> -0.0, 0xFFFFFFFF -> +0.0). So a NaN is first
-    replaced by ml_dtypes' quiet NaN of its sign (sign | 0x7FC00000), which makes the
-    result bit-identical to ml_dtypes. The NaN test is on the bits: ``T.isnan`` of a
-    let-bound value fails MakePackedAPI ("variables ... are used, but are not passed")."""
-    if dtype == "bfloat16":
-        bits = f'T.reinterpret("uint32", {value})'
-        is_nan = nan_bits(bits)
-        nan = (f'T.reinterpret("float32", T.bitwise_or(T.bitwise_and({bits}, '
-               f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
-        value = f"T.Select({is_nan}, {nan}, {value})"
-    return f'T.Cast("{dtype}", {value})'
 
 
 def lower(kir: KernelIR, dtype: str, symbol: str, acc_dtype: str = ACC_DTYPE,

@@ -1,6 +1,6 @@
 """Bit-level lines of the lowering (optgen.compiler.lower): stochastic rounding to
-bfloat16, the NaN test on float32 bits and a mixed kernel's read of its master, as
-TVMScript text.
+bfloat16, the NaN test on float32 bits, a mixed kernel's read of its master, and the
+widening and narrowing of stored dtypes, as TVMScript text.
 
 May import: optgen.core.rounding.
 """
@@ -40,7 +40,7 @@ def adopted(master: str, low: str, dtype: str, ty: str) -> str:
     low-precision weight ``low`` is still its rounding to nearest even (bit for bit),
     else the weight widened: a weight written from outside the optimizer wins
     (optgen/core/reference.py ``adopted`` does the same). The bfloat16 rounding is done
-    on the bits, as ``lower.narrow``'s store rounds (NaN: the quiet NaN of its sign); a
+    on the bits, as ``narrow``'s store rounds (NaN: the quiet NaN of its sign); a
     bfloat16 cast compared as uint16 crashes TVM's bfloat16 legalization."""
     u = "T.uint32"
     if dtype == "bfloat16":
@@ -53,3 +53,34 @@ def adopted(master: str, low: str, dtype: str, ty: str) -> str:
         return f'T.Select({rounded} == {wide}, {master}, T.reinterpret("float32", {wide}))'
     same = f'T.reinterpret("uint16", T.Cast("{dtype}", {master})) == T.reinterpret("uint16", {low})'
     return f'T.Select({same}, {master}, T.Cast("{ty}", {low}))'
+
+
+def widen(slot: str, dtype: str, ty: str) -> str:
+    """A load of a buffer stored as ``dtype``, in the kernel dtype ``ty`` (exact).
+
+    bfloat16 (into float32 only) widens through its bits: TVM 0.27's bfloat16 legalization
+    turns a let-bound ``T.Cast("float32", <bfloat16 load>)`` into an integer-to-float
+    conversion of the uint16 bits (``uitofp``: 1.0 reads as 16256.0)."""
+    if dtype == "bfloat16":
+        return (f'T.reinterpret("float32", T.shift_left(T.Cast("uint32", '
+                f'T.reinterpret("uint16", {slot})), T.uint32(16)))')
+    return f'T.Cast("{ty}", {slot})'
+
+
+def narrow(value: str, dtype: str) -> str:
+    """``value`` rounded to the storage ``dtype``, to nearest even (from float32 or
+    float64 to float16; from float32 only to bfloat16, the compute dtype of mixed kernels).
+
+    TVM 0.27 legalizes float32 -> bfloat16 as integer rounding of the bits (``(x + 0x7FFF
+    + lsb) >> 16``): right for every number, but NaN payloads carry into inf or zero
+    (0x7F800001 -> inf, 0x7FFF8000 -> -0.0, 0xFFFFFFFF -> +0.0). So a NaN is first
+    replaced by ml_dtypes' quiet NaN of its sign (sign | 0x7FC00000), which makes the
+    result bit-identical to ml_dtypes. The NaN test is on the bits: ``T.isnan`` of a
+    let-bound value fails MakePackedAPI ("variables ... are used, but are not passed")."""
+    if dtype == "bfloat16":
+        bits = f'T.reinterpret("uint32", {value})'
+        is_nan = nan_bits(bits)
+        nan = (f'T.reinterpret("float32", T.bitwise_or(T.bitwise_and({bits}, '
+               f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
+        value = f"T.Select({is_nan}, {nan}, {value})"
+    return f'T.Cast("{dtype}", {value})'

@@ -15,30 +15,11 @@ from . import agreement as torch_agreement, sharded_checkpoint, state_load, in_b
 from optgen.runtime import composition, flatten, get_artifact, groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
+from .group_values import torch_view, current
 
 RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
                    "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
                    "master_format", "seed")
-
-
-def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
-    """Spec-named hyperparameters as a torch group holds them: ``beta1``, ``beta2``, ...
-    as one ``betas`` tuple (a pair, Adan's triple), the tuple ``alias`` splits back."""
-    out = dict(hyper)
-    names = groups.beta_names(art.hypers)
-    if names and all(n in out for n in names):
-        out["betas"] = tuple(out.pop(n) for n in names)
-    return out
-
-
-def _value(v: Any) -> Any:
-    """A group value as of now: a one-element tensor (torch.optim allows a tensor lr or
-    betas) becomes a float; pairs are read element by element."""
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return float(v)
-    if isinstance(v, (tuple, list)):
-        return type(v)(_value(x) for x in v)
-    return v
 
 
 class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
@@ -54,7 +35,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         given = groups.alias(art.name, art.hypers, kwargs)
         spec_defaults = {n: h.default for n, h in art.hypers.items()}
         hyper_rules.resolve(art.name, art.hypers, art.requirements, spec_defaults, given)
-        super().__init__(params, _torch_view(art, {**spec_defaults, **given}))
+        super().__init__(params, torch_view(art, {**spec_defaults, **given}))
 
     def _prepare(self, flat: bool, kwargs: dict[str, Any], params: Any):
         """The runtime side, before torch's constructor: runtime options (popped from ``kwargs``;
@@ -150,7 +131,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         as floats: torch schedulers change a tensor lr in place (``fill_``), so a stored
         reference would never look changed to ``_sync``."""
         art = self._artifact
-        known = {k: _value(v) for k, v in group.items()
+        known = {k: current(v) for k, v in group.items()
                  if k != "params" and groups.is_hyper_key(k, art.hypers)}
         return groups.alias(art.name, art.hypers, known)
 
@@ -364,7 +345,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
     def _group_values(self, group: dict[str, Any], hyper: dict[str, Any]) -> dict[str, Any]:
         """Spec-named hyperparameters as ``group`` holds them (the inverse of
         ``_group_hyper``)."""
-        return _torch_view(self._artifact, hyper)
+        return torch_view(self._artifact, hyper)
 
     def _optgen_form(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """``state_dict`` with this optimizer's state names: a torch.optim checkpoint of

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from . import optim_state, placement
-from .drop_in import RUNTIME_OPTIONS, OptgenOptimizer, _value
+from .drop_in import RUNTIME_OPTIONS, OptgenOptimizer
+from .group_values import current
 from optgen.core import hyper as hyper_rules
 from optgen.runtime import catalog
 
@@ -138,11 +139,11 @@ class TorchForm(OptgenOptimizer, metaclass=TakesRuntimeOptions):
         out: dict[str, Any] = {}
         for k, v in group.items():
             if k in SPLIT and SPLIT[k][0] in hypers:
-                out.update(zip(SPLIT[k], _value(v)))
+                out.update(zip(SPLIT[k], current(v)))
             elif k == "adjust_lr_fn" and "match_rms_adamw" in hypers:
                 out["match_rms_adamw"] = v == "match_rms_adamw"
             elif k in hypers and k != "params":
-                out[k] = bool(v) if hypers[k].is_flag else _value(v)
+                out[k] = bool(v) if hypers[k].is_flag else current(v)
         if "eps1" in out and out["eps1"] is None:   # torch: the parameters' dtype's eps
             out["eps1"] = torch.finfo(_dtype(self, group)).eps
         return out
