@@ -92,6 +92,7 @@ class Scenario:
     checkpoint: bool | None = None
     micro: int = 1
     hold_first: bool = False                 # accumulating(): the first micro-batch held
+    hold_all: bool = False                   # (and the last: opt.step() steps the sums)
     loss_scale: float = 1.0                  # the optgen side's loss multiplied by it
     nan_at: int | None = None                # nonfinite='skip': a NaN gradient at that step
     clip: float | None = None                # the plain side's clip for clip_global_norm
@@ -107,6 +108,12 @@ class Scenario:
     compiled: bool = False
     masters: list[str] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
+    # the optgen side under torch.distributed (tests/distributed_pairs_run.py): the model
+    # the loop runs (DDP, FSDP2's fully_shard), the optimizer's maker (ZeRO-1) and what
+    # follows it (opt.attach(ddp_model))
+    wrap: Callable[[Any], Any] | None = None
+    make: Callable[..., Any] | None = None
+    after: Callable[[Any, Any], None] | None = None
 
 
 def _kw(**kw):
@@ -210,11 +217,14 @@ def _optimizer(s: Scenario, side: str, net):
     params = list(net.named_parameters()) if s.named and side == "optgen" else \
         list(net.parameters())
     if s.cls == "AdamWScheduleFree":   # (no torch.optim twin: optgen's without options)
-        opt = ot.AdamWScheduleFree(params, lr=LR, **(s.kw if side == "optgen" else {}))
+        opt = (s.make or _call)(ot.AdamWScheduleFree, params, lr=LR,
+                                **(s.kw if side == "optgen" else {}))
         opt.train()
         return opt
     if side != "optgen":
         return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+    if s.make is not None:
+        return s.make(ot.AdamW, params, lr=LR, weight_decay=0.01, **s.kw)
     return ot.AdamW(params, lr=LR, weight_decay=0.01, **s.kw)
 
 
@@ -228,7 +238,10 @@ def run(s: Scenario, side: str) -> list[torch.Tensor]:
     net = Net(s.tied, s.checkpoint).to(s.dtype)
     if side == "reference":
         net = net.float()
+    model = s.wrap(net) if s.wrap is not None and side == "optgen" else net
     opt = _optimizer(s, side, net)
+    if s.after is not None and side == "optgen":
+        s.after(opt, model)
     mixed = getattr(opt, "mixed", [])   # the plain side of a bfloat16 model
     params = [m for _, m in mixed] or list(net.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if s.sched else None
@@ -238,15 +251,17 @@ def run(s: Scenario, side: str) -> list[torch.Tensor]:
     for i in range(STEPS):
         for k in range(s.micro):
             x, y = _batch(i, k)
-            loss = torch.nn.functional.mse_loss(net(x.to(net.a.weight.dtype)).float(), y)
-            loss = loss / s.micro * (s.loss_scale if side == "optgen" else 1.0)
-            held = side == "optgen" and s.hold_first and k < s.micro - 1
-            with opt.accumulating() if held else _nothing():
+            held = side == "optgen" and s.hold_first and (k < s.micro - 1 or s.hold_all)
+            with opt.accumulating() if held else _nothing():   # (forward too: attach's
+                # accumulating() enters DDP's no_sync())
+                loss = torch.nn.functional.mse_loss(model(x.to(net.a.weight.dtype)).float(), y)
+                loss = loss / s.micro * (s.loss_scale if side == "optgen" else 1.0)
                 (scaler.scale(loss) if scaler else loss).backward()
         for p, m in mixed:
             m.grad = None if p.grad is None else p.grad.float()
         if s.nan_at == i and side == "optgen" and net.b.bias.grad is not None:
-            net.b.bias.grad[0] = float("nan")
+            g = net.b.bias.grad   # (FSDP2: this rank's shard)
+            getattr(g, "_local_tensor", g)[0] = float("nan")
         if scaler is not None:
             scaler.unscale_(opt)
         if s.clip_grad:
@@ -285,7 +300,14 @@ def run(s: Scenario, side: str) -> list[torch.Tensor]:
             step = opt.step
             if sched is not None:
                 sched.optimizer = opt
+        if (s.replace or s.reload) and i == 0 and s.after is not None and side == "optgen":
+            model = s.wrap(net)   # (a DDP model takes one communication hook: a new one)
+            s.after(opt, model)
     return [p.detach().float().clone() for p in net.parameters()]
+
+
+def _call(cls, *args, **kw):
+    return cls(*args, **kw)
 
 
 class _nothing:

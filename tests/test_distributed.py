@@ -45,12 +45,13 @@ def single():
     return {name: distributed_run.train(name) for name in distributed_run.OPTIMIZERS}
 
 
-def launch(script: str, mode: str, world: int, tmp_path, timeout: int = 300
-           ) -> list[dict[str, np.ndarray]]:
+def launch(script: str, mode: str, world: int, tmp_path, timeout: int = 300,
+           tag: str | None = None) -> list[dict[str, np.ndarray]]:
     """Run ``script`` (tests/<script>: argv mode, world, rank, port, output file) as
-    ``world`` processes of one gloo group and read what each rank saved."""
+    ``world`` processes of one gloo group and read what each rank saved (in files
+    named after ``tag``, by default the mode)."""
     port = _free_port()
-    outs = [str(tmp_path / f"{mode}-{world}-{r}.npz") for r in range(world)]
+    outs = [str(tmp_path / f"{tag or mode}-{world}-{r}.npz") for r in range(world)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TVM_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-X", "faulthandler",
                                os.path.join(HERE, script),
@@ -64,9 +65,10 @@ def launch(script: str, mode: str, world: int, tmp_path, timeout: int = 300
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{mode} at world size {world}: a rank hung past {timeout} s")
+            pytest.fail(f"{tag or mode} at world size {world}: a rank hung past {timeout} s")
     for r, p in enumerate(procs):
-        assert p.returncode == 0, f"{mode} rank {r} of {world} failed:\n{logs[r][-3000:]}"
+        assert p.returncode == 0, \
+            f"{tag or mode} rank {r} of {world} failed:\n{logs[r][-3000:]}"
     results = []
     for o in outs:
         with np.load(o) as z:
