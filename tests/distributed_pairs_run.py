@@ -26,6 +26,7 @@ sys.path.insert(0, HERE)
 
 import distributed_run  # noqa: E402
 import test_composition_pairs as pairs  # noqa: E402
+from optgen.runtime import composition  # noqa: E402
 
 DISTRIBUTED = ("ddp", "attach_ddp", "zero1", "agree", "fsdp2")
 
@@ -99,10 +100,28 @@ def _whole(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().numpy().copy()
 
 
-def run_pair(pair: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The pair's weights after the steps, or what it raised (and the weights then), and
-    the warnings it gave."""
+def twin(pair: tuple[str, ...]) -> pairs.Scenario | None:
+    """A pair of DDP, ZeRO-1 or FSDP2 with a torch feature, torch.optim.AdamW in place
+    of optgen's: where torch's own run under it differs from one process (FSDP2 does not
+    see ``p.data = new``), optgen's must match that run."""
+    d = [i for i in pair if i in APPLY]
+    if d not in (["ddp"], ["zero1"], ["fsdp2"]) or not all(
+            i in composition.FEATURES for i in pair if i not in APPLY):
+        return None
     s = scenario(pair)
+    s.kw.clear()
+    s.make = (lambda cls, params, **kw: _Zero(params, optimizer_class=torch.optim.AdamW, **kw)) \
+        if d == ["zero1"] else (lambda cls, params, **kw: torch.optim.AdamW(params, **kw))
+    return s
+
+
+def run_pair(pair: tuple[str, ...], s: pairs.Scenario | None = None) -> dict[str, np.ndarray]:
+    """The pair's weights after the steps, or what it raised (and the weights then), and
+    the warnings it gave; ``twin/``: the same of its torch twin."""
+    if s is None:
+        t = twin(pair)
+        out = {} if t is None else {f"twin/{k}": v for k, v in run_pair(pair, t).items()}
+        return {**out, **run_pair(pair, scenario(pair))}
     nets = []
     wrap = s.wrap
 

@@ -8,9 +8,12 @@ table's text at construction with nothing changed.
 Each item is one small function that turns it on in a scenario (``APPLY``): on the
 optgen side only for an option, on both sides for a torch feature; a pair is two of
 them, a triple three. CI runs the pairs of one process (sampled: a fixed covering of
-the items; ``--exhaustive``: every pair, and the triples). Items that need processes
-(DDP, FSDP2, ZeRO-1, agree=<group>, checkpoints at another world size) or CUDA
-(capturable) are checked here by their verdicts only: see ``NOT_HERE``.
+the items; ``--exhaustive``: every pair, and the triples). The pairs with DDP,
+opt.attach(ddp_model), ZeRO-1, agree=<group> or FSDP2 run in a 2-process gloo job
+(tests/test_composition_pairs_distributed.py: this file's scenario, the item on through
+``Scenario.wrap``/``make``/``after``); checkpoints at another world size, CUDA
+(capturable) and the Hugging Face Trainer are checked here by their verdicts only (their
+runs: tests/test_distributed*.py, the GPU runs, tests/test_hf_trainer.py): ``NOT_HERE``.
 """
 from __future__ import annotations
 
@@ -408,6 +411,7 @@ def test_triple(triple):
                          ids=lambda p: "+".join(p))
 def test_pairs_not_run_here_have_a_reasoned_verdict(pair):
     """Pairs with a distributed or CUDA item: their verdict exists and says how or why
-    (their runs: tests/test_distributed*.py, test_step_in_backward*.py, the GPU runs)."""
+    (their runs: tests/test_composition_pairs_distributed.py, tests/test_distributed*.py,
+    test_step_in_backward*.py, the GPU runs)."""
     v = composition.verdict(*pair)
     assert v.text and (v.composes or v.when in composition.WHEN)

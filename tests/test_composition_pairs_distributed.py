@@ -38,10 +38,14 @@ def _runnable(item: str) -> bool:
 
 
 PAIRS = [p for p in pairs.PAIRS if any(i in DISTRIBUTED for i in p) and all(map(_runnable, p))]
+# pairs whose run differs from their cell (each named in the table's cell or its code's
+# fix): in the covering so that it shows them
+DIFFER = {("attach_ddp", "freeze_unfreeze"), ("fsdp2", "torch_compile"),
+          ("zero1", "torch_state_dict"), ("zero1", "named_parameters")}
 # CI: a fixed covering: every third pair of each distributed item, every refusal, the
 # distributed items with each other
 SAMPLED = {p for d in DISTRIBUTED for j, p in enumerate(q for q in PAIRS if d in q)
-           if j % 3 == 0 or all(i in DISTRIBUTED for i in p)
+           if j % 3 == 0 or all(i in DISTRIBUTED for i in p) or p in DIFFER
            or not composition.verdict(*p).composes}
 
 
@@ -91,7 +95,18 @@ def test_distributed_pair(pair, ranks):
                 continue
         assert not error, (pair, rank, error)
         assert len(weights) == len(want), (pair, rank)
+        torch_run = [torch.from_numpy(got[f"{name}/twin/{i}"]) for i in range(len(want))
+                     if f"{name}/twin/{i}" in got]
         for i, (g, w) in enumerate(zip(weights, want)):
             err = (g - w).abs().max().item()
+            if err > tol and torch_run:   # (torch's own run under the item differs too:
+                # optgen's must be torch's)
+                theirs = (torch_run[i] - w).abs().max().item()
+                mine = (g - torch_run[i]).abs().max().item()
+                assert theirs > tol and mine <= tol, (
+                    f"{pair} rank {rank}: parameter {i} is {err:.3g} from the plain path "
+                    f"and {mine:.3g} from torch.optim.AdamW's run under the same item "
+                    f"(which is {theirs:.3g} from the plain path; bound {tol})")
+                continue
             assert err <= tol, f"{pair} rank {rank}: parameter {i} is {err:.3g} from the " \
                                f"plain path (bound {tol})"
