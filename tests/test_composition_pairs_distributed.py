@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
