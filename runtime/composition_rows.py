@@ -336,3 +336,22 @@ _rows([
         "name flags pick each parameter's kernel as any flag does; multi-tensor lists hold "
         "parameters whose kernels agree")),
 ])
+
+# -- shards under torch.compile, ZeRO-1's constructor, DDP's fixed buckets -------------
+_rows([
+    ("fsdp2", "torch_compile", composes(
+        "a compiled step with DTensor parameters calls optgen's step eagerly (a graph "
+        "break: fake DTensors cannot run the opaque op); the rest of the train step stays "
+        "compiled and the step equals the eager one")),
+    ("zero1", "named_parameters", refused(
+        "torch's ZeroRedundancyOptimizer takes tensors or dicts of them and raises its own "
+        "TypeError: `params` argument should be an iterable of Tensors or dicts; its "
+        "partitions reach the optgen optimizer without names, so name flags take the "
+        "unnamed default (every flag on)")),
+    ("attach_ddp", "freeze_unfreeze", refused(
+        "DDP fixes the parameters each bucket reduces when it wraps the model; a parameter "
+        "frozen or unfrozen afterwards leaves a gradient that no bucket's all-reduce "
+        "steps: opt.step() finds it and refuses before stepping it (freeze before "
+        "wrapping, or step after backward without attach)", when="first step")),
+])
+

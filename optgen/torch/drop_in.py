@@ -16,6 +16,7 @@ from optgen.runtime import composition, flatten, get_artifact, groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 from .group_values import torch_view, current
+from .eager import eager
 
 RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
                    "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
@@ -226,6 +227,10 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         loss = self._run_closure(closure)
         if self._in_backward:   # (the hooks stepped: optgen/torch/in_backward.py)
             return self._step_held(loss, statistics)
+        if not torch.compiler.is_compiling():
+            self._take_written()
+        if torch.compiler.is_compiling() and self._dtensors:   # (fake DTensors cannot
+            return self._step_eagerly(loss, statistics)       # run the op: eagerly)
         if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
@@ -234,6 +239,13 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             params, states = self._op_tensors
             torch.ops.optgen.step(self._op_handle, params, [p.grad for p in params], states)
             return loss
+        self._step_now([p.grad for p in self._params], statistics)
+        return loss
+
+    @eager
+    @torch.no_grad()
+    def _step_eagerly(self, loss: Any, statistics: dict[str, Any]) -> Any:
+        self._take_written()
         self._step_now([p.grad for p in self._params], statistics)
         return loss
 
@@ -305,6 +317,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
                              "torch.distributed.checkpoint) cannot describe; save them with "
                              "opt.save(folder), which reshards at load")
         self._follow(masters=True)
+        self._take_written()
         self._mirror()
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
@@ -353,6 +366,12 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         if torch_checkpoints.is_torch(state_dict, {n for st in self._core.state for n in st}):
             return torch_checkpoints.to_optgen(self._artifact.name, self.param_groups, state_dict)
         return state_dict
+
+    def _take_written(self) -> None:
+        """States assigned into ``self.state`` from outside (ZeRO-1's load_state_dict)
+        are loaded as ``load_state_dict`` loads them (checked first), not dropped."""
+        if state_load.written(self.state, self._params, self._core.state):
+            self.load_state_dict(torch.optim.Optimizer.state_dict(self))
 
     def _kinds(self) -> dict[str, str]:
         return {s.name: s.shape for s in self._artifact.states}

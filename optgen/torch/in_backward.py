@@ -115,6 +115,7 @@ class StepInBackward:
         self._partial: set[int] = set()      # id(p): of those, reached by a nested one after
         self._watched: dict[int, Any] = {}   # id(node): nodes whose end closes the step
         self._guard = in_backward_guard.Guard(art.name)   # the loop around the backwards
+        self._accumulated = False            # accumulating() entered since the last step
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -146,6 +147,7 @@ class StepInBackward:
                 if ref() is not None:
                     stack.enter_context(ref().no_sync())
             self._held += 1
+            self._accumulated = True   # (until a stepping backward or step() ends)
             try:
                 yield
             finally:
@@ -313,6 +315,7 @@ class StepInBackward:
             core = self._core
             core.t = max(core.t, max((s.steps for s in core.records), default=0))
             self._round, self._ddp_stepped = None, []
+            self._accumulated = False
             self._stepped, self._watched, self._partial = set(), {}, set()
             self._opt_called = True   # (torch's lr schedulers read it)
             self._mirror()
@@ -362,6 +365,8 @@ class StepInBackward:
         self._check_owner("step_in_backward")
         self._guard.looped()
         held = [p for p in self._params if p.grad is not None]
+        if any(id(p) in self._by_ddp for p in held) and not self._accumulated:
+            composition.refuse(self._artifact.name, "attach_ddp", "freeze_unfreeze")
         if any(id(p) in self._by_ddp for p in held):
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
                              "accumulating() on a DDP model were never all-reduced; run "
@@ -370,6 +375,7 @@ class StepInBackward:
             self._step_now([p.grad for p in self._params], {})
             for p in held:
                 p.grad = None
+        self._accumulated = False
         self._opt_called = True
         return loss
 

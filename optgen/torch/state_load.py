@@ -142,3 +142,16 @@ def copy_in(states: list[dict[str, Any]], plan: list[tuple[int, dict[str, Any]]]
                 np.copyto(v, torch.as_tensor(rec[n]).detach().cpu().numpy())
             else:
                 v.copy_(fsdp.local(rec[n]))
+
+
+def written(opt_state: Any, params: list, states: list[dict[str, Any]]) -> bool:
+    """Whether a state dict of ``opt.state`` holds tensors that are not the runtime's
+    (``states``): assigned from outside, as ``ZeroRedundancyOptimizer.load_state_dict``
+    does (``optim.state[param] = {...}``, bypassing ``load_state_dict``)."""
+    for p, core in zip(params, states):
+        st = opt_state.get(p, {})
+        for n, v in core.items():
+            x = st.get(n)
+            if isinstance(x, torch.Tensor) and x is not v and fsdp.local(x) is not v:
+                return True
+    return False
