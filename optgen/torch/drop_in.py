@@ -16,19 +16,13 @@ from optgen.runtime import composition, flatten, get_artifact, groups
 from optgen.core import hyper as hyper_rules
 from optgen.runtime.optimizer import Optimizer as _Core
 
-RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
-                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
+RUNTIME_OPTIONS = ("target", "backend", "multi_precision", "multi_tensor", "clip_global_norm",
+                   "nonfinite", "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
                    "master_format", "seed")
 
 
 def _torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
-    """Spec-named hyperparameters as a torch group holds them: ``beta1``, ``beta2``, ...
-    as one ``betas`` tuple (a pair, Adan's triple), the tuple ``alias`` splits back."""
-    out = dict(hyper)
-    names = groups.beta_names(art.hypers)
-    if names and all(n in out for n in names):
-        out["betas"] = tuple(out.pop(n) for n in names)
-    return out
+    return groups.torch_view(art.hypers, hyper)   # (betas, CAME's eps: tuples)
 
 
 def _value(v: Any) -> Any:
