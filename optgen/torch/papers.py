@@ -22,6 +22,13 @@ from .drop_in import OptgenOptimizer
 from optgen.runtime import catalog
 
 
+def _tuple(options: dict[str, Any], key: str, value: Any, names: tuple[str, ...]) -> None:
+    """Pass ``key=value`` on unless one of the spec's names it sets is given by itself
+    (``beta1=0.8``: the other entries keep the spec's defaults, as in the seed forms)."""
+    if not set(names) & set(options):
+        options[key] = value
+
+
 class Prodigy(OptgenOptimizer):
     """Prodigy (Mishchenko & Defazio 2024) as the authors' Prodigy steps it, with fused
     kernels and the sums over all parameters in the same step."""
@@ -41,7 +48,8 @@ class Prodigy(OptgenOptimizer):
             raise ValueError("Prodigy: step_in_backward=True is not built: each step sums "
                              "over the gradients of every parameter (global_sum)")
         self.spec = catalog.resolve(self.spec_name)
-        super().__init__(params, lr=lr, betas=betas, beta3=beta3, eps=eps,
+        _tuple(options, "betas", betas, ("beta1", "beta2"))
+        super().__init__(params, lr=lr, beta3=beta3, eps=eps,
                          weight_decay=weight_decay, decouple=decouple,
                          use_bias_correction=use_bias_correction,
                          safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
@@ -61,7 +69,9 @@ class CAME(OptgenOptimizer):
             raise ValueError("CAME: lr must be given (the authors' CAME has no default), "
                              "e.g. lr=2e-4")
         self.spec = catalog.resolve(self.spec_name)
-        super().__init__(params, lr=lr, eps=eps, clip_threshold=clip_threshold, betas=betas,
+        _tuple(options, "eps", eps, ("eps1", "eps2"))
+        _tuple(options, "betas", betas, ("beta1", "beta2", "beta3"))
+        super().__init__(params, lr=lr, clip_threshold=clip_threshold,
                          weight_decay=weight_decay, **options)
 
 
@@ -89,7 +99,8 @@ class AdamAtan2(OptgenOptimizer):
             raise ValueError(f"AdamAtan2: decoupled_wd divides weight_decay by lr, which "
                              f"must then be > 0; got lr={lr!r}")
         self.spec = catalog.resolve(self.spec_name)
-        super().__init__(params, lr=lr, betas=betas, a=a, b=b, cautious_wd=cautious_wd,
+        _tuple(options, "betas", betas, ("beta1", "beta2"))
+        super().__init__(params, lr=lr, a=a, b=b, cautious_wd=cautious_wd,
                          weight_decay=weight_decay / lr if decoupled_wd else weight_decay,
                          **options)
 
