@@ -223,8 +223,8 @@ class Spec:
         """Optimizer state: per element (``shape="param"``), per row or column of the
         ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
         one scalar per parameter (``"scalar"``), or an R x R / C x C matrix (``"rr"`` /
-        ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number or a
-        hyperparameter expression (``spec.state("accum", initial_accum)``). With
+        ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number, a hyperparameter
+        expression (``spec.state("accum", initial_accum)``) or "w" (the parameter). With
         ``when="flag"`` (a flag expression) the state exists only in those kernels; with
         ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype).
         ``nonneg=True`` asserts that it is never negative where the compiler cannot prove
@@ -242,11 +242,11 @@ class Spec:
                                 f"not {bad[0].describe()}", loc,
                                 hint="e.g. init=0.0 or init=<a hyperparameter>")
             init = to_python(init)
-        elif isinstance(init, bool) or not isinstance(init, (int, float)):
-            raise SpecError(f"state {name!r}: init must be a number or a hyperparameter "
-                            f"expression, got {init!r}", loc,
-                            hint="e.g. init=0.0 or init=<a hyperparameter>")
-        else:
+        elif init != "w" or shape != "param":   # ("w": a copy of the parameter)
+            if isinstance(init, bool) or not isinstance(init, (int, float)):
+                raise SpecError(f"state {name!r}: init must be a number, a hyperparameter "
+                                f"expression or 'w' (shape='param' only), got {init!r}",
+                                loc, hint="e.g. init=0.0, init=<a hyperparameter> or 'w'")
             init = float(init)
         for key, rule in (("when", when), ("half_when", half_when)):
             if rule is None:
