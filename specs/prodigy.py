@@ -5,7 +5,7 @@ gradient by the step size it was taken with.
     dlr   = d * lr * bc,   bc = sqrt(1 - beta2**t) / (1 - beta1**t)  (use_bias_correction;
                                                                       else 1)
     g     = grad + weight_decay * w                                  (not decouple)
-    A     = (d / d0) * dlr * sum_all(g * x)           x = w0 - w (the initial w, less w)
+    A     = (d / d0) * dlr * sum_all(g * (w0 - w))      w0: the parameter's initial value
     m     = beta1 * m + d * (1 - beta1) * g
     v     = beta2 * v + d**2 * (1 - beta2) * g * g
     s     = r * s + (d / d0) * dlr * g               (safeguard_warmup: d instead of dlr)
@@ -20,8 +20,7 @@ gradient by the step size it was taken with.
 sum_all sums over every element of every parameter the optimizer steps (global_sum); d
 (initially d0), d_max (initially d0) and nw (initially 0) are scalars shared by all
 parameters: every parameter keeps its own copy, equal as long as every parameter has a
-gradient at every step. x, the distance travelled from the initial parameter, starts
-at 0 and takes each step's change of w (the authors keep w0 and subtract).
+gradient at every step. w0 is a copy of the parameter made with its states.
 
 Reference: K. Mishchenko, A. Defazio, "Prodigy: An Expeditiously Adaptive
 Parameter-Free Learner", ICML 2024 (arXiv:2306.06101); the authors' Prodigy (pip
@@ -51,7 +50,7 @@ spec.flag("safeguard_warmup", False, "leave lr out of the weight of s (warm-up)"
 m = spec.state("m", 0.0, "first moment, scaled by d")
 v = spec.state("v", 0.0, "second moment, scaled by d**2")
 s = spec.state("s", 0.0, "weighted sum of the gradients")
-x = spec.state("x", 0.0, "the initial parameter less the parameter (w0 - w)")
+w0 = spec.state("w0", "w", "the parameter's initial value")
 d = spec.state("d", d0, "estimate of the step size", shape="scalar")
 d_max = spec.state("d_max", d0, "largest estimate d_hat so far", shape="scalar")
 nw = spec.state("nw", 0.0, "weighted numerator of the estimate", shape="scalar")
@@ -64,7 +63,7 @@ def prodigy(w, grad, flags):
     bc = sqrt(1 - beta2 ** t) / (1 - beta1 ** t) if flags.use_bias_correction else 1.0
     dlr = d * lr * bc
     g = grad if flags.decouple else grad + weight_decay * w
-    a = (d / d0) * dlr * global_sum(g * x)
+    a = (d / d0) * dlr * global_sum(g * (w0 - w))
     m_new = beta1 * m + d * (1 - beta1) * g
     v_new = beta2 * v + d * d * (1 - beta2) * g * g
     s_new = r * s + (d / d0) * (d if flags.safeguard_warmup else dlr) * g
@@ -79,5 +78,4 @@ def prodigy(w, grad, flags):
     w_new = w - weight_decay * dlr * w if flags.decouple else w
     w_new = w_new - dlr * m_new / (sqrt(v_new) + d_next * eps)
     return {m: m_new, v: v_new, s: s_new, nw: where(estimate, nw_new, nw), d: d_next,
-            d_max: where(estimate, d_max_new, d_max), w: where(moved, w_new, w),
-            x: where(moved, x + (w - w_new), x)}
+            d_max: where(estimate, d_max_new, d_max), w: where(moved, w_new, w), w0: w0}
