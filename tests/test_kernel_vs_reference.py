@@ -251,12 +251,17 @@ def _mixed_arrays(art, k, shape, rng, scalars, states="random") -> dict[str, np.
         else:
             kind = {"brc": "param", "br": "row", "bc": "col"}[axes]
             value = rng.standard_normal(views.state_shape(shape, kind))
-            if b in init and states == "init":
+            if b in init and states == "init" and init[b] == "w":   # (a copy of w: below)
+                pass
+            elif b in init and states == "init":
                 value[...] = scalar_expr.evaluate(str(init[b]), scalars)
             elif b in init:
                 value = np.abs(value)  # positive, like second moments
             value = value.astype(k.storage.get(b, k.dtype))
         arrays[b] = offset_array(value, rng, unit=value.itemsize)
+    for b in arrays:
+        if init.get(b) == "w" and states == "init":   # (Prodigy's w0: the master's values)
+            arrays[b][...] = arrays["w"]
     return arrays
 
 
