@@ -134,8 +134,8 @@ class Spec:
 
     def hyper(self, name: str, default: Any, constraint: str | None = None, doc: str = "", *,
               type: str | None = None, optional: bool = False,
-              none_value: float | None = None) -> Expr:
-        """A numeric hyperparameter: a run-time kernel argument (changing it never rebuilds)."""
+              none_value: float | None = None, tuple: str | None = None) -> Expr:
+        """A numeric run-time kernel argument; ``tuple``: the torch tuple holding it."""
         loc = caller_loc()
         self._new_name(name, "hyperparameter", loc)
         if isinstance(default, bool) or type == "bool":
@@ -152,7 +152,11 @@ class Spec:
         if optional and none_value is None:
             raise SpecError(f"optional hyperparameter {name!r} needs none_value=", loc,
                             hint="pass none_value=<the number the kernel uses when it is None>")
-        info = HyperInfo(name, default, type, constraint, doc, optional, none_value)
+        if tuple is not None and not (isinstance(tuple, str) and tuple.isidentifier()
+                                      and tuple not in self.hypers and tuple != name):
+            raise SpecError(f"hyperparameter {name!r}: tuple must be a name no hyperparameter "
+                            f"has, got {tuple!r}", loc, hint='e.g. tuple="eps" for eps1, eps2')
+        info = HyperInfo(name, default, type, constraint, doc, optional, none_value, tuple)
         node = Expr("hyper", name=name, kind="scalar", loc=loc)
         self.hypers[name] = Hyper(info, node, loc)
         return node
@@ -219,8 +223,8 @@ class Spec:
         """Optimizer state: per element (``shape="param"``), per row or column of the
         ``[B, R, C]`` view (``"row"``: shape[:-1], ``"col"``: shape[:-2] + shape[-1:]),
         one scalar per parameter (``"scalar"``), or an R x R / C x C matrix (``"rr"`` /
-        ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number or a
-        hyperparameter expression (``spec.state("accum", initial_accum)``). With
+        ``"cc"``, 2-D parameters; matrix specs). ``init`` is a number, a hyperparameter
+        expression (``spec.state("accum", initial_accum)``) or "w" (the parameter). With
         ``when="flag"`` (a flag expression) the state exists only in those kernels; with
         ``half_when="flag"`` it is stored as float16 there (computed in the kernel dtype).
         ``nonneg=True`` asserts that it is never negative where the compiler cannot prove
@@ -237,12 +241,12 @@ class Spec:
                 raise SpecError(f"state {name!r}: init may use hyperparameters and numbers, "
                                 f"not {bad[0].describe()}", loc,
                                 hint="e.g. init=0.0 or init=<a hyperparameter>")
-            init = _init_text(init)
-        elif isinstance(init, bool) or not isinstance(init, (int, float)):
-            raise SpecError(f"state {name!r}: init must be a number or a hyperparameter "
-                            f"expression, got {init!r}", loc,
-                            hint="e.g. init=0.0 or init=<a hyperparameter>")
-        else:
+            init = to_python(init)
+        elif init != "w" or shape != "param":   # ("w": a copy of the parameter)
+            if isinstance(init, bool) or not isinstance(init, (int, float)):
+                raise SpecError(f"state {name!r}: init must be a number, a hyperparameter "
+                                f"expression or 'w' (shape='param' only), got {init!r}",
+                                loc, hint="e.g. init=0.0, init=<a hyperparameter> or 'w'")
             init = float(init)
         for key, rule in (("when", when), ("half_when", half_when)):
             if rule is None:
@@ -386,10 +390,6 @@ class Spec:
 
 def _leaves(e: Expr) -> list[Expr]:
     return [n for n in walk([e]) if not n.args]
-
-
-def _init_text(e: Expr) -> str:
-    return to_python(e)
 
 
 def constraint_names(text: str, loc: Loc | None) -> set[str]:

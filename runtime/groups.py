@@ -8,18 +8,15 @@
   "grad_centralization": bool}``, plus at most one ``{"order_params": [...]}`` entry
   (MindSpore) that fixes the order in which the optimizer sees the parameters.
 
-Hyperparameters may be given by their spec names or by the aliases of MXNet
-(``learning_rate``, ``wd``, ``lr_scheduler``), MindSpore (``learning_rate``,
-``weight_decay``) and torch (``betas=(b1, b2)``, one entry per ``beta<k>`` of the spec:
-``(b1, b2, b3)`` for Adan, ``eps``/``epsilon``, ``nesterov``/
-``use_nesterov``). ``alias`` maps them to the spec's names.
+Hyperparameters may be given by their spec names or by aliases (hyper_names.py:
+``alias`` maps them to the spec's names).
 
 Once parsed, a group is a ``RuntimeGroup``: its validated hyperparameters (``resolve``,
 where an lr may be a schedule) and where its lr comes from. Per parameter come the
 lr/wd multipliers (``multipliers``), the weight-decay filter (``decay_filter``) and the
 name flags of a spec such as LARS (``name_flags``).
 
-May import: hyper, schedules, tensors.
+May import: hyper, hyper_names, schedules, tensors.
 """
 from __future__ import annotations
 
@@ -30,25 +27,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from optgen.core import hyper as hyper_rules, scalar_expr, views
 from . import schedules, tensors
+from .hyper_names import alias, is_hyper_key, torch_view   # noqa: F401 (re-exported)
 
-# alias -> spec name; used only when the spec has no hyperparameter of the alias's name
-ALIASES = {"learning_rate": "lr", "lr_scheduler": "lr", "wd": "weight_decay",
-           "eps": "epsilon", "epsilon": "eps", "nesterov": "use_nesterov",
-           "use_nesterov": "nesterov"}
 GROUP_KEYS = ("params", "grad_centralization")
-
-
-TUPLES = {2: "pair", 3: "triple"}
-
-
-def beta_names(hypers: Mapping[str, Any]) -> list[str]:
-    """The hyperparameters a torch-style ``betas`` tuple sets, in order: ``beta1``,
-    ``beta2``, ... as far as the spec declares them without a gap (Adan: three); none
-    unless the spec has ``beta1`` and ``beta2`` and no ``betas`` of its own."""
-    names: list[str] = []
-    while f"beta{len(names) + 1}" in hypers:
-        names.append(f"beta{len(names) + 1}")
-    return names if len(names) >= 2 and "betas" not in hypers else []
 
 
 def shape_flags(rules: Mapping[str, str], hyper: Mapping[str, Any],
@@ -68,40 +49,6 @@ def check_shape_hypers(owner: str, rules: Mapping[str, str], changes: Mapping[st
                 raise ValueError(f"{owner}: {n} is fixed once the optimizer is made (the "
                                  f"shape flag {flag}: {rule} chose each parameter's states "
                                  f"with it); got {changes[n]!r}: make a new optimizer")
-
-
-def alias(owner: str, hypers: Mapping[str, Any], given: Mapping[str, Any],
-          where: str = "") -> dict[str, Any]:
-    """``given`` with every key renamed to the spec's hyperparameter name."""
-    out: dict[str, Any] = {}
-    came_from: dict[str, str] = {}
-
-    def put(key: str, name: str, value: Any) -> None:
-        if name in out:
-            raise TypeError(f"{owner}: {where}{came_from[name]!r} and {key!r} both set "
-                            f"hyperparameter {name}")
-        out[name], came_from[name] = value, key
-
-    betas = beta_names(hypers)
-    for key, value in given.items():
-        if key == "betas" and betas:
-            if not isinstance(value, (tuple, list)) or len(value) != len(betas):
-                raise TypeError(f"{owner}: {where}betas must be a "
-                                f"{TUPLES.get(len(betas), f'{len(betas)}-tuple')} "
-                                f"({', '.join(betas)}), got {value!r}")
-            for name, v in zip(betas, value):
-                put(key, name, v)
-        elif key in hypers:
-            put(key, key, value)
-        elif key in ALIASES and ALIASES[key] in hypers:
-            put(key, ALIASES[key], value)
-        else:
-            known = ", ".join(hypers)
-            usable = sorted([a for a, n in ALIASES.items() if n in hypers and a not in hypers]
-                            + (["betas"] if betas else []))
-            raise TypeError(f"{owner}: {where}unknown hyperparameter {key!r}; known: {known}"
-                            + (f" (aliases: {', '.join(usable)})" if usable else ""))
-    return out
 
 
 @dataclass
@@ -206,12 +153,6 @@ def _parse_groups(owner: str, items: list[Mapping], hypers: Mapping[str, Any]
     if order is not None:
         entries = _reorder(owner, entries, *order)
     return entries, groups
-
-
-def is_hyper_key(key: str, hypers: Mapping[str, Any]) -> bool:
-    """Whether ``key`` names a hyperparameter, directly or as an alias."""
-    return key in hypers or (key in ALIASES and ALIASES[key] in hypers) or \
-        (key == "betas" and bool(beta_names(hypers)))
 
 
 def _reorder(owner: str, entries: list[Entry], gi: int, order: Any) -> list[Entry]:

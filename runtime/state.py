@@ -21,6 +21,7 @@ from . import flat, owned, tensors
 from optgen.core import formats, scalar_expr, views
 
 MASTER = "master"   # the float32 master copy of a mixed-precision parameter
+FROM_W = "w"        # the init of a state that starts as a copy of the parameter
 
 
 def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
@@ -32,7 +33,8 @@ def init_value(s: Any, st: Mapping[str, Any], flags: Mapping[str, bool],
     to their dtype (the spec's float16 states keep theirs)."""
     if s.name in st or not s.exists(flags):
         return None
-    init = scalar_expr.evaluate(s.init, env()) if isinstance(s.init, str) else s.init
+    init = s.init if s.init == FROM_W else \
+        scalar_expr.evaluate(s.init, env()) if isinstance(s.init, str) else s.init
     half = s.half_when is not None and scalar_expr.evaluate(s.half_when, flags)
     return init, "float16" if half else stored.get(s.name, compute_dtype)
 
@@ -69,6 +71,9 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
         if found is None:
             continue
         init, dtype = found
+        if init == FROM_W:      # (its own copy: never one buffer of a flat chain)
+            _allocate_copy(s.name, slot, dtype)
+            continue
         if s.shape == "scalar":
             st[s.name] = np.float64(init)
             continue
@@ -88,6 +93,20 @@ def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
         shape = owned.state_shape(slot.split, s.name, s.shape) or \
             views.state_shape(tuple(p.shape), s.shape)
         st[s.name] = tensors.full_like(p, lib, shape, init, dtype)
+
+
+def _allocate_copy(name: str, slot: Any, dtype: str) -> None:
+    """State ``name`` as a copy of the parameter (of its master under mixed precision)."""
+    p, st, lib = slot.array, slot.state, slot.lib
+    if formats.from_stored(dtype) is not None:
+        raise ValueError(f"state {name} starts as a copy of the parameter (init w), which "
+                         f"a state format ({dtype}) cannot hold; leave {name} out of "
+                         "state_format")
+    if owned.absent(slot.split, name):   # (held whole by another rank)
+        return
+    copy = tensors.full_like(p, lib, tuple(p.shape), 0.0, dtype)
+    copy[...] = st.get(MASTER, p)
+    st[name] = copy
 
 
 def allocate_correction(slot: Any, chain: Sequence[Any], fmt: Mapping[str, str]) -> None:

@@ -43,8 +43,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(set(catalog.list_specs()) - matrix_specs())
 # adafactor builds 8 flag variants per target (the costliest by far: ~60 s of the run on
 # a 2-core machine); torch_adafactor keeps its factored row/column reductions in the
-# default run, --exhaustive adds adafactor itself
-SAMPLED_SPECS = [pytest.param(s, marks=EXHAUSTIVE) if s == "adafactor" else s for s in SPECS]
+# default run, --exhaustive adds adafactor and came (the same reductions) themselves
+SAMPLED_SPECS = [pytest.param(s, marks=EXHAUSTIVE) if s in ("adafactor", "came") else s
+                 for s in SPECS]
 BASE = {"lars": "adam"}                 # wrapper specs need a base optimizer
 ARCHS = ("sm_80", "sm_90")              # the cuda target's default --arch
 THREADS = 256                           # threads per block of every GPU kernel
@@ -53,7 +54,8 @@ THREADS = 256                           # threads per block of every GPU kernel
 # all-reduce), "cols" = along an outer axis (a thread per output, serial, no shuffles).
 REDUCTIONS = {"adafactor": {"whole", "rows", "cols"}, "lamb": {"whole"}, "lars": {"whole"},
               "torch_adafactor": {"whole", "rows", "cols"}, "cautious_adamw": {"whole"},
-              "mars_adamw": {"whole"}, "dadapt_adam": {"whole"}}
+              "mars_adamw": {"whole"}, "dadapt_adam": {"whole"}, "prodigy": {"whole"},
+              "came": {"whole", "rows", "cols"}}
 
 needs_nvcc = pytest.mark.skipif(targets.nvcc() is None,
                                 reason="the cuda target needs nvcc on PATH to build")

@@ -28,6 +28,7 @@ import optgen.torch as otorch  # noqa: E402
 from optgen.core import hyper as hyper_rules  # noqa: E402
 from optgen.runtime import get_artifact  # noqa: E402
 from optgen.torch.optim_form import SPLIT, TorchForm  # noqa: E402
+from optgen.runtime.hyper_names import tuple_names  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(p for folder in ("specs", "examples/specs")
@@ -74,12 +75,10 @@ def pinned(art, values: dict) -> list[str]:
 
 
 def betas(hypers) -> list[str]:
-    """What a torch-style ``betas`` tuple sets (docs/torch-forms.md): beta1, beta2, ...
-    without a gap, where the spec has at least two and no ``betas`` of its own."""
-    names = []
-    while f"beta{len(names) + 1}" in hypers:
-        names.append(f"beta{len(names) + 1}")
-    return names if len(names) >= 2 and "betas" not in hypers else []
+    """What a torch-style ``betas`` tuple sets (docs/torch-forms.md): the spec's declared
+    ``betas`` tuple, or beta1, beta2, ... without a gap, where the spec has at least two
+    and no ``betas`` of its own."""
+    return tuple_names({n: getattr(h, "info", h) for n, h in hypers.items()}).get("betas", [])
 
 
 def torch_kwargs(cls: type, art, values: dict, as_tuple: bool) -> dict:
@@ -91,6 +90,9 @@ def torch_kwargs(cls: type, art, values: dict, as_tuple: bool) -> dict:
     if not issubclass(cls, TorchForm):
         names = betas(art.hypers) if as_tuple else []
         out = {n: v for n, v in changed.items() if n not in names}
+        lr = inspect.signature(cls).parameters.get("lr")
+        if lr is not None and lr.default is None and "lr" not in out:
+            out["lr"] = values["lr"]        # (CAME: the authors' class needs an lr)
         if names:
             out["betas"] = tuple(values[n] for n in names)
         return out

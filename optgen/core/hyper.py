@@ -23,7 +23,10 @@ class HyperInfo:
 
     ``type == "bool"`` marks a compile-time flag (each value has its own kernel); float and
     int hyperparameters are run-time kernel arguments. ``optional`` ones accept None, which
-    the kernel sees as ``none_value`` (e.g. clip_gradient=None is +inf: no clipping).
+    the kernel sees as ``none_value`` (e.g. clip_gradient=None is +inf: no clipping); an
+    infinite value equal to ``none_value`` is taken as None (``growth_rate=float("inf")``).
+    ``tuple`` names the torch-style tuple that holds it (``"eps"``: ``eps=(eps1, eps2)``);
+    the spec's hyperparameters of one tuple form it in the order they are declared.
     """
 
     name: str
@@ -33,6 +36,7 @@ class HyperInfo:
     doc: str = ""
     optional: bool = False
     none_value: float | None = None
+    tuple: str | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -88,6 +92,8 @@ def coerce(owner: str, info: HyperInfo, value: Any) -> Any:
         value = float(value)
     except OverflowError:   # an int beyond the float range (10**400)
         raise ValueError(f"{where} must be finite, got an int of {value.bit_length()} bits") from None
+    if math.isinf(value) and info.optional and value == info.none_value:
+        return None   # (the value None stands for: growth_rate=float("inf") is unbounded)
     if not math.isfinite(value):
         raise ValueError(f"{where} must be finite, got {value!r}")
     return value

@@ -18,8 +18,8 @@ from optgen.runtime.optimizer import Optimizer as _Core
 from .group_values import torch_view, current
 from .eager import eager
 
-RUNTIME_OPTIONS = ("target", "multi_precision", "multi_tensor", "clip_global_norm", "nonfinite",
-                   "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
+RUNTIME_OPTIONS = ("target", "backend", "multi_precision", "multi_tensor", "clip_global_norm",
+                   "nonfinite", "loss_scale", "state_format", "state_format_min_size", "stochastic_rounding",
                    "master_format", "seed")
 
 

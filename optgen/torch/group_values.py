@@ -10,13 +10,10 @@ from optgen.runtime import groups
 
 
 def torch_view(art, hyper: dict[str, Any]) -> dict[str, Any]:
-    """Spec-named hyperparameters as a torch group holds them: ``beta1``, ``beta2``, ...
-    as one ``betas`` tuple (a pair, Adan's triple), the tuple ``alias`` splits back."""
-    out = dict(hyper)
-    names = groups.beta_names(art.hypers)
-    if names and all(n in out for n in names):
-        out["betas"] = tuple(out.pop(n) for n in names)
-    return out
+    """Spec-named hyperparameters as a torch group holds them: the spec's declared
+    tuples (``betas``, CAME's ``eps``) and ``beta1, beta2, ...`` as ``betas``
+    (runtime/hyper_names.py); ``alias`` splits them back."""
+    return groups.torch_view(art.hypers, hyper)
 
 
 def current(v: Any) -> Any:

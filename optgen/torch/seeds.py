@@ -12,8 +12,9 @@ optimizers torch has no twin of (LAMB, Lion, FTML, ...) are the seeds' classes t
 ``make(spec, base=None)`` gives the class of any spec file, registered name or wrapper.
 Schedule-Free AdamW has a class of its own (``OWN``: optgen/torch/schedule_free.py, with
 the authors' ``train()`` and ``eval()``), and so has D-Adaptation Adam
-(optgen/torch/dadapt.py, the authors' signature).
-Imports: dadapt, drop_in, offload, schedule_free.
+(optgen/torch/dadapt.py, the authors' signature), and so have Prodigy, CAME and
+Adam-atan2 (optgen/torch/papers.py, the authors' signatures).
+Imports: dadapt, drop_in, offload, papers, schedule_free.
 """
 from __future__ import annotations
 
@@ -22,22 +23,26 @@ import os
 from . import offload as torch_offload
 from .drop_in import OptgenOptimizer
 from .dadapt import DAdaptAdam
+from .papers import AdamAtan2, CAME, Prodigy
 from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
 
 # catalog name -> class name, in torch's spelling where torch has the optimizer
 CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
            "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
-           "adamweightdecay": "AdamWeightDecay", "cautious_adamw": "CAdamW",
+           "adam_atan2": "AdamAtan2", "adamweightdecay": "AdamWeightDecay",
+           "came": "CAME", "cautious_adamw": "CAdamW",
            "dadapt_adam": "DAdaptAdam", "ftml": "FTML",
            "ftrl": "FTRL", "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion",
            "mars_adamw": "MARS", "momentum": "Momentum", "muon": "Muon", "nadam": "NAdam",
-           "nag": "NAG", "proximal_adagrad": "ProximalAdagrad", "radam": "RAdam",
+           "nag": "NAG", "prodigy": "Prodigy", "proximal_adagrad": "ProximalAdagrad",
+           "radam": "RAdam",
            "rmsprop": "RMSprop", "schedule_free_adamw": "AdamWScheduleFree", "sgd": "SGD",
            "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR"}
 
 # catalog name -> its class, where the spec needs more than the generated one
-OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam}
+OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam,
+       "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2}
 
 _made: dict[tuple, type] = {}
 
