@@ -228,9 +228,9 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         if self._in_backward:   # (the hooks stepped: optgen/torch/in_backward.py)
             return self._step_held(loss, statistics)
         if not torch.compiler.is_compiling():
-            self._take_written()
-        if torch.compiler.is_compiling() and self._dtensors:   # (fake DTensors cannot
-            return self._step_eagerly(loss, statistics)       # run the op: eagerly)
+            return self._step_plain(loss, statistics)
+        if self._dtensors:   # (fake DTensors cannot run the op: eagerly, a graph break)
+            return self._step_eagerly(loss, statistics)
         if torch.compiler.is_compiling():   # one opaque op (optgen/torch/ops.py)
             if statistics:
                 raise TypeError(f"{self._artifact.name}: statistics ({', '.join(statistics)})"
@@ -239,15 +239,14 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             params, states = self._op_tensors
             torch.ops.optgen.step(self._op_handle, params, [p.grad for p in params], states)
             return loss
-        self._step_now([p.grad for p in self._params], statistics)
-        return loss
 
-    @eager
     @torch.no_grad()
-    def _step_eagerly(self, loss: Any, statistics: dict[str, Any]) -> Any:
+    def _step_plain(self, loss: Any, statistics: dict[str, Any]) -> Any:
         self._take_written()
         self._step_now([p.grad for p in self._params], statistics)
         return loss
+
+    _step_eagerly = eager(_step_plain)
 
     @torch.no_grad()
     def stage(self) -> None:
@@ -367,9 +366,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             return torch_checkpoints.to_optgen(self._artifact.name, self.param_groups, state_dict)
         return state_dict
 
-    def _take_written(self) -> None:
-        """States assigned into ``self.state`` from outside (ZeRO-1's load_state_dict)
-        are loaded as ``load_state_dict`` loads them (checked first), not dropped."""
+    def _take_written(self) -> None:   # (ZeRO-1's load_state_dict assigns opt.state[p])
+        """States assigned into ``self.state`` are loaded as load_state_dict loads them."""
         if state_load.written(self.state, self._params, self._core.state):
             self.load_state_dict(torch.optim.Optimizer.state_dict(self))
 
