@@ -38,9 +38,6 @@ class DAdaptAdam(OptgenOptimizer):
         if log_every != 0:
             raise ValueError(f"DAdaptAdam: log_every={log_every!r} is not built; the "
                              "estimate is opt.state[p]['d'] (log_every=0)")
-        if options.get("step_in_backward"):
-            raise ValueError("DAdaptAdam: step_in_backward=True is not built: each step "
-                             "sums over the gradients of every parameter (global_sum)")
         self.spec = catalog.resolve(self.spec_name)
         unbounded = isinstance(growth_rate, (int, float)) and math.isinf(growth_rate) \
             and growth_rate > 0

@@ -44,9 +44,6 @@ class Prodigy(OptgenOptimizer):
         if slice_p != 1:
             raise ValueError(f"Prodigy: slice_p={slice_p!r} is not built (the estimate "
                              "reads every element: slice_p=1)")
-        if options.get("step_in_backward"):
-            raise ValueError("Prodigy: step_in_backward=True is not built: each step sums "
-                             "over the gradients of every parameter (global_sum)")
         self.spec = catalog.resolve(self.spec_name)
         _tuple(options, "betas", betas, ("beta1", "beta2"))
         super().__init__(params, lr=lr, beta3=beta3, eps=eps,
