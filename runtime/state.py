@@ -105,7 +105,8 @@ def _allocate_copy(name: str, slot: Any, dtype: str) -> None:
     if owned.absent(slot.split, name):   # (held whole by another rank)
         return
     copy = tensors.full_like(p, lib, tuple(p.shape), 0.0, dtype)
-    copy[...] = st.get(MASTER, p)
+    src = st.get(MASTER, p)
+    copy[...] = src.detach() if hasattr(src, "detach") else src   # (no autograd history)
     st[name] = copy
 
 

@@ -266,7 +266,7 @@ def test_artifact_contents():
     hp = {h["name"]: h for h in m["hyperparameters"]}
     assert hp["beta1"] == {"name": "beta1", "default": 0.9, "type": "float",
                            "constraint": "0 <= beta1 < 1", "doc": "decay rate of the first moment",
-                           "optional": False, "none_value": None}
+                           "optional": False, "none_value": None, "tuple": None}
     assert hp["clip_gradient"]["optional"] and hp["clip_gradient"]["none_value"] == "inf"
     assert [s["name"] for s in m["states"]] == ["m", "v"]
     k32 = next(k for k in m["kernels"] if k["dtype"] == "float32")

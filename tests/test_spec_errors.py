@@ -79,7 +79,7 @@ def rule(w, grad, flags):
     ("state-bad-shape", HEAD + "s = spec.state('s', 0.0, shape='matrix')\n" + GOOD_RULE, 5,
      r"shape must be one of param, row, col, scalar, rr, cc, got 'matrix'", r"shape='param'"),
     ("state-bad-init", HEAD + "s = spec.state('s', 'zero')\n" + GOOD_RULE, 5,
-     r"init must be a number or a hyperparameter expression", r"init=0\.0"),
+     r"init must be a number, a hyperparameter expression or .w.", r"init=0\.0"),
     ("state-when-unknown-flag", HEAD + "s = spec.state('s', 0.0, when='amsgrad')\n" + GOOD_RULE,
      5, r"when= names 'amsgrad', which is not a flag declared before it", r"spec\.flag\(\)"),
     ("scalar-state-from-tensor", HEAD + "s = spec.state('s', 1.0, shape='scalar')\n"

@@ -71,6 +71,9 @@ def _bases(path: str) -> tuple[str | None, ...]:
     return (None, "adam")
 
 
+LACKING: set = set()   # (spec, target) that raised BuildError for a missing function
+
+
 @functools.lru_cache(maxsize=None)
 def catalog_texts() -> dict[str, str]:
     """"<spec>[+<base>]/<target>/<symbol>" -> TVMScript text, for every catalog spec and
@@ -81,8 +84,12 @@ def catalog_texts() -> dict[str, str]:
             for target in pipeline.TARGETS:
                 try:
                     _, _, _, scheduled = pipeline.front_end(path, targets.get(target), base)
-                except BuildError:
-                    assert name in matrix_specs() and target != "llvm", (name, target)
+                except BuildError as e:   # (matrix rules: llvm only; the C library's
+                    # functions on rocm: ROCm's ocml where ROCm is installed)
+                    assert (name in matrix_specs() and target != "llvm") or (
+                        target == "rocm" and "has no rocm implementation" in str(e)), \
+                        (name, target)
+                    LACKING.add((name, target))
                     continue
                 for sym, (text, _grids) in scheduled.items():
                     out[f"{name}{'+' + base if base else ''}/{target}/{sym}"] = text
@@ -178,7 +185,7 @@ def test_catalog_covers_every_spec_and_target():
     combos = {tuple(key.split("/")[:2]) for key in texts}
     for name in catalog.list_specs():
         for target in pipeline.TARGETS:
-            if name in matrix_specs() and target != "llvm":
+            if (name in matrix_specs() and target != "llvm") or (name, target) in LACKING:
                 continue
             assert (name, target) in combos, (name, target)
     assert any(key.startswith("lars+adam/") for key in texts)

@@ -367,8 +367,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         return state_dict
 
     def _take_written(self) -> None:   # (ZeRO-1's load_state_dict assigns opt.state[p])
-        """States assigned into ``self.state`` are loaded as load_state_dict loads them."""
-        if state_load.written(self.state, self._params, self._core.state):
+        """States assigned into self.state (not FSDP2's views) load as load_state_dict."""
+        if not self._standins and state_load.written(self.state, self._params, self._core.state):
             self.load_state_dict(torch.optim.Optimizer.state_dict(self))
 
     def _kinds(self) -> dict[str, str]:

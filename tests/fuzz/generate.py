@@ -61,6 +61,9 @@ def generate(draw: Draw, specs: list[tuple[str, str | None]]) -> Case:
         elif k == "begin_num_update":
             ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0
         cons.add("ok" if ok else "bad", f"option-{k}")
+        if ok and k in ("clip_global_norm", "loss_scale") and "rescale_grad" not in art.hypers \
+                and v is not None and (k == "clip_global_norm" or v != 1.0):   # (through rescale_grad)
+            cons.add("bad", f"option-{k}-needs-rescale_grad")
     t0 = int(opts["begin_num_update"]) if cons.verdict == "ok" and "begin_num_update" in opts else 0
 
     # parameters
