@@ -73,9 +73,8 @@ def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: 
     if art.inputs or art.statistics:
         return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
                 "step(), which backward cannot pass")
-    if any(k.global_sums for k in art.kernels):
-        return (f"{art.name} sums over the gradients of every parameter each step "
-                "(global_sum), which do not exist yet when the first one completes")
+    if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
+        return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
     return None
 
 
