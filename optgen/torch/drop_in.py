@@ -242,7 +242,8 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
 
     @torch.no_grad()
     def _step_plain(self, loss: Any, statistics: dict[str, Any]) -> Any:
-        self._take_written()
+        if "zero1" in self._active:   # (ZeRO-1's load_state_dict writes opt.state itself)
+            self._take_written()
         self._step_now([p.grad for p in self._params], statistics)
         return loss
 
@@ -366,8 +367,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
             return torch_checkpoints.to_optgen(self._artifact.name, self.param_groups, state_dict)
         return state_dict
 
-    def _take_written(self) -> None:   # (ZeRO-1's load_state_dict assigns opt.state[p])
-        """States assigned into self.state (not FSDP2's views) load as load_state_dict."""
+    def _take_written(self) -> None:   # (not FSDP2's views: they are new DTensors)
         if not self._standins and state_load.written(self.state, self._params, self._core.state):
             self.load_state_dict(torch.optim.Optimizer.state_dict(self))
 
