@@ -29,7 +29,7 @@ from typing import Callable
 from . import declarations as _declarations, tracing as _tracing
 from .compiler import loader as _loader
 from .errors import SpecError
-from .ir import GLOBAL, Expr, apply, caller_loc, const, matrix_shape, reduce, walk
+from .ir import GLOBAL, Expr, apply, caller_loc, const, group_reduce, matrix_shape, reduce, walk
 from .ir import matmul, transpose  # noqa: F401 (spec files import them from here)
 
 # -- the Spec class and what it declares (bound here: the names of optgen.dsl) --------
@@ -117,6 +117,27 @@ def row_mean(x):
 def col_mean(x):
     """Mean over the second-to-last axis: one value per column of the view."""
     return reduce("mean", x, "r")
+
+
+def head_mean(x, heads):
+    """Mean of ``x`` over each head of a 2-D weight viewed as ``[heads, R/heads, C]``
+    (Adam-mini's query/key blocks): one value per row, equal for the rows of a head.
+    ``heads`` is an int hyperparameter or an int >= 1; it must divide R (checked for
+    each parameter before a step). ``x`` is per element or per row."""
+    loc = caller_loc()
+    x = const(x, loc)
+    if x.kind == "tensor" and x.axes == "brc" and x.mat is None:
+        x = reduce("mean", x, "c")
+    return group_reduce("mean", x, heads)
+
+
+def head_sum(x, heads):
+    """Sum of ``x`` over each head (see ``head_mean``): one value per row."""
+    loc = caller_loc()
+    x = const(x, loc)
+    if x.kind == "tensor" and x.axes == "brc" and x.mat is None:
+        x = reduce("sum", x, "c")
+    return group_reduce("sum", x, heads)
 
 
 # -- matrix values (2-D parameters; see optgen.ir "matrix values" and docs/matrix.md) -----

@@ -312,6 +312,36 @@ def reduce(kind: str, x: Any, axes: str | None = None) -> Expr:
                 axes=keep, loc=loc)
 
 
+def group_reduce(kind: str, x: Any, heads: Any) -> Expr:
+    """``kind`` ("sum" or "mean") of the per-row value ``x`` (axes "br") over each group
+    of ``R / heads`` consecutive rows (the [B, heads, R/heads] view): one value per row,
+    the same for every row of a group. ``heads`` is an int hyperparameter or an int >= 1;
+    the runtime refuses a parameter whose R it does not divide."""
+    loc = caller_loc()
+    x = const(x, loc)
+    if x.kind != "tensor" or x.axes != "br" or x.mat is not None or x.dtype != "float":
+        raise SpecError(f"{kind} over groups of rows needs one float value per row (axes "
+                        f"'br'), got {x.describe()} with axes {x.axes!r}", loc,
+                        hint="e.g. head_mean(grad * grad, heads) or row_mean(x) first")
+    if isinstance(heads, Expr):
+        if heads.op != "hyper":
+            raise SpecError(f"the number of heads must be an int hyperparameter or an int, "
+                            f"got {heads.describe()}", loc,
+                            hint="spec.hyper('heads', 1, 'heads >= 1', type='int')")
+    elif isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise SpecError(f"the number of heads must be an int hyperparameter or an int >= 1, "
+                        f"got {heads!r}", loc,
+                        hint="spec.hyper('heads', 1, 'heads >= 1', type='int')")
+    return Expr("reduce", (x, const(heads, loc)), value=kind, name="r", dtype="float",
+                kind="tensor", axes="br", loc=loc)
+
+
+def is_grouped(e: Expr) -> bool:
+    """Whether ``e`` reduces over groups of rows (``group_reduce``): its second operand
+    is the number of heads."""
+    return e.op == "reduce" and len(e.args) == 2
+
+
 def is_global(e: Expr) -> bool:
     """Whether ``e`` is a sum over all parameters (``global_sum``)."""
     return e.op == "reduce" and e.value == GLOBAL

@@ -52,6 +52,9 @@ class Launch:
         else:
             d.update(node=index[id(self.node)], red=self.red, op=self.node.value,
                      reduced=self.node.name, out_axes=self.node.axes)
+            if len(self.node.args) == 2:   # over groups of rows: the number of heads
+                heads = self.node.args[1]
+                d["heads"] = heads.name if heads.op == "hyper" else int(heads.value)
             if self.also:
                 d["also"] = [{"node": index[id(e)], "red": r, "op": e.value} for e, r in self.also]
             if self.outputs:

@@ -65,6 +65,7 @@ class LoweredKernel(formats.FormattedKernel):
     also: list[tuple[str, LoweredBuffer, str]] = field(default_factory=list)  # more
                                      # (acc, red, op) of the same pass (plan(merge=True))
     reduced: str = ""                # the reduced axes
+    heads: str | None = None         # over groups of rows: the number of heads (a scalar)
     writes: list[str] | None = None  # buffers the pass stores into
     matmul: dict | None = None       # kind "matmul": a, b, out, trans_a, trans_b
     quant: dict[str, str] = field(default_factory=dict)   # blocked view: state -> its map
@@ -361,6 +362,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
                              [lbuf(b) for b in buffers], list(kir.scalars), body,
                              acc=accs[0][0], red=accs[0][1], op=accs[0][2],
                              reduced=ln.node.name, also=accs[1:],
+                             heads=ref(ln.node.args[1]) if len(ln.node.args) == 2 else None,
                              writes=[*ln.outputs, *(r for _, r in pairs)], scratch=scratch)
     # a state returned unchanged (rmsprop's mean_grad when not centered) is not stored
     outs = ln.values if ln.values is not None else \

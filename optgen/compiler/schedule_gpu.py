@@ -149,6 +149,13 @@ def schedule(k: LoweredKernel, acc_dtype: str) -> tuple[str, list[Grid]]:
         index = ["i: T.let = e"] if k.view == "flat" else _decompose("e", space)
         return render("kernel_gpu_reduce_whole.py.j2", total=total, grid=first, index=index,
                       partials=PARTIAL_BLOCKS, **ctx), [first, Grid([], 1)]
+    if k.heads:   # over groups of rows: one thread per row, a loop over its head's rows
+        grid = Grid(["B", "R"], THREADS)
+        return render("kernel_gpu_reduce_cols.py.j2", grid=grid, outer_total="B * R",
+                      outer=["b: T.let = o // R", "ro: T.let = o % R",
+                             f'grp: T.let = R // T.Cast("int64", {k.heads})'],
+                      inner=["r: T.let = (ro // grp) * grp + e"], inner_total="grp",
+                      out=f"{k.red.var}[b, ro]", divisor="grp", **ctx), [grid]
     out_index = f"{k.red.var}[{', '.join(out_axes)}]"
     divisor = _product(reduced)
     if space.endswith("c") and "c" in reduced:  # innermost axis reduced: block per output

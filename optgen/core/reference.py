@@ -78,6 +78,13 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = np.sum(a[0], dtype=np.float64).reshape(1, 1, 1)
             if rec["value"] == "mean":
                 v = v / np.float64(np.size(a[0]))
+        elif op == "reduce" and len(a) == 2:   # over groups of rows (heads): per row
+            heads = int(round(float(a[1])))
+            rows = np.broadcast_to(a[0], (d[0], d[1], 1)).astype(np.float64)
+            v = np.sum(rows.reshape(d[0], heads, d[1] // heads), axis=2, keepdims=True)
+            if rec["value"] == "mean":
+                v = v / np.float64(d[1] // heads)
+            v = np.repeat(v, d[1] // heads, axis=2).reshape(d[0], d[1], 1)
         elif op == "reduce":
             red = tuple(AXES.index(x) for x in rec["name"])
             full = np.broadcast_to(a[0], d).astype(np.float64)
