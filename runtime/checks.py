@@ -177,6 +177,29 @@ def check_centralization(owner: str, slots: Sequence[Any], centralized: Sequence
                              f"only to 4-D convolution weights (group {s.group})")
 
 
+def check_heads(owner: str, artifact: Any, slots: Sequence[Any], groups: Sequence[Any],
+                flags_of: Callable[[int], dict], new: Mapping[int, tuple] = MappingProxyType({})
+                ) -> None:
+    """A rule that reduces over groups of rows (``head_mean``) views a parameter as
+    [heads, R/heads, C]: heads (``new``: set_hyper's values) is an int >= 1 dividing R."""
+    for i, s in enumerate(slots):
+        for h in sorted({ln["heads"] for k in artifact.kernels if k.flags == flags_of(i)
+                         for ln in k.launches if "heads" in ln}, key=str):
+            n = new.get(s.group, (groups[s.group].hyper,))[0][h] if isinstance(h, str) else h
+            what, shape = f"{h if isinstance(h, str) else 'heads'}={n!r}", tuple(s.array.shape)
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"{owner}: {what} for {label(i, [x.name for x in slots])}: "
+                                 "the number of heads rows are grouped into is an int >= 1")
+            if s.split is not None or s.dims[1] % n:
+                why = "is split across ranks" if s.split is not None else \
+                    f"has {s.dims[1]} rows, which {what} does not divide" + (
+                        f" (a {len(shape)}-D parameter is one row; grouping rows by heads "
+                        "needs a 2-D weight)" if len(shape) < 2 else "")
+                raise ValueError(f"{owner}: {label(i, [x.name for x in slots])} (shape "
+                                 f"{shape}) {why}: its rule views the whole weight as "
+                                 "[heads, rows / heads, cols]")
+
+
 def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
                   flags_of: Callable[[int], dict], multi_precision: bool) -> None:
     """Each parameter (``slots``: their records) has a kernel for its dtype under its

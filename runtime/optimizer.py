@@ -97,8 +97,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
         # per parameter: flags set by shape and name, multipliers
         for s, shape in zip(self._slots, shards_.whole_shapes(arrays, shards)):
-            s.fixed_flags = groups.shape_flags(artifact.shape_flags,
-                                               self._groups[s.group].hyper, shape)
+            s.fixed_flags = groups.shape_flags(artifact.shape_flags, self._groups[s.group].hyper, shape)
         for s, by_name in zip(self._slots, groups.name_flags(
                 name, artifact.name_flags, name_filters, names)):
             s.fixed_flags.update(by_name)
@@ -124,6 +123,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         self._refreshing = any(k.refresh is not None for k in artifact.kernels)
         checks.check_kernels(name, artifact, self._slots, flags_of=self._flags,
                              multi_precision=self.multi_precision)
+        checks.check_heads(name, artifact, self._slots, self._groups, self._flags)
         for i in range(len(self._slots)):
             self._ensure_state(i)
 
@@ -222,6 +222,7 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         targets = range(len(self._groups)) if group is None else [group]
         new = {gi: self._resolve(self._groups[gi].hyper, self._groups[gi].lr, changes)
                for gi in targets}
+        checks.check_heads(self.name, self.artifact, self._slots, self._groups, self._flags, new)
         if group is None:
             self._defaults, self._default_lr = self._resolve(self._defaults, self._default_lr,
                                                              changes)
