@@ -22,8 +22,9 @@ Two families (docs/catalog.md lists both, side by side):
 * ``SOAP`` (optgen/torch/soap.py) is the SOAP authors' optimizer: their signature,
   defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``DAdaptAdam``
   (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
-  spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) are their
-  authors' classes (the ``prodigy``, ``came`` and ``adam_atan2`` specs).
+  spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) and
+  ``AdamMini`` (optgen/torch/adam_mini.py) are their authors' classes (the ``prodigy``,
+  ``came``, ``adam_atan2`` and ``adam_mini`` specs).
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states

@@ -13,8 +13,9 @@ optimizers torch has no twin of (LAMB, Lion, FTML, ...) are the seeds' classes t
 Schedule-Free AdamW has a class of its own (``OWN``: optgen/torch/schedule_free.py, with
 the authors' ``train()`` and ``eval()``), and so has D-Adaptation Adam
 (optgen/torch/dadapt.py, the authors' signature), and so have Prodigy, CAME and
-Adam-atan2 (optgen/torch/papers.py, the authors' signatures).
-Imports: dadapt, drop_in, offload, papers, schedule_free.
+Adam-atan2 (optgen/torch/papers.py, the authors' signatures) and Adam-mini
+(optgen/torch/adam_mini.py).
+Imports: adam_mini, dadapt, drop_in, offload, papers, schedule_free.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import os
 from . import offload as torch_offload
 from .drop_in import OptgenOptimizer
 from .dadapt import DAdaptAdam
+from .adam_mini import AdamMini
 from .papers import AdamAtan2, CAME, Prodigy
 from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
@@ -30,7 +32,7 @@ from optgen.runtime import catalog
 # catalog name -> class name, in torch's spelling where torch has the optimizer
 CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafactor",
            "adagrad": "Adagrad", "adam": "Adam", "adamax": "Adamax", "adamw": "AdamW",
-           "adam_atan2": "AdamAtan2", "adamweightdecay": "AdamWeightDecay",
+           "adam_atan2": "AdamAtan2", "adam_mini": "AdamMini", "adamweightdecay": "AdamWeightDecay",
            "came": "CAME", "cautious_adamw": "CAdamW",
            "dadapt_adam": "DAdaptAdam", "ftml": "FTML",
            "ftrl": "FTRL", "lamb": "LAMB", "lazyadam": "LazyAdam", "lion": "Lion",
@@ -42,7 +44,8 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
 
 # catalog name -> its class, where the spec needs more than the generated one
 OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam,
-       "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2}
+       "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2,
+       "adam_mini": AdamMini}
 
 _made: dict[tuple, type] = {}
 
