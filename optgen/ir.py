@@ -336,12 +336,6 @@ def group_reduce(kind: str, x: Any, heads: Any) -> Expr:
                 kind="tensor", axes="br", loc=loc)
 
 
-def is_grouped(e: Expr) -> bool:
-    """Whether ``e`` reduces over groups of rows (``group_reduce``): its second operand
-    is the number of heads."""
-    return e.op == "reduce" and len(e.args) == 2
-
-
 def is_global(e: Expr) -> bool:
     """Whether ``e`` is a sum over all parameters (``global_sum``)."""
     return e.op == "reduce" and e.value == GLOBAL

@@ -152,6 +152,8 @@ def test_raw_kernel_on_misaligned_states(name, rng):
             scalars["clip_gradient"] = 0.5
         scalars.update({s: 2 for s in k.scalars if s in art.hypers and   # repeat() counts
                         art.hypers[s].type == "int"})
+        scalars.update({ln["heads"]: 1 for ln in k.launches   # numbers of heads (head_mean):
+                        if isinstance(ln.get("heads"), str)})  # 1 divides every R
         env = {**scalars, **views.shape_env(shape)}
         scalars.update({s: scalar_expr.evaluate(e, env) for s, e in k.host_scalars.items()
                         if scalar_expr.names(e) & {"rows", "cols"}})   # shape scalars
@@ -284,6 +286,7 @@ def _raw_scalars(k) -> dict[str, float]:
     scalars = {s: 0.25 for s in k.scalars}
     if "clip_gradient" in scalars:
         scalars["clip_gradient"] = 0.5
+    scalars.update({ln["heads"]: 1 for ln in k.launches if isinstance(ln.get("heads"), str)})
     return scalars
 
 

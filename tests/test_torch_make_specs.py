@@ -156,6 +156,8 @@ def _same_states(a, b, pa: list, pb: list, exact: bool, count: bool = True) -> N
 def _cases():
     from optgen.compiler.loader import load_spec     # (reads the spec: builds nothing)
     for path in SPECS:
+        if _rel(path) == "specs/adam_mini.py":   # named_parameters, heads set per name:
+            continue                              # tests/test_adam_mini.py
         yield pytest.param(path, "defaults", id=f"{_rel(path)}-defaults")
         yield pytest.param(path, "non-default", id=f"{_rel(path)}-non-default")
         if betas(load_spec(path).hypers) and \

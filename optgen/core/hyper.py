@@ -168,8 +168,9 @@ def busy_hypers(art, flags: Mapping[str, bool]) -> dict[str, Any]:
     requirement rejects the mix, one change is undone."""
     values = {n: h.default for n, h in art.hypers.items()}
     values.update(flags)
-    for name, info in art.hypers.items():
-        for c in candidates(info):
+    heads = {ln["heads"] for k in art.kernels for ln in k.launches if "heads" in ln}
+    for name, info in art.hypers.items():   # (a number of heads must divide R: kept)
+        for c in candidates(info) if name not in heads else ():
             try:
                 values = resolve(art.name, art.hypers, [], values, {name: c})
                 break

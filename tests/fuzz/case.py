@@ -115,7 +115,8 @@ def _bad_hyper_value(draw: Draw, art, name: str, current: dict):
 def _hyper_changes(draw: Draw, art, current: dict, focus: bool, n_max: int) -> dict:
     """Random hyperparameter changes (spec names, lr maybe a source); with ``focus`` one of
     them is drawn from the whole pool (likely invalid)."""
-    names = [n for n, h in art.hypers.items()]
+    heads = {ln["heads"] for k in art.kernels for ln in k.launches if "heads" in ln}
+    names = [n for n in art.hypers if n not in heads]   # (heads: 1 divides every R)
     changes: dict = {}
     trial = dict(current)
     for _ in range(draw.integer(0, n_max)):
