@@ -338,13 +338,15 @@ TEMPLATE = '''\
 """The expression examples of docs/dsl.md, in one update (tests/test_docs_dsl.py)."""
 from optgen.dsl import (Spec, clip, col_mean, eq, exp, global_sum, log, maximum, mean, minimum, ne,
                         norm, rms, row_mean, rsqrt, sign, sqrt, sum, where, atan, atan2, clamp,
-                        copysign, cosh, erf, expm1, log1p, pow, sinh, tanh)
+                        copysign, cosh, erf, expm1, log1p, pow, sinh, tanh, head_mean,
+                        head_sum)
 
 spec = Spec("{name}", __doc__, reference="docs/dsl.md")
 lr = spec.hyper("lr", 0.01, "lr >= 0", "learning rate")
 beta1 = spec.hyper("beta1", 0.9, "0 <= beta1 < 1", "first-moment decay")
 beta2 = spec.hyper("beta2", 0.999, "0 <= beta2 < 1", "second-moment decay")
 eps = spec.hyper("eps", 1e-8, "eps > 0", "added to v")
+heads = spec.hyper("heads", 1, "heads >= 1", "groups of rows", type="int")
 m = spec.state("m", 0.0, "first moment")
 v = spec.state("v", 0.0, "second moment")
 t = spec.t
