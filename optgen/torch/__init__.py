@@ -23,7 +23,10 @@ Two families (docs/catalog.md lists both, side by side):
   defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``DAdaptAdam``
   (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
   spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) are their
-  authors' classes (the ``prodigy``, ``came`` and ``adam_atan2`` specs).
+  authors' classes (the ``prodigy``, ``came`` and ``adam_atan2`` specs); ``ADOPT``,
+  ``AdEMAMix``, ``LaProp``, ``Yogi``, ``AdaBound``, ``QHAdam``, ``QHM``, ``AdaMod``,
+  ``DiffGrad``, ``SGDW``, ``PAdam``, ``Grams`` and ``Tiger`` (optgen/torch/families.py)
+  are the families' classes with their authors' signatures.
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
@@ -49,6 +52,7 @@ import os
 from . import seeds
 from .agreement import DistributedStepError
 from .drop_in import OptgenOptimizer
+from .families import Tiger
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
@@ -81,6 +85,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "SOAP", "TORCH_FORMS", "make", "seeds",
+           "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]
