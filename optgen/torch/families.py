@@ -194,9 +194,9 @@ class SGDW(_Family):
 
     def __init__(self, params, lr: float = 1e-4, momentum: float = 0.0,
                  weight_decay: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
-                 maximize: bool = False, **options: Any) -> None:
+                 **options: Any) -> None:
         self._init(params, {}, options, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                   dampening=dampening, nesterov=nesterov, maximize=maximize)
+                   dampening=dampening, nesterov=nesterov)
 
 
 class PAdam(_Family):
