@@ -25,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import optgen.torch as otorch  # noqa: E402
+from helpers import family_sampled  # noqa: E402
 from optgen.core import hyper as hyper_rules  # noqa: E402
 from optgen.runtime import get_artifact  # noqa: E402
 from optgen.torch.optim_form import SPLIT, TorchForm  # noqa: E402
@@ -156,11 +157,12 @@ def _same_states(a, b, pa: list, pb: list, exact: bool, count: bool = True) -> N
 def _cases():
     from optgen.compiler.loader import load_spec     # (reads the spec: builds nothing)
     for path in SPECS:
-        yield pytest.param(path, "defaults", id=f"{_rel(path)}-defaults")
-        yield pytest.param(path, "non-default", id=f"{_rel(path)}-non-default")
+        marks = family_sampled(os.path.basename(path)[:-3], "torch_make")
+        yield pytest.param(path, "defaults", id=f"{_rel(path)}-defaults", marks=marks)
+        yield pytest.param(path, "non-default", id=f"{_rel(path)}-non-default", marks=marks)
         if betas(load_spec(path).hypers) and \
                 not issubclass(otorch.make(path), TorchForm):
-            yield pytest.param(path, "betas", id=f"{_rel(path)}-betas")
+            yield pytest.param(path, "betas", id=f"{_rel(path)}-betas", marks=marks)
 
 
 @pytest.mark.parametrize("path,setting", list(_cases()))
