@@ -246,3 +246,29 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
             out.append(pytest.param(*row, *values, id=ident,
                                     marks=() if combo in keep else (EXHAUSTIVE,)))
     return out
+
+
+# -- the elementwise families join the catalog-wide tests by sampling -----------------------
+# Each catalog-wide test (kernel vs reference, targets, bad inputs, torch make, ...) builds
+# every spec it takes; these (tests/test_families.py and tests/test_adam_mini.py test each
+# against its paper and its authors' package) join each such test one at a time, a different one per test
+# (chosen by the test's key), the others with the ``exhaustive`` mark (--exhaustive).
+FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams", "laprop",
+                "padam", "qhadam", "qhm", "sgdw", "yogi")
+
+
+def family_sampled(name: str, key: str, keep: int = 1) -> tuple:
+    """The marks of catalog spec ``name`` in the catalog-wide test ``key``: () for a spec
+    outside FAMILY_SPECS and for the ``keep`` families this key samples, else the
+    ``exhaustive`` mark."""
+    if name not in FAMILY_SPECS:
+        return ()
+    start = zlib.crc32(key.encode()) % len(FAMILY_SPECS)
+    chosen = {FAMILY_SPECS[(start + i) % len(FAMILY_SPECS)] for i in range(keep)}
+    return () if name in chosen else (EXHAUSTIVE,)
+
+
+def catalog_params(names, key: str, keep: int = 1) -> list:
+    """``pytest.param(name, id=name)`` for each of ``names``, the families sampled
+    (``family_sampled``)."""
+    return [pytest.param(n, id=str(n), marks=family_sampled(n, key, keep)) for n in names]

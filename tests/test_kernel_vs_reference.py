@@ -17,7 +17,7 @@ from optgen.core import catalog
 from optgen.core import reference, scalar_expr, views
 from conftest import offset_array
 from helpers import (EXHAUSTIVE, TOL, assert_close, assert_states_close, busy_hypers,
-                     default_hypers, matrix_specs, pairwise, statistics, valid as _valid)
+                     catalog_params, default_hypers, family_sampled, matrix_specs, pairwise, statistics, valid as _valid)
 
 SHAPES = [0, 1, 15, 16, 17, 1000, 1_000_003, (31, 17), (8, 3, 3, 3), (2, 0, 5)]
 DTYPES = ["float32", "float64"]
@@ -26,6 +26,9 @@ DTYPES = ["float32", "float64"]
 # bits of the statistic, which compiled and reference kernels round apart (docs/matrix.md,
 # "When the basis is not unique"): its matrix shape here is square.
 SQUARE_LAYERS = {"soap": (17, 17)}
+# the one family (helpers.FAMILY_SPECS) every test here takes in a default run: it is
+# built once, with all its variants
+KEY = "kernel_vs_reference"
 
 
 def shapes_for(name: str, flags: dict | None = None) -> list:
@@ -56,7 +59,8 @@ def cases():
         keep = set(pairwise([2] * len(flag_names), rotate=zlib.crc32(name.encode())))
         for bits in itertools.product([False, True], repeat=len(flag_names)):
             flags = dict(zip(flag_names, bits))
-            marks = () if tuple(map(int, bits)) in keep else (EXHAUSTIVE,)
+            marks = (() if tuple(map(int, bits)) in keep else (EXHAUSTIVE,)) or \
+                family_sampled(name, KEY)
             for setting, make in (("default", default_hypers), ("busy", busy_hypers)):
                 if _valid(art, make(art, flags)):  # e.g. nesterov needs momentum > 0
                     tag = "-".join(f"{k}{int(v)}" for k, v in flags.items())
@@ -124,7 +128,7 @@ def _raw_shape(art, k):
     raise AssertionError(f"no test shape for {k.symbol}")
 
 
-@pytest.mark.parametrize("name", list(catalog.list_specs()))
+@pytest.mark.parametrize("name", catalog_params(catalog.list_specs(), KEY))
 def test_raw_kernel_on_misaligned_states(name, rng):
     """Call each compiled kernel's launches directly with *every* buffer at a 16-byte
     offset (reduction workspaces included)."""
@@ -182,7 +186,7 @@ def lazy_specs():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", list(lazy_specs()))
+@pytest.mark.parametrize("name", catalog_params(lazy_specs(), KEY))
 def test_lazy_rows_match_dense_rows(name, dtype, rng):
     """Every row-wise elementwise spec has a lazy (row-sparse) variant: rows not named
     stay bit-identical, named rows equal the dense update of a parameter made of those
@@ -234,7 +238,8 @@ def mixed_kernels():
     for name in catalog.list_specs():   # (matrix specs: their fallback rule, 1-D shapes)
         for k in optgen.get_artifact(name).kernels:
             if k.mixed:
-                yield pytest.param(name, k.symbol, id=k.symbol)
+                yield pytest.param(name, k.symbol, id=k.symbol,
+                                   marks=family_sampled(name, KEY))
 
 
 def _mixed_arrays(art, k, shape, rng, scalars, states="random") -> dict[str, np.ndarray]:
@@ -346,7 +351,7 @@ def test_mixed_precision_kernels_match_reference(name, symbol, rng):
 
 
 @pytest.mark.parametrize("low", LOW_DTYPES)
-@pytest.mark.parametrize("name", list(lazy_specs()))
+@pytest.mark.parametrize("name", catalog_params(lazy_specs(), KEY))
 def test_mixed_precision_lazy_rows(name, low, rng):
     """The lazy (row-sparse) launch of a mixed kernel: the named rows of the master, its
     states and w_low change as the reference says on those rows (w_low the rounded
@@ -377,7 +382,8 @@ def test_mixed_precision_lazy_rows(name, low, rng):
                        f"{name} {low}: w_low is not the new master rounded")
 
 
-@pytest.mark.parametrize("name", sorted(set(catalog.list_specs()) - matrix_specs()))
+@pytest.mark.parametrize("name", catalog_params(sorted(set(catalog.list_specs()) - matrix_specs()),
+                                                 KEY))
 def test_mixed_precision_manifest(name):
     """Every plain kernel has a float16 and a bfloat16 twin: same flags, float32 compute,
     w_low after w, gradients and w_low stored in the low dtype, the rest unchanged."""

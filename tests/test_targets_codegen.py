@@ -36,7 +36,8 @@ import optgen
 from optgen.compiler import pipeline, targets
 from optgen.errors import BuildError
 from optgen.core import catalog
-from helpers import EXHAUSTIVE, covering_variants, exhaustive, matrix_specs, variant_views
+from helpers import EXHAUSTIVE, covering_variants, exhaustive, family_sampled, matrix_specs, \
+    variant_views
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # matrix rules (THOR, Muon) build for llvm only: test_matrix_specs_build_for_llvm_only
@@ -44,8 +45,9 @@ SPECS = sorted(set(catalog.list_specs()) - matrix_specs())
 # adafactor builds 8 flag variants per target (the costliest by far: ~60 s of the run on
 # a 2-core machine); torch_adafactor keeps its factored row/column reductions in the
 # default run, --exhaustive adds adafactor and came (the same reductions) themselves
-SAMPLED_SPECS = [pytest.param(s, marks=EXHAUSTIVE) if s in ("adafactor", "came") else s
-                 for s in SPECS]
+SAMPLED_SPECS = [pytest.param(s, marks=EXHAUSTIVE) if s in ("adafactor", "came") else
+                 pytest.param(s, marks=family_sampled(s, "targets_codegen", keep=0))
+                 for s in SPECS]   # (the families: --exhaustive; a CUDA build is ~15 s)
 BASE = {"lars": "adam"}                 # wrapper specs need a base optimizer
 ARCHS = ("sm_80", "sm_90")              # the cuda target's default --arch
 THREADS = 256                           # threads per block of every GPU kernel

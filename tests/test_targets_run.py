@@ -45,8 +45,8 @@ from optgen.runtime import catalog, tensors
 from optgen.runtime.backends import opencl
 from optgen.core import scalar_expr
 from conftest import offset_array
-from helpers import (EXHAUSTIVE, assert_close, busy_hypers, flag_combinations, matrix_specs,
-                     valid as _valid)
+from helpers import (EXHAUSTIVE, assert_close, busy_hypers, family_sampled, flag_combinations,
+                     matrix_specs, valid as _valid)
 
 TARGETS = ["opencl:pocl", "opencl:oclgrind", "c"]   # opencl:<runtime> (see the docstring)
 INSTALL = {"pocl": "pip install 'pyopencl[pocl]'",
@@ -280,7 +280,8 @@ def _grid() -> list:
         for t, target in enumerate(TARGETS):
             for j, dtype in enumerate(DTYPES):
                 keep = not target.startswith("opencl") or (i + t + j) % 2 == 0
-                out.append(pytest.param(target, name, dtype, marks=() if keep else EXHAUSTIVE))
+                marks = (() if keep else (EXHAUSTIVE,)) or family_sampled(name, "targets_run")
+                out.append(pytest.param(target, name, dtype, marks=marks))
     return out
 
 

@@ -15,12 +15,13 @@ torch = pytest.importorskip("torch", reason="torch.compile needs torch")
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 import optgen.torch as ot  # noqa: E402
-from helpers import torch_drop_in as _cls, torch_mlp as _model  # noqa: E402
+from helpers import family_sampled, torch_drop_in as _cls, torch_mlp as _model  # noqa: E402
 
 # every drop-in but THOR (whose refresh steps take statistics: those run eagerly), and LARS
 KW = {"Momentum": dict(momentum=0.9), "SGD": dict(momentum=0.9, weight_decay=1e-3),
       "Adadelta": dict(lr=0.5), "FTRL": dict(lr=0.05), "Muon": dict(lr=0.02)}
-NAMES = sorted(n for n in ot.CLASSES.values() if n != "THOR") + ["LARS"]
+NAMES = [pytest.param(n, id=n, marks=family_sampled(spec, "torch_compile"))
+         for spec, n in sorted(ot.CLASSES.items(), key=lambda kv: kv[1]) if n != "THOR"] + ["LARS"]
 
 
 def _data(steps, seed=1):

@@ -25,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import optgen.torch as otorch  # noqa: E402
+from helpers import family_sampled  # noqa: E402
 from optgen.core import hyper as hyper_rules  # noqa: E402
 from optgen.runtime import get_artifact  # noqa: E402
 from optgen.torch.optim_form import SPLIT, TorchForm  # noqa: E402
@@ -158,11 +159,12 @@ def _cases():
     for path in SPECS:
         if _rel(path) == "specs/adam_mini.py":   # named_parameters, heads set per name:
             continue                              # tests/test_adam_mini.py
-        yield pytest.param(path, "defaults", id=f"{_rel(path)}-defaults")
-        yield pytest.param(path, "non-default", id=f"{_rel(path)}-non-default")
+        marks = family_sampled(os.path.basename(path)[:-3], "torch_make")
+        yield pytest.param(path, "defaults", id=f"{_rel(path)}-defaults", marks=marks)
+        yield pytest.param(path, "non-default", id=f"{_rel(path)}-non-default", marks=marks)
         if betas(load_spec(path).hypers) and \
                 not issubclass(otorch.make(path), TorchForm):
-            yield pytest.param(path, "betas", id=f"{_rel(path)}-betas")
+            yield pytest.param(path, "betas", id=f"{_rel(path)}-betas", marks=marks)
 
 
 @pytest.mark.parametrize("path,setting", list(_cases()))

@@ -24,7 +24,10 @@ Two families (docs/catalog.md lists both, side by side):
   (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
   spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) and
   ``AdamMini`` (optgen/torch/adam_mini.py) are their authors' classes (the ``prodigy``,
-  ``came``, ``adam_atan2`` and ``adam_mini`` specs).
+  ``came``, ``adam_atan2`` and ``adam_mini`` specs); ``ADOPT``, ``AdEMAMix``, ``LaProp``,
+  ``Yogi``, ``AdaBound``, ``QHAdam``, ``QHM``, ``AdaMod``, ``DiffGrad``, ``SGDW``,
+  ``PAdam``, ``Grams`` and ``Tiger`` (optgen/torch/families.py) are the families'
+  classes with their authors' signatures.
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
@@ -50,6 +53,7 @@ import os
 from . import seeds
 from .agreement import DistributedStepError
 from .drop_in import OptgenOptimizer
+from .families import Tiger
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
@@ -82,6 +86,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "SOAP", "TORCH_FORMS", "make", "seeds",
+           "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]

@@ -22,7 +22,7 @@ from .drop_in import OptgenOptimizer
 from optgen.runtime import catalog
 
 
-def _tuple(options: dict[str, Any], key: str, value: Any, names: tuple[str, ...]) -> None:
+def tuple_option(options: dict[str, Any], key: str, value: Any, names: tuple[str, ...]) -> None:
     """Pass ``key=value`` on unless one of the spec's names it sets is given by itself
     (``beta1=0.8``: the other entries keep the spec's defaults, as in the seed forms)."""
     if not set(names) & set(options):
@@ -45,7 +45,7 @@ class Prodigy(OptgenOptimizer):
             raise ValueError(f"Prodigy: slice_p={slice_p!r} is not built (the estimate "
                              "reads every element: slice_p=1)")
         self.spec = catalog.resolve(self.spec_name)
-        _tuple(options, "betas", betas, ("beta1", "beta2"))
+        tuple_option(options, "betas", betas, ("beta1", "beta2"))
         super().__init__(params, lr=lr, beta3=beta3, eps=eps,
                          weight_decay=weight_decay, decouple=decouple,
                          use_bias_correction=use_bias_correction,
@@ -66,8 +66,8 @@ class CAME(OptgenOptimizer):
             raise ValueError("CAME: lr must be given (the authors' CAME has no default), "
                              "e.g. lr=2e-4")
         self.spec = catalog.resolve(self.spec_name)
-        _tuple(options, "eps", eps, ("eps1", "eps2"))
-        _tuple(options, "betas", betas, ("beta1", "beta2", "beta3"))
+        tuple_option(options, "eps", eps, ("eps1", "eps2"))
+        tuple_option(options, "betas", betas, ("beta1", "beta2", "beta3"))
         super().__init__(params, lr=lr, clip_threshold=clip_threshold,
                          weight_decay=weight_decay, **options)
 
@@ -96,7 +96,7 @@ class AdamAtan2(OptgenOptimizer):
             raise ValueError(f"AdamAtan2: decoupled_wd divides weight_decay by lr, which "
                              f"must then be > 0; got lr={lr!r}")
         self.spec = catalog.resolve(self.spec_name)
-        _tuple(options, "betas", betas, ("beta1", "beta2"))
+        tuple_option(options, "betas", betas, ("beta1", "beta2"))
         super().__init__(params, lr=lr, a=a, b=b, cautious_wd=cautious_wd,
                          weight_decay=weight_decay / lr if decoupled_wd else weight_decay,
                          **options)

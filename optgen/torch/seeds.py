@@ -14,8 +14,9 @@ Schedule-Free AdamW has a class of its own (``OWN``: optgen/torch/schedule_free.
 the authors' ``train()`` and ``eval()``), and so has D-Adaptation Adam
 (optgen/torch/dadapt.py, the authors' signature), and so have Prodigy, CAME and
 Adam-atan2 (optgen/torch/papers.py, the authors' signatures) and Adam-mini
-(optgen/torch/adam_mini.py).
-Imports: adam_mini, dadapt, drop_in, offload, papers, schedule_free.
+(optgen/torch/adam_mini.py), and so have the elementwise families (ADOPT, AdEMAMix,
+LaProp, ...: optgen/torch/families.py).
+Imports: adam_mini, dadapt, drop_in, families, offload, papers, schedule_free.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from . import offload as torch_offload
 from .drop_in import OptgenOptimizer
 from .dadapt import DAdaptAdam
 from .adam_mini import AdamMini
+from .families import FAMILIES
 from .papers import AdamAtan2, CAME, Prodigy
 from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
@@ -40,12 +42,13 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "nag": "NAG", "prodigy": "Prodigy", "proximal_adagrad": "ProximalAdagrad",
            "radam": "RAdam",
            "rmsprop": "RMSprop", "schedule_free_adamw": "AdamWScheduleFree", "sgd": "SGD",
-           "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR"}
+           "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR",
+           **{name: cls.__name__ for name, cls in FAMILIES.items()}}
 
 # catalog name -> its class, where the spec needs more than the generated one
 OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam,
        "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2,
-       "adam_mini": AdamMini}
+       "adam_mini": AdamMini, **FAMILIES}
 
 _made: dict[tuple, type] = {}
 
