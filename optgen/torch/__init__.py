@@ -27,7 +27,8 @@ Two families (docs/catalog.md lists both, side by side):
   ``came``, ``adam_atan2`` and ``adam_mini`` specs); ``ADOPT``, ``AdEMAMix``, ``LaProp``,
   ``Yogi``, ``AdaBound``, ``QHAdam``, ``QHM``, ``AdaMod``, ``DiffGrad``, ``SGDW``,
   ``PAdam``, ``Grams`` and ``Tiger`` (optgen/torch/families.py) are the families'
-  classes with their authors' signatures.
+  classes with their authors' signatures. ``SAM`` (optgen/torch/sam.py) wraps any of them
+  in sharpness-aware minimization (``step(closure)``: a second gradient per step).
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
 works: a changed ``lr`` is a new kernel argument, never a rebuild) and stores its states
@@ -57,6 +58,7 @@ from .families import Tiger
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
+from .sam import SAM
 from .sharded_checkpoint import ShardedCheckpointError
 from .soap import SOAP
 from optgen.runtime import catalog
@@ -86,6 +88,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
+           "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]
