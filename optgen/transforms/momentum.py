@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from optgen.blocks import CLIPPED
 from optgen.declarations import Spec
 from optgen.dsl import maximum, norm
 from optgen.ir import Expr, walk
@@ -44,6 +45,7 @@ def mars(spec: Any) -> Spec:
         g = clipped_gradient(base, list(new.values()), "mars")
         c = g + gamma * beta / (1 - beta) * (g - last)
         c = c / maximum(norm(c), 1.0)
+        c.tag = CLIPPED   # (the gradient the rule steps on: what cautious() compares with)
         out = dict(zip(names, substitute([new[n] for n in names], {id(g): c})))
         out["last_grad"] = g
         return out

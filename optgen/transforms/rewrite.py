@@ -165,13 +165,15 @@ def split_step(spec: Spec, w: Expr, w_new: Expr, transform: str) -> tuple[Expr, 
 
 
 def clipped_gradient(spec: Spec, roots: list[Expr], transform: str) -> Expr:
-    """The rescaled, clipped gradient the rule reads (optgen.blocks' preprocessing)."""
+    """The rescaled, clipped gradient the rule reads (optgen.blocks' preprocessing), or
+    the gradient a transform put in its place (MARS's c): the last one in the update,
+    which no other reads."""
     found = [n for n in walk(roots) if n.tag == CLIPPED]
     if not found:
         raise TransformError(f"{transform} needs a rule that reads its gradient through "
                              "optgen.blocks (gradient_preprocessing or torch_gradient); "
                              f"{spec.name}'s does not")
-    return found[0]
+    return found[-1]
 
 
 def first_moment(spec: Spec, new: dict[str, Expr], transform: str) -> tuple[str, Expr]:
