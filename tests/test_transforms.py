@@ -13,10 +13,11 @@ import torch
 
 import optgen
 import optgen.torch
-from helpers import assert_close
+from helpers import assert_close, exhaustive
+from optgen.core import catalog
 from optgen.dsl import Spec
 from optgen.transforms import (TransformError, cautious, ema, graft, lookahead, mars, nesterov,
-                               schedule_free, spec_file, trust_ratio)
+                               orthogonalize, schedule_free, spec_file, trust_ratio)
 
 SHAPES = [(6, 5), (7,)]
 STEPS = 6
@@ -290,6 +291,47 @@ def test_schedule_free_against_the_paper():
             what="schedule_free(adamw)")
 
 
+def newton_schulz(x, steps=5, a=3.4445, b=-4.7750, c=2.0315, eps=1e-7):
+    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024), in float64."""
+    x = x / max(np.linalg.norm(x), eps)
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    for _ in range(steps):
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.T if tall else x
+
+
+def oracle_muon(w, grads, h, nesterov=False):
+    """Muon on a 2-D parameter: heavy-ball momentum (the iteration normalizes, so its
+    scale does not count), orthogonalized, scaled by sqrt(max(1, R / C))."""
+    v = np.zeros_like(w)
+    for g in grads:
+        v = h["momentum"] * v + g
+        u = g + h["momentum"] * v if nesterov else v
+        w = w - h["lr"] * np.sqrt(max(1.0, w.shape[0] / w.shape[1])) * newton_schulz(u)
+    return w
+
+
+@pytest.mark.parametrize("use_nesterov", [False, True], ids=["momentum", "nesterov"])
+def test_orthogonalize_momentum_is_muon_and_the_paper(use_nesterov):
+    h = dict(lr=0.02, momentum=0.9)
+    spec = orthogonalize(nesterov("momentum") if use_nesterov else "momentum")
+    got = run(spec, "reference", h)
+    muon = run("muon", "reference", dict(h, nesterov=use_nesterov, weight_decay=0.0))
+    assert_close(got.params[0], muon.params[0], "float32", "2-D w vs muon")
+    w0, grads = problem(0)
+    want = oracle_muon(w0[0].astype(np.float64), [gs[0].astype(np.float64) for gs in grads],
+                       h, use_nesterov)
+    assert_close(got.params[0], want, "float32", "2-D w vs the paper's rule")
+    # (1-D parameters: the base rule, heavy-ball momentum)
+    v, w = np.zeros(SHAPES[1]), w0[1].astype(np.float64)
+    for gs in grads:
+        v = h["momentum"] * v + gs[1]
+        w = w - h["lr"] * ((gs[1] + h["momentum"] * v) if use_nesterov else v)
+    assert_close(got.params[1], w, "float32", "1-D w vs momentum")
+
+
 # -- what each transform accepts ---------------------------------------------------------
 def _in_memory():
     spec = Spec("inline", "a spec built in memory")
@@ -311,15 +353,44 @@ ERRORS = [
     (lambda: cautious(_in_memory()), TransformError, r"'inline' was not loaded from a file"),
     (lambda: cautious(42), TypeError, r"cautious: expected a Spec.*int 42"),
     (lambda: optgen.torch.make(cautious("adamw"), base="sgd"), TypeError, r"base= applies"),
+    (lambda: orthogonalize("muon"), TransformError, r"orthogonalize takes elementwise rules; "
+     r"muon multiplies matrices"),
+    (lambda: cautious("lazyadam"), TransformError, r"cautious reduces over the whole parameter "
+     r"tensor; lazyadam updates only the rows"),
+    (lambda: orthogonalize("adagrad"), TransformError, r"orthogonalize needs a rule with a "
+     r"first moment"),
 ]
 
 
 @pytest.mark.parametrize("call, error, message", ERRORS,
                          ids=["mars-no-moment", "sf-no-moment", "cautious-form", "twice",
-                              "in-memory", "not-a-spec", "make-base"])
+                              "in-memory", "not-a-spec", "make-base", "matrix", "lazy",
+                              "ortho-no-moment"])
 def test_a_rule_a_transform_does_not_accept_is_a_typed_error(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+TRANSFORMS = {"cautious": cautious, "mars": mars, "ema": ema, "nesterov": nesterov,
+              "trust_ratio": trust_ratio, "schedule_free": schedule_free,
+              "lookahead": lookahead, "orthogonalize": orthogonalize,
+              "graft": lambda s: graft(s, "sgd")}
+SAMPLE = ("torch_adamw", "lion", "sgd", "ftrl", "soap")
+
+
+def catalog_names(config):
+    return sorted(catalog.list_specs()) if exhaustive(config) else list(SAMPLE)
+
+
+def test_every_transform_of_a_catalog_rule_is_a_spec_or_a_transform_error(pytestconfig):
+    """Over the catalog (a sample unless --exhaustive): a transform gives a verified spec
+    or refuses with TransformError, never another error."""
+    for name in catalog_names(pytestconfig):
+        for t, transform in TRANSFORMS.items():
+            try:
+                transform(name)
+            except TransformError:
+                pass
 
 
 # -- every transform's kernel (exhaustive) -------------------------------------------------
@@ -330,7 +401,8 @@ EVERY = {"cautious": (lambda: cautious("adamw"), ADAMW),
          "ema": (lambda: ema("sgd"), dict(lr=0.05, ema_beta=0.8)),
          "graft": (lambda: graft("adamw", "sgd"), ADAMW),
          "schedule_free": (lambda: schedule_free("adamw"), dict(lr=0.01, weight_decay=0.1)),
-         "lookahead": (lambda: lookahead("adamw"), dict(ADAMW, lookahead_k=2))}
+         "lookahead": (lambda: lookahead("adamw"), dict(ADAMW, lookahead_k=2)),
+         "orthogonalize": (lambda: orthogonalize("momentum"), dict(lr=0.02, momentum=0.9))}
 
 
 @pytest.mark.exhaustive

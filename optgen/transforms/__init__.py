@@ -16,7 +16,9 @@ A transform takes a Spec, a catalog name or a spec file, and returns a new Spec 
 * ``nesterov``: the first moment looked one step ahead (momentum);
 * ``schedule_free``: Defazio et al.'s interpolation and averaging in place of the
   momentum (optgen.transforms.averaging);
-* ``lookahead``: Zhang et al.'s slow weights (averaging).
+* ``lookahead``: Zhang et al.'s slow weights (averaging);
+* ``orthogonalize``: Muon's Newton-Schulz orthogonalization of the 2-D step
+  (optgen.transforms.orthogonal).
 
 A rule a transform does not accept raises ``TransformError`` (a ValueError) naming the
 rule and what the transform needs. ``spec_file(spec)`` writes a transformed spec as a
@@ -26,8 +28,9 @@ docs/transforms.md has the rules and what each accepts.
 from .averaging import lookahead, schedule_free
 from .files import spec_file
 from .momentum import ema, mars, nesterov
+from .orthogonal import orthogonalize
 from .rewrite import TransformError, load_file
 from .step import cautious, graft, trust_ratio
 
 __all__ = ["TransformError", "cautious", "ema", "graft", "load_file", "lookahead", "mars",
-           "nesterov", "schedule_free", "spec_file", "trust_ratio"]
+           "nesterov", "orthogonalize", "schedule_free", "spec_file", "trust_ratio"]

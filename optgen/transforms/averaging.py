@@ -3,8 +3,10 @@ averaging in place of the rule's momentum) and lookahead (Zhang et al.'s slow we
 One kernel, as the base."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from optgen.compiler.verify import verify
 from optgen.declarations import Spec
 from optgen.dsl import maximum, minimum, where
 from optgen.ir import Expr, const
@@ -24,7 +26,8 @@ def schedule_free(spec: Any) -> Spec:
         y       = (1 - ckp1) * y + ckp1 * z + (beta1 * (1 - ckp1) - 1) * d
         z       = z - d                  (z = y before the first step)
 
-    beta1 (the removed momentum's decay) is the interpolation. schedule_free(adamw) is the
+    beta1 (the removed momentum's decay) is the interpolation; where the rule's default
+    is 0 (SGD) the new default is 0.9, the authors' SGDScheduleFree's. schedule_free(adamw) is the
     authors' AdamWScheduleFree; optgen.torch.make gives its class train() and eval(). Accepts
     a rule with a learning rate ``lr`` and a first moment (decay ``beta1`` or
     ``momentum``) that reads its gradient through optgen.blocks.
@@ -53,10 +56,12 @@ def schedule_free(spec: Any) -> Spec:
     weight_sum = new_spec.state(fresh["weight_sum"], 0.0, "sum of the average's weights",
                                 shape="scalar")
     # the moment's state goes: find it on a trace of the base
-    probe = base.trace({n: f.default for n, f in base.flags.items()}
-                       | {n: True for n in base.shape_flags} | {n: True for n in base.name_flags})
-    moment, beta = first_moment(base, probe.updates, "schedule_free")
+    moment, beta = first_moment(base, verify(base)[0].updates, "schedule_free")
     del new_spec.states[moment]
+    info = new_spec.hypers[beta.name].info
+    if not info.default:   # (no momentum by default, 0 or None: the authors' SGD default)
+        new_spec.hypers[beta.name] = dataclasses.replace(
+            new_spec.hypers[beta.name], info=dataclasses.replace(info, default=0.9))
     new_spec.schedule_free_beta = beta.name   # (optgen.torch's train() and eval() read it)
     new_spec.require(f"{beta.name} > 0", f"schedule_free: {beta.name} > 0 (eval() divides "
                      "by it)")

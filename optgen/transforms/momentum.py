@@ -11,7 +11,7 @@ from optgen.declarations import Spec
 from optgen.dsl import maximum, norm
 from optgen.ir import Expr, walk
 from .rewrite import (TransformError, as_spec, check, clipped_gradient, derive, first_moment,
-                      fresh_name, recipe_of, rule_of, run_base, substitute)
+                      fresh_name, recipe_of, rule_of, run_base, substitute, whole_tensor)
 
 
 def mars(spec: Any) -> Spec:
@@ -31,6 +31,7 @@ def mars(spec: Any) -> Spec:
     Training Large Models", arXiv:2411.10438.
     """
     base = as_spec(spec, "mars")
+    whole_tensor(base, "mars")
     new_spec = derive(base, "mars", f"mars({recipe_of(base, 'mars')})",
                       "the rule on MARS's variance-reduced gradient (arXiv:2411.10438)")
     gamma = new_spec.hyper(fresh_name(new_spec, "gamma", "mars", "hyperparameter"), 0.025,

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from optgen.blocks import CLIPPED
 from optgen.compiler.loader import load_spec
+from optgen.compiler.verify import flag_combinations, verify
 from optgen.core import catalog
 from optgen.declarations import Spec
 from optgen.dsl import base_spec
@@ -32,18 +33,22 @@ class TransformError(ValueError):
 
 # -- the base and the new spec ----------------------------------------------------------
 def as_spec(spec: Any, transform: str) -> Spec:
-    """``spec`` as a Spec: a Spec, a catalog or registered name, or a spec file's path."""
-    if isinstance(spec, Spec):
-        if spec.rule is None:
-            raise TransformError(f"{transform}: spec {spec.name!r} has no update rule")
-        return spec
+    """``spec`` as a Spec (a Spec, a catalog or registered name, or a spec file's path),
+    verified, and elementwise: a TransformError for a rule that multiplies matrices or
+    refreshes states on the host (their planner and refresh rules are not rewritten)."""
     if isinstance(spec, (str, os.PathLike)):
         text = os.fspath(spec)
-        if text.endswith(".py") or os.sep in text:
-            return load_file(catalog.resolve(text))
-        return base_spec(text)
-    raise TypeError(f"{transform}: expected a Spec, a catalog name or a spec file, got "
-                    f"{type(spec).__name__} {spec!r}")
+        spec = load_file(catalog.resolve(text)) if text.endswith(".py") or os.sep in text \
+            else base_spec(text)
+    elif not isinstance(spec, Spec):
+        raise TypeError(f"{transform}: expected a Spec, a catalog name or a spec file, got "
+                        f"{type(spec).__name__} {spec!r}")
+    if spec.rule is None:
+        raise TransformError(f"{transform}: spec {spec.name!r} has no update rule")
+    if spec.refresh_rule is not None or spec.statistics or any(tr.matrix for tr in verify(spec)):
+        raise TransformError(f"{transform} takes elementwise rules; {spec.name} multiplies "
+                             "matrices or refreshes states on the host")
+    return spec
 
 
 def load_file(path: str, digest: str | None = None) -> Spec:
@@ -132,8 +137,9 @@ def substitute(roots: list[Expr], mapping: dict[int, Expr]) -> list[Expr]:
 def _rebuild(node: Expr, args: tuple) -> Expr:
     if node.op in ARITH or node.op in COMPARE or node.op in LOGIC or node.op == "where":
         new = apply(node.op, *args)
-    elif node.op == "reduce":
-        new = reduce(node.value, args[0], node.name)
+    elif node.op == "reduce":   # (over all of x's axes: none named, as global_sum and norm)
+        whole = node.name == args[0].axes or args[0].mat is not None
+        new = reduce(node.value, args[0], None if whole else node.name)
     else:   # matrix nodes keep their shape
         new = Expr(node.op, args, value=node.value, name=node.name, dtype=node.dtype,
                    kind=node.kind, axes=node.axes, loc=node.loc, mat=node.mat)
@@ -211,7 +217,17 @@ def rule_of(spec: Spec, fn: Callable) -> None:
 
 
 def check(spec: Spec) -> None:
-    """Trace the new rule once (default flags, shape and name flags on): a rule the
-    transform cannot take apart raises when the transform is applied."""
-    spec.trace({n: f.default for n, f in spec.flags.items()}
-               | {n: True for n in spec.shape_flags} | {n: True for n in spec.name_flags})
+    """Trace and verify the new rule (every flag combination, as a build does): a rule
+    the transform cannot take apart raises its TransformError when the transform is
+    applied, not when it is built."""
+    for flags in flag_combinations(spec):
+        spec.trace(flags)
+    verify(spec)
+
+
+def whole_tensor(spec: Spec, transform: str) -> None:
+    """A TransformError for a rule that updates rows lazily: ``transform`` reduces over
+    the whole parameter tensor, which a row-sparse kernel does not see."""
+    if spec.lazy_update_default:
+        raise TransformError(f"{transform} reduces over the whole parameter tensor; "
+                             f"{spec.name} updates only the rows a sparse gradient has")

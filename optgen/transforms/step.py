@@ -10,7 +10,8 @@ from optgen.declarations import Spec
 from optgen.dsl import maximum, mean, norm, where
 from optgen.ir import Expr
 from .rewrite import (TransformError, as_spec, check, clipped_gradient, derive, fresh_name, hyper,
-                      recipe_of, replace_state, rule_of, run_base, split_step, substitute)
+                      recipe_of, replace_state, rule_of, run_base, split_step, substitute,
+                      whole_tensor)
 
 
 def cautious(spec: Any) -> Spec:
@@ -28,6 +29,7 @@ def cautious(spec: Any) -> Spec:
     Reference: K. Liang, L. Chen, B. Liu, Q. Liu, "Cautious Optimizers", arXiv:2411.16085.
     """
     base = as_spec(spec, "cautious")
+    whole_tensor(base, "cautious")
     new_spec = derive(base, "cautious", f"cautious({recipe_of(base, 'cautious')})",
                       "the step is kept where it agrees in sign with the gradient, "
                       "rescaled by the share kept (arXiv:2411.16085)")
@@ -60,6 +62,7 @@ def trust_ratio(spec: Any) -> Spec:
     in 76 minutes", ICLR 2020 (arXiv:1904.00962).
     """
     base = as_spec(spec, "trust_ratio")
+    whole_tensor(base, "trust_ratio")
     lr = hyper(base, "lr", "trust_ratio", "the ratio scales the step before the learning rate")
     new_spec = derive(base, "trust_ratio", f"trust_ratio({recipe_of(base, 'trust_ratio')})",
                       "the step scaled by LAMB's trust ratio ||w|| / ||step / lr||")
@@ -92,9 +95,8 @@ def graft(direction: Any, magnitude: Any) -> Spec:
     Gradient Methods from Learning Rates", arXiv:2002.11803.
     """
     dspec, mspec = as_spec(direction, "graft"), as_spec(magnitude, "graft")
-    for s in (dspec, mspec):
-        if s.refresh_rule is not None or s.statistics:
-            raise TransformError(f"graft needs elementwise rules; {s.name} has a refresh rule")
+    whole_tensor(dspec, "graft")
+    whole_tensor(mspec, "graft")
     recipe = f"graft({recipe_of(dspec, 'graft')}, {recipe_of(mspec, 'graft')})"
     new_spec = derive(dspec, "graft", recipe, f"{dspec.name}'s step at {mspec.name}'s norm "
                       "(layer-wise grafting, arXiv:2002.11803)")
