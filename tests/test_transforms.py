@@ -7,6 +7,8 @@ errors. The compiled builds kept to three by default (a build is seconds); every
 transform's kernel is checked under --exhaustive."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -382,15 +384,31 @@ def catalog_names(config):
     return sorted(catalog.list_specs()) if exhaustive(config) else list(SAMPLE)
 
 
+def doc_table() -> dict[str, list[str]]:
+    """docs/transforms.md's table: catalog rule -> the transforms it lists as taking it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "transforms.md").read_text()
+    rows = [line.strip("|").split("|") for line in text.splitlines()
+            if line.startswith("| ") and line.count("|") == len(TRANSFORMS) + 2]
+    head = [c.strip().split("(")[0] for c in rows[0][1:]]
+    assert head == list(TRANSFORMS), head
+    return {r[0].strip(): [t for t, c in zip(head, r[1:]) if c.strip() == "yes"]
+            for r in rows[1:] if not r[0].startswith("---")}
+
+
 def test_every_transform_of_a_catalog_rule_is_a_spec_or_a_transform_error(pytestconfig):
     """Over the catalog (a sample unless --exhaustive): a transform gives a verified spec
-    or refuses with TransformError, never another error."""
+    or refuses with TransformError, never another error, as docs/transforms.md says."""
+    table = doc_table()
+    assert sorted(table) == sorted(catalog.list_specs())
     for name in catalog_names(pytestconfig):
+        taken = []
         for t, transform in TRANSFORMS.items():
             try:
                 transform(name)
+                taken.append(t)
             except TransformError:
                 pass
+        assert taken == table[name], f"{name}: docs/transforms.md lists {table[name]}"
 
 
 # -- every transform's kernel (exhaustive) -------------------------------------------------
