@@ -286,6 +286,22 @@ def test_ema_and_graft_against_the_papers():
         return w
     against(got, oracle, ADAMW, what="graft(adamw, sgd)")
 
+    def oracle_lion(w, grads, h):
+        """AdamW's direction at Lion's norm (arXiv:2302.06675): the rules share lr,
+        beta1, beta2 and weight_decay; Lion's m is the state graft_m."""
+        m = v = m_lion = np.zeros_like(w)
+        for t, g in enumerate(grads, 1):
+            m, v, s = adamw_step(m, v, g, t, h)
+            d = s + h["lr"] * h["weight_decay"] * w
+            c = h["beta1"] * m_lion + (1 - h["beta1"]) * g
+            m_lion = h["beta2"] * m_lion + (1 - h["beta2"]) * g
+            d_m = h["lr"] * (np.sign(c) + h["weight_decay"] * w)
+            w = w - np.linalg.norm(d_m) / np.linalg.norm(d) * d
+        return w
+    got = run(graft("adamw", "lion"), "reference", ADAMW)
+    against(got, oracle_lion, ADAMW, what="graft(adamw, lion)")
+    assert sorted(got.state[0]) == ["graft_m", "m", "v"]
+
 
 def test_schedule_free_against_the_paper():
     h = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0)

@@ -112,8 +112,10 @@ def graft(direction: Any, magnitude: Any) -> Spec:
             new_spec.states[name] = dspec.states[name]
         else:
             new_spec.states[name] = st
-    new_spec.shape_flags.update({k: v for k, v in mspec.shape_flags.items()
-                                 if k not in new_spec.shape_flags})
+    for mine, theirs in ((new_spec.shape_flags, mspec.shape_flags),
+                         (new_spec.name_flags, mspec.name_flags),
+                         (new_spec.inputs, mspec.inputs), (new_spec.accepted, mspec.accepted)):
+        mine.update({k: v for k, v in theirs.items() if k not in mine})
     new_spec.requirements += mspec.requirements
     mine = {n: node for n, node in ((n, mspec.hypers[n].node) for n in mspec.hypers)
             if node is not None and n in dspec.hypers and dspec.hypers[n].node is not None}
