@@ -233,6 +233,18 @@ def test_cautious_and_mars_equal_heavyballs_AdamW_flags(use_mars):
         assert_close(ours.params[i], p.detach().numpy(), "float32", f"heavyball w[{i}]")
 
 
+def test_the_caution_mask_pass_reads_what_the_sign_needs():
+    """cautious(adamw)'s mean(phi) pass compares m_new * g, as cautious_adamw's: the
+    step's positive divisor sqrt(v_hat) + eps is left out (no v read, no sqrt)."""
+    from optgen.compiler.verify import verify
+    from optgen.ir import walk
+    for trace in verify(cautious("adamw")):
+        passes = [n for n in walk(list(trace.updates.values())) if n.op == "reduce"]
+        assert len(passes) == 1
+        read = {n.name for n in walk([passes[0].args[0]]) if n.op in ("state", "grad")}
+        assert read == {"m", "grad"}, read
+
+
 # -- the transforms against the hand-written specs (reference interpreter) ----------------
 def test_cautious_adamw_equals_cautious_adamw_and_the_paper():
     # the hand-written spec adds eps before the bias correction (transformers' form):

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from optgen.blocks import CLIPPED
 from optgen.compiler.loader import load_spec
+from optgen.compiler.nonneg import hyper_bounds
 from optgen.compiler.verify import flag_combinations, verify
 from optgen.core import catalog
 from optgen.declarations import Spec
@@ -168,6 +169,51 @@ def split_step(spec: Spec, w: Expr, w_new: Expr, transform: str) -> tuple[Expr, 
             return b, -a
     raise TransformError(f"{transform} needs a rule whose new w is w (or w times a decay "
                          f"factor) minus a step; {spec.name}'s new w is {w_new.describe()}")
+
+
+def sign_of(spec: Spec, step: Expr) -> Expr:
+    """An expression with ``step``'s sign wherever step is nonzero, cheaper to compute:
+    ``step`` without its tensor divisors that are never negative (``m / (sqrt(v) + eps)``
+    has m's sign: a pass that only needs the sign then reads no v). Exact: x / d with
+    d >= 0 is x's sign, +-inf or NaN (d = 0), and (x / d) * g > 0 as x * g > 0 there."""
+    if step.op == "mul":
+        a, b = step.args
+        if a.kind == "scalar":
+            return a * sign_of(spec, b)
+        if b.kind == "scalar":
+            return sign_of(spec, a) * b
+    if step.op == "div" and step.args[1].kind == "tensor" and \
+            _nonneg(spec, step.args[1], {}):
+        return sign_of(spec, step.args[0])
+    return step
+
+
+def _nonneg(spec: Spec, e: Expr, memo: dict) -> bool:
+    """Whether ``e`` is proven >= 0: the sign analysis of optgen.compiler.nonneg (which
+    decides the q8 format's maps), reduced to what a denominator needs."""
+    if id(e) not in memo:
+        op, a = e.op, e.args
+        if op == "const":
+            out = e.dtype == "float" and e.value >= 0
+        elif op == "hyper":
+            h = spec.hypers.get(e.name)
+            lo = hyper_bounds(h.info.constraint, e.name)[0] if h is not None else None
+            out = lo is not None and lo >= 0 or e.name in ("rows", "cols")
+        elif op in ("t", "sqrt", "abs", "exp"):
+            out = True
+        elif op == "state":
+            out = e.name in spec.states and spec.states[e.name].nonneg
+        elif op in ("add", "div", "min", "mul"):
+            out = all(_nonneg(spec, x, memo) for x in a) or (op == "mul" and a[0] is a[1])
+        elif op in ("max", "where"):
+            out = any(_nonneg(spec, x, memo) for x in a) if op == "max" else \
+                all(_nonneg(spec, x, memo) for x in a[1:])
+        elif op == "pow":
+            out = _nonneg(spec, a[0], memo)
+        else:
+            out = False
+        memo[id(e)] = out
+    return memo[id(e)]
 
 
 def clipped_gradient(spec: Spec, roots: list[Expr], transform: str) -> Expr:

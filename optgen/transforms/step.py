@@ -10,8 +10,8 @@ from optgen.declarations import Spec
 from optgen.dsl import maximum, mean, norm, where
 from optgen.ir import Expr
 from .rewrite import (TransformError, as_spec, check, clipped_gradient, derive, fresh_name, hyper,
-                      recipe_of, replace_state, rule_of, run_base, split_step, substitute,
-                      whole_tensor)
+                      recipe_of, replace_state, rule_of, run_base, sign_of, split_step,
+                      substitute, whole_tensor)
 
 
 def cautious(spec: Any) -> Spec:
@@ -38,7 +38,7 @@ def cautious(spec: Any) -> Spec:
         new = run_base(base, w, grad, flags)
         kept, step = split_step(base, w, new["w"], "cautious")
         g = clipped_gradient(base, list(new.values()), "cautious")
-        agree = where(step * g > 0, 1.0, 0.0)
+        agree = where(sign_of(base, step) * g > 0, 1.0, 0.0)   # (step's sign, cheaper)
         new["w"] = kept - step * (agree / maximum(mean(agree), 1e-3))
         return new
 
