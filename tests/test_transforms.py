@@ -3,7 +3,7 @@ one exists (cautious_adamw, mars_adamw, lamb, momentum's use_nesterov,
 AdamWScheduleFree), against heavyball's or pytorch-optimizer's variant where one exists,
 and against an oracle written here from the paper (numpy, float64, fed the same float32
 inputs); compiled kernels against the reference interpreter; compositions; the typed
-errors. The compiled builds kept to three by default (a build is seconds); every
+errors. Two compiled builds by default (a build takes seconds); every
 transform's kernel is checked under --exhaustive."""
 from __future__ import annotations
 
