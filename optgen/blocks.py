@@ -11,12 +11,13 @@ from .dsl import Spec, clip, matmul, maximum, norm, repeat, sqrt
 from .ir import Expr
 
 PREPROCESSED = "preprocessed"
+CLIPPED = "clipped"   # the rescaled, clipped gradient: what optgen.transforms rewrite
 
 
 def preprocessed(g: Expr) -> Expr:
     """Mark ``g`` as an already preprocessed gradient: a base rule called by a wrapper
     (LARS) then uses it as is instead of rescaling, clipping and decaying it again."""
-    g = g if g.tag is None else g * 1.0
+    g = g if g.tag in (None, CLIPPED) else g * 1.0
     g.tag = PREPROCESSED
     return g
 
@@ -54,6 +55,7 @@ def gradient_preprocessing(spec: Spec, *, coupled_weight_decay: bool = True,
         if grad.tag == PREPROCESSED:
             return grad
         g = clip(grad * rescale, -bound, bound)
+        g.tag = CLIPPED
         return g + wd * w if wd is not None else g
 
     return preprocess

@@ -31,7 +31,7 @@ PACKAGES = {"optgen": "optgen", "optgen.compiler": "optgen/compiler",
             "optgen.runtime.backends": "runtime/backends",
             "optgen.runtime.schedules": "runtime/schedules",
             "optgen.runtime.strategies": "runtime/strategies", "optgen.specs": "specs",
-            "optgen.templates": "templates"}
+            "optgen.templates": "templates", "optgen.transforms": "optgen/transforms"}
 CHECKED = ("optgen", "runtime")   # the folders whose modules must stay small
 MAX_LINES = 400
 

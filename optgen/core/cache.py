@@ -48,7 +48,7 @@ def machine() -> str:
 # editing the CLI, the torch drop-ins or the runtime keeps the cached kernels, and editing
 # any of these rebuilds them (tests/test_cache_key.py edits each in a copy of the tree).
 KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
-    "optgen": ("blocks.py", "declarations.py", "dsl.py", "ir.py", "tracing.py"),
+    "optgen": ("blocks.py", "declarations.py", "dsl.py", "ir.py", "tracing.py", "transforms/"),
     "optgen.compiler": None,
     "optgen.core": ("_version.py", "dtypes.py", "formats/", "hyper.py", "quant.py",
                     "reference.py", "rounding.py", "scalar_expr.py", "targets.py", "views.py"),

@@ -66,11 +66,18 @@ from optgen.runtime import catalog
 globals().update(TORCH_FORMS)
 
 
-def make(spec: str | os.PathLike, base: str | None = None, name: str | None = None) -> type:
+def make(spec: str | os.PathLike | object, base: str | None = None,
+         name: str | None = None) -> type:
     """The drop-in class of a spec (catalog name, registered name or file), optionally
     wrapping ``base`` (``make("lars", base="momentum")``): a ``torch_<name>`` spec gives
     its torch form (``make("torch_adam") is optgen.torch.Adam``), any other spec its
-    seed form (``make("adam") is optgen.torch.seeds.Adam``)."""
+    seed form (``make("adam") is optgen.torch.seeds.Adam``), a spec made by
+    optgen.transforms its class (``make(cautious("adamw"))``, docs/transforms.md)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        if base is not None:
+            raise TypeError("make(): base= applies to wrapper spec files, not to a "
+                            "transformed spec (transform the base itself)")
+        return seeds.transformed(spec, name)
     if base is None and name is None:
         path = catalog.resolve(spec)
         for cls in TORCH_FORMS.values():

@@ -37,6 +37,8 @@ class AdamWScheduleFree(OptgenOptimizer):
     ``foreach`` (accepted, changes nothing) and optgen's runtime options."""
 
     spec_name = "schedule_free_adamw"
+    interpolation = "beta1"   # the hyperparameter y = (1 - it) * z + it * x reads
+
 
     def __init__(self, params: Any, *, foreach: bool | None = None, **kwargs: Any):
         self.spec = catalog.resolve(self.spec_name)
@@ -73,7 +75,8 @@ class AdamWScheduleFree(OptgenOptimizer):
         for group in self.param_groups:
             if group["train_mode"] == train:
                 continue
-            beta1 = float(group["betas"][0])
+            beta1 = float(group["betas"][0] if self.interpolation == "beta1" and "betas" in group
+                          else group[self.interpolation])
             weight = 1 - beta1 if train else 1 - 1 / beta1
             for p in group["params"]:
                 i = index[id(p)]

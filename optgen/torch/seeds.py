@@ -75,6 +75,27 @@ def make(spec: str | os.PathLike, base: str | None = None, name: str | None = No
     return _made[key]
 
 
+def transformed(spec, name: str | None = None) -> type:
+    """The drop-in class of a spec made by optgen.transforms (``make(cautious("adamw"))``):
+    written as a spec file (optgen.transforms.spec_file); a schedule-free one has the
+    authors' ``train()`` and ``eval()`` (AdamWScheduleFree's)."""
+    from optgen.transforms import spec_file   # (the transforms trace specs: loaded on use)
+    path = spec_file(spec)
+    key = (path, None, name)
+    if key not in _made:
+        attrs = {"spec": path, "base": None, "__module__": __name__,
+                 "__doc__": f"optgen's {spec.name} (optgen.transforms) as a "
+                            "torch.optim.Optimizer."}
+        parent = OptgenOptimizer
+        if "schedule_free" in getattr(spec, "transforms", ()):
+            parent = AdamWScheduleFree
+            attrs.update(spec_name=path, interpolation=spec.schedule_free_beta)
+            del attrs["spec"]
+        cls_name = name or "".join(w.capitalize() for w in spec.name.split("_"))
+        _made[key] = type(cls_name, (parent,), attrs)
+    return _made[key]
+
+
 def __getattr__(attr: str) -> type:
     if attr == "AdamOffload":   # the seeds' name (optgen/torch/offload.py)
         return _made.setdefault(("AdamOffload",), torch_offload.seed_class(make("adam")))
