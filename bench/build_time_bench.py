@@ -11,13 +11,15 @@ Rows:
 - ``optgen build SPEC``: `python -m optgen.cli build SPEC --target llvm` (the default
   variant: float32, default flags) with XDG_CACHE_HOME an empty folder (and no
   OPTGEN_CACHE_DIR): wall time of the process, and its user and system CPU time
-  (less noisy than wall on a shared machine). With ``--baseline DIR`` each spec also
-  runs with DIR first on PYTHONPATH (a checkout of another optgen version: its optgen/
-  package), interleaved with this one rep by rep, the order alternating.
+  (less noisy than wall on a shared machine). Python's bytecode cache is on, as after
+  a pip install (an untimed build of the first spec writes it). With ``--baseline DIR`` each spec also
+  runs in DIR with DIR first on PYTHONPATH (a checkout of another optgen version: its
+  optgen/ package; `git archive REV | tar -x -C DIR`), interleaved with this one rep by rep, the order alternating.
 - ``torch.compile AdamW``: torch.optim.AdamW (its default foreach step) on a model of
   ``--params`` parameters (10 Linear layers), ``opt.step`` wrapped in a function compiled
   with torch.compile, an empty TORCHINDUCTOR_CACHE_DIR: the first call (compiles), and
-  the median of the next steps (steady).
+  the median of the next steps (steady); and the whole process's wall and CPU time
+  (import, compile, steps; Inductor compiles in worker processes, counted here).
 - ``heavyball AdamW``: heavyball.AdamW on the same model (heavyball compiles its update
   functions with torch.compile): the first step, and the steady median.
 
@@ -39,11 +41,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = ["adam", "lamb", "prodigy", "came", "soap", "torch_muon", "shampoo"]
 
 
-def run_child(argv: list[str], env: dict) -> tuple[float, float, float, str]:
+def run_child(argv: list[str], env: dict, cwd: str = ROOT) -> tuple[float, float, float, str]:
     """(wall s, user CPU s, system CPU s, stdout) of one new process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -54,13 +56,15 @@ def run_child(argv: list[str], env: dict) -> tuple[float, float, float, str]:
 def cold_build(spec: str, tree: str | None) -> tuple[float, float, float]:
     """One cold `optgen build spec`, in an empty cache; ``tree``: another optgen's
     checkout first on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k != "OPTGEN_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPTGEN_CACHE_DIR", "PYTHONDONTWRITEBYTECODE")}
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     with tempfile.TemporaryDirectory(prefix="build-time-") as cache:
         env["XDG_CACHE_HOME"] = cache
-        wall, user, system, out = run_child(
-            [sys.executable, "-m", "optgen.cli", "build", spec, "--target", "llvm"], env)
+        wall, user, system, out = run_child(   # (in the tree: `-m` puts it first on the path)
+            [sys.executable, "-m", "optgen.cli", "build", spec, "--target", "llvm"], env,
+            cwd=tree or ROOT)
     if not out.startswith("built:"):
         raise RuntimeError(f"optgen build {spec}: not a cold build:\n{out}")
     return wall, user, system
@@ -92,29 +96,37 @@ def child(name: str, n: int, steps: int) -> dict:
         import heavyball
         opt = heavyball.AdamW(params, lr=1e-3)
         step = opt.step
-    c0, t0 = time.process_time(), time.perf_counter()
+    grads = [p.grad for p in params]
+
+    def with_grads():            # (heavyball consumes .grad: every step gets it back)
+        for p, g in zip(params, grads):
+            p.grad = g
+    t0 = time.perf_counter()
     step()
-    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+    first = time.perf_counter() - t0
     times = []
     for _ in range(steps):
+        with_grads()
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
-    return {"first_s": first, "first_cpu_s": first_cpu, "steady_s": statistics.median(times),
+    return {"first_s": first, "steady_s": statistics.median(times),
             "params": sum(p.numel() for p in params), "threads": torch.get_num_threads()}
 
 
 def torch_row(name: str, n: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        _, _, _, out = run_child([sys.executable, os.path.abspath(__file__), "--child", name,
-                                  "--params", str(n), "--steps", str(steps)], env)
-    return json.loads(out.strip().splitlines()[-1])
+        wall, user, system, out = run_child([sys.executable, os.path.abspath(__file__),
+                                             "--child", name, "--params", str(n),
+                                             "--steps", str(steps)], env)
+    return {**json.loads(out.strip().splitlines()[-1]), "process_wall_s": wall,
+            "process_user_s": user, "process_sys_s": system}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--specs", nargs="+", default=SPECS)
+    ap.add_argument("--specs", nargs="*", default=SPECS)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--baseline", help="another optgen checkout, interleaved with this one")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch rows")
@@ -128,14 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     trees = {"this": None, **({"baseline": args.baseline} if args.baseline else {})}
     runs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for tree in trees.values() if args.specs else ():   # (writes the bytecode cache)
+        cold_build(args.specs[0], tree)
     for r in range(args.reps):
         for spec in args.specs:
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for tree in order:
                 runs.setdefault((spec, tree), []).append(cold_build(spec, trees[tree]))
-    print(f"cold `optgen build SPEC --target llvm`, empty cache, new process; median of "
-          f"{args.reps} (wall, user CPU, system CPU), {os.cpu_count()} CPUs")
-    print(f"{'row':<38} {'wall s':>8} {'min s':>7} {'user s':>8} {'sys s':>7}")
+    if args.specs:
+        print(f"cold `optgen build SPEC --target llvm`, empty cache, new process; median of "
+              f"{args.reps} (wall, user CPU, system CPU), {os.cpu_count()} CPUs")
+        print(f"{'row':<38} {'wall s':>8} {'min s':>7} {'user s':>8} {'sys s':>7}")
     table = {}
     for (spec, tree), rows in runs.items():
         wall, user, system = (statistics.median(x) for x in zip(*rows))
@@ -145,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_torch:
         print(f"\ncompiled optimizer steps, {args.params:,} parameters, new process, "
               "empty compile cache: first call (compiles) and steady step")
-        print(f"{'row':<38} {'first s':>8} {'cpu s':>7} {'steady ms':>10}")
+        print(f"{'row':<38} {'first s':>8} {'steady ms':>10}   process: wall s, user s, sys s")
         for name, label in (("torch-compile", "torch.compile AdamW"),
                             ("heavyball", "heavyball.AdamW (compiled)")):
             d = torch_row(name, args.params, args.steps)
             table[label] = d
-            print(f"{label:<38} {d['first_s']:8.2f} {d['first_cpu_s']:7.2f} "
-                  f"{d['steady_s'] * 1e3:10.1f}")
+            print(f"{label:<38} {d['first_s']:8.2f} {d['steady_s'] * 1e3:10.1f}   "
+                  f"{d['process_wall_s']:.2f}, {d['process_user_s']:.2f}, "
+                  f"{d['process_sys_s']:.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(table, f, indent=1)

@@ -13,6 +13,12 @@ from optgen import cli
 from optgen.compiler import tvm_backend
 from optgen.core import progress
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the build and the check below: check finds sgd's f32 variant built."""
+    return str(tmp_path_factory.mktemp("progress-cache"))
+
+
 LINE = re.compile(r"optgen: \[\d+\.\d s\] (.*)")
 
 
@@ -51,8 +57,8 @@ def test_a_bad_threshold_is_a_usage_error(monkeypatch, capsys, text, tmp_path):
     assert not list(tmp_path.iterdir())        # (refused before anything was built)
 
 
-def test_a_slow_build_says_what_it_does_and_a_fast_one_nothing(monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("OPTGEN_CACHE_DIR", str(tmp_path))
+def test_a_slow_build_says_what_it_does_and_a_fast_one_nothing(monkeypatch, capsys, cache):
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", cache)
     monkeypatch.setenv("OPTGEN_PROGRESS_AFTER", "0.3")
     during = []
     build_library = tvm_backend.build_library
@@ -78,8 +84,8 @@ def test_a_slow_build_says_what_it_does_and_a_fast_one_nothing(monkeypatch, caps
 
 
 def test_check_prints_each_line_as_it_is_done_building_variants_when_needed(
-        monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("OPTGEN_CACHE_DIR", str(tmp_path))
+        monkeypatch, capsys, cache):
+    monkeypatch.setenv("OPTGEN_CACHE_DIR", cache)
     monkeypatch.setenv("OPTGEN_PROGRESS_AFTER", "0")
     monkeypatch.setattr(sys, "stderr", sys.stdout)   # one stream: the order is observable
     assert cli.main(["check", "sgd"]) == 0
