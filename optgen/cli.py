@@ -5,6 +5,7 @@ error (one line; set OPTGEN_DEBUG=1 for the traceback).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -44,28 +45,36 @@ def _cmd_show(args) -> int:
 
 def _cmd_check(args) -> int:
     from optgen import commands
+    from optgen.core import progress
     failed = 0
-    for spec in args.specs:
-        art = _artifact(spec, base=args.base)
-        for r in commands.check(art, seed=args.seed):
-            flags = " ".join(f"{k}={v}" for k, v in r.flags.items()) or "(no flags)"
-            if r.skipped:
-                print(f"{art.name} {r.dtype} {r.setting} {flags}: skipped ({r.skipped})")
-                continue
-            verdict = "ok" if r.ok else (
-                f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e} exceeded in "
-                + ", ".join(commands.describe(n) for n in r.failed) + ")")
-            note = (f" (warning: the reference interpreter itself gives {r.nonfinite} NaN/inf "
-                    "values on random data: check the spec)" if r.nonfinite else "")
-            print(f"{art.name} {r.dtype} {r.setting} {flags}: max error {r.max_rel:.2e} "
-                  f"in {commands.describe(r.worst)} (absolute {r.max_abs:.2e}) over "
-                  f"{commands.STEPS} steps: {verdict}{note}")
-            failed += not r.ok
+    with progress.reporting():   # (past OPTGEN_PROGRESS_AFTER seconds, on stderr)
+        for spec in args.specs:
+            progress.task(f"check {spec}")
+            art = _artifact(spec, base=args.base)
+            for r in commands.check_each(art, seed=args.seed):   # (each line as it is done)
+                print(_check_line(art.name, r), flush=True)
+                failed += not r.ok
     if failed:
         print(f"optgen: check failed: {failed} kernel(s) differ from the reference "
               "interpreter (an optgen bug: please report it)", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_line(name: str, r) -> str:
+    """One result of `optgen check` (a commands.CheckResult) as its line."""
+    from optgen import commands
+    flags = " ".join(f"{k}={v}" for k, v in r.flags.items()) or "(no flags)"
+    if r.skipped:
+        return f"{name} {r.dtype} {r.setting} {flags}: skipped ({r.skipped})"
+    verdict = "ok" if r.ok else (
+        f"FAILED (tolerance {commands.TOLERANCE[r.dtype]:.0e} exceeded in "
+        + ", ".join(commands.describe(n) for n in r.failed) + ")")
+    note = (f" (warning: the reference interpreter itself gives {r.nonfinite} NaN/inf "
+            "values on random data: check the spec)" if r.nonfinite else "")
+    return (f"{name} {r.dtype} {r.setting} {flags}: max error {r.max_rel:.2e} "
+            f"in {commands.describe(r.worst)} (absolute {r.max_abs:.2e}) over "
+            f"{commands.STEPS} steps: {verdict}{note}")
 
 
 def _setting(text: str) -> tuple[str, object]:
@@ -143,7 +152,7 @@ def _cmd_build(args) -> int:
     from optgen.compiler import targets
     from optgen.compiler.pipeline import build
     from optgen.compiler.ship import ship_squares
-    from optgen.core import catalog, formats
+    from optgen.core import catalog, formats, progress
     names = [t.strip() for t in args.target.split(",") if t.strip()]
     if not names:
         raise ValueError("--target names no target (e.g. --target llvm,c)")
@@ -156,9 +165,11 @@ def _cmd_build(args) -> int:
         catalog.resolve(args.base)
     variants = "all" if args.all_variants else "default" if args.variant is None else \
         [v.strip() for v in args.variant.split(",") if v.strip()]
-    start, built = time.perf_counter(), 0
-    for path in paths:
-        for target in names:
+    start, built, total = time.perf_counter(), 0, len(paths) * len(names)
+    with progress.reporting():   # (past OPTGEN_PROGRESS_AFTER seconds, on stderr)
+        for k, (path, target) in enumerate(itertools.product(paths, names), 1):
+            progress.task(f"{os.path.splitext(os.path.basename(path))[0]} for {target}"
+                          + f" ({k} of {total})" * (total > 1))
             r = build(path, target, out=args.out, force=args.force, base=args.base,
                       arch=args.arch if targets.get(target).takes_arch else None,
                       state_format=formats.mastered("optgen build", formats.rounded(
@@ -176,7 +187,6 @@ def _cmd_build(args) -> int:
             if target != targets.DEFAULT:
                 print("  files: " + " ".join(sorted(f"{v}/{f}" for v in r.built
                                                      for f in os.listdir(f"{r.path}/{v}"))))
-    total = len(paths) * len(names)
     if total > 1:
         print(f"summary: {total} artifacts ({len(paths)} spec(s) x {len(names)} target(s)): "
               f"{built} built, {total - built} cache hit(s), {time.perf_counter() - start:.1f} s")

@@ -60,7 +60,10 @@ def parser() -> argparse.ArgumentParser:
                        "directory: manifest.json, wrapper, and a folder per variant (a "
                        "parameter dtype and flag values: its library and sources). The float32 "
                        "variant with default flags is built; the runtime builds the others "
-                       "when a step first needs them.")
+                       "when a step first needs them. A build that takes longer than "
+                       "$OPTGEN_PROGRESS_AFTER seconds (default 2) says on stderr what it is "
+                       "doing (spec, target, variant, stage: trace, lower, compile, link), "
+                       "a line at each new stage.")
     b.add_argument("specs", nargs="+", help="spec file (specs/adam.py) or catalog name (adam)")
     b.add_argument("--target", default=targets.DEFAULT, help="target(s) to build for, "
                    f"comma-separated: {', '.join(targets.names())} (default "
@@ -113,7 +116,10 @@ def parser() -> argparse.ArgumentParser:
                         "parameters and every state, and print the largest error and where it "
                         "is. Exit 1 if an error exceeds the tolerance (float32 1e-5, float64 "
                         "1e-12, relative to max(1, the array's largest value)), naming the "
-                        "parameters or states that do.")
+                        "parameters or states that do. Each line prints when it is done; a "
+                        "variant is built when its first line needs it. Past "
+                        "$OPTGEN_PROGRESS_AFTER seconds (default 2) a line on stderr says "
+                        "what it is doing at each new stage, as `optgen build` does.")
     ch.add_argument("specs", nargs="+", help="spec file or catalog name")
     ch.add_argument("--base", help="base optimizer of a wrapper spec (lars)")
     ch.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

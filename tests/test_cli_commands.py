@@ -66,7 +66,7 @@ def test_check_reports_a_mismatch_with_exit_1(monkeypatch, capsys):
     """A kernel that disagrees with the reference is an optgen bug: exit 1, said so."""
     def disagreeing(art, seed=0):
         return [commands.CheckResult("float32", "default", {}, 0.5, 0.5)]
-    monkeypatch.setattr(commands, "check", disagreeing)
+    monkeypatch.setattr(commands, "check_each", disagreeing)   # (what the CLI prints)
     assert cli.main(["check", "sgd"]) == 1
     out, err = capsys.readouterr()
     assert "max error 5.00e-01 in the parameters" in out

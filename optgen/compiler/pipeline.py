@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import BuildError, SpecError
-from optgen.core import cache, filelocks, formats
+from optgen.core import cache, filelocks, formats, progress
 from optgen.core.manifest import (ArtifactError, VariantNotBuilt, load_variant, load_verified,
                                   warn_rebuild)
 from . import abi, targets, tvm_backend
@@ -95,7 +95,7 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         fresh = force or not _is_current(dest, key)
         if fresh:
             _remove_leftovers(dest)
-            plan = make_plan(spec_path, tg, base, req)                   # 1-5
+            plan = _plan(spec_path, tg, base, req, key, force)           # 1-5
             tmp = _temp_folder("build", dest)
             try:
                 write_artifact(tmp, plan, key, time.perf_counter() - start, archs)  # 7
@@ -108,13 +108,27 @@ def build(spec_path: str, target: str = "llvm", *, out: str | None = None,
         if todo:
             if not fresh:
                 _remove_leftovers(dest)
-            plan = plan or make_plan(spec_path, tg, base, req)           # 1-5
+            plan = plan or _plan(spec_path, tg, base, req, key, force)   # 1-5
             _build_variants(dest, plan, todo, key, archs)                # 6-7
     BUILD_COUNT += fresh + bool(todo)
     every = list(manifest["variants"])
     return BuildResult(dest, not fresh and not todo, time.perf_counter() - start,
                        manifest["name"], todo,
                        [v for v in every if os.path.isdir(os.path.join(dest, v))], every)
+
+
+_PLANS: dict[tuple[str, str], BuildPlan] = {}   # the last plan made, by artifact key
+
+
+def _plan(spec_path: str, tg: targets.Target, base: str | None, req, key: str,
+          force: bool) -> BuildPlan:
+    """``make_plan``, or the last build's of the same artifact in this process (variants
+    built one by one, as ``optgen check`` does, make it once); ``force``: anew."""
+    memo = (key, os.path.abspath(spec_path))
+    if force or memo not in _PLANS:
+        _PLANS.clear()
+        _PLANS[memo] = make_plan(spec_path, tg, base, req)
+    return _PLANS[memo]
 
 
 def _wanted(manifest: dict, variants: str | Sequence[str] | None) -> list[str]:
@@ -142,14 +156,18 @@ def _build_variants(dest: str, plan: BuildPlan, names: list[str], key: str,
     ``dest/<variant>`` (the caller holds the artifact's lock)."""
     start = time.perf_counter()
     tg = plan.target
+    which = f"variant {names[0]}" if len(names) == 1 else \
+        f"{len(names)} variants: {', '.join(names[:3])}{', ...' * (len(names) > 3)}"
+    progress.stage("compile", which)
     funcs = {sym: tvm_backend.parse_tvmscript(text, sym)
              for sym, text in plan.scripts(names).items()}
     lib = _temp_folder("build", os.path.join(dest, names[0]))
     try:
         with ThreadPoolExecutor(max_workers=1) as native:
             def written(src: dict[str, str]):     # the sources, written once; the
-                write_sources(lib, src, tg)        # native step (6c: nvcc) runs
-                return native.submit(tg.compile_native, src, archs, lib)  # during export
+                progress.stage("link", which)      # native step (6c: nvcc) runs
+                write_sources(lib, src, tg)        # during export
+                return native.submit(tg.compile_native, src, archs, lib)
             sources, native_done = tvm_backend.build_library(     # 6 build
                 funcs, tvm_backend.target_for(tg.name, archs[0] if archs else None),
                 os.path.join(lib, "kernels.so"), then=written)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Collection
 
 from ..declarations import Spec
+from optgen.core import progress
 from . import math_calls, schedule_gpu, schedule_llvm, targets
 from .kernel_ir import KernelIR
 from .loader import load_spec
@@ -133,11 +134,13 @@ def make_plan(spec_path: str, tg: targets.Target, base: str | None = None,
               state_format: str | dict[str, str] | None = None) -> BuildPlan:
     """Stages 1-5 for ``tg``: the spec, its kernel IRs, and every kernel's passes with
     their TVMScript (and GPU grids and shape variables), each kernel in its variant."""
+    progress.stage("trace")
     spec = load_spec(spec_path, base)                                # 1 load
     traces = verify(spec)                                            # 2 verify
     kirs = kernel_irs(spec, traces, tg, state_format)                # 3 IR
     _debug("specialize", "\n".join(json.dumps(k.to_json(), indent=1) for k in kirs))
     kernels, made = [], {}
+    progress.stage("lower")
     for kir, dt, pdt in variants(kirs, tg.dtypes):                   # 4 lower
         variant = variant_name(pdt, kir.flags, spec.flags)
         made.setdefault(variant, (pdt, {f: kir.flags[f] for f in spec.flags}))

@@ -18,7 +18,7 @@ from . import targets, tvmscript_fast
 
 
 def _tvm():
-    with torch_hidden():   # (which TVM would import, for nothing optgen uses)
+    with torch_hidden():   # (torch, ml_dtypes: TVM imports them for nothing optgen uses)
         import tvm  # noqa: PLC0415 — deliberately lazy: importing TVM takes seconds
     _check_compiler(os.path.dirname(tvm.__file__))
     _register_c_fabs()
@@ -134,7 +134,8 @@ def build_library(funcs: dict, target, path: str,
                 ex = tvm.compile(tvm.IRModule(funcs), target=target)
             sources = _sources(ex, tg)
             pending = then(sources) if then is not None else None
-            ex.export_library(path, options=options)
+            with torch_hidden():   # (export imports tvm.contrib.tvmjs, which imports both)
+                ex.export_library(path, options=options)
     except Exception as e:
         raise BuildError(f"TVM failed to build {sorted(funcs)} for {kind}: "
                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}") from e

@@ -16,7 +16,8 @@ from .manifest import ArtifactError
 
 @contextlib.contextmanager
 def torch_hidden():
-    """Imports inside make ``import torch`` fail, unless this process has imported torch.
+    """Imports inside make ``import torch`` and ``import ml_dtypes`` fail, each unless
+    this process has imported it.
 
     tvm_ffi's ``__init__`` and TVM's relax package import torch whenever it is installed
     (1.5-2 s of a cold build or a first step here): tvm_ffi to dodge a symbol clash seen
@@ -25,15 +26,24 @@ def torch_hidden():
     interop, which optgen does not use. A process that has imported torch gets both
     unchanged; one that has not gets them as if torch were absent, and tensors of a
     torch imported later still pass to kernels through DLPack
-    (tests/test_torch_interop.py runs that order in a new process)."""
-    hide = "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None   # makes `import torch` raise ImportError
+    (tests/test_torch_interop.py runs that order in a new process).
+
+    tvm_ffi imports ml_dtypes (0.6 s here: it registers its dtypes' numpy casts) to map
+    its numpy dtypes to TVM's; optgen never passes one to tvm_ffi (a numpy bfloat16
+    array goes as its uint16 bits, re-typed by TVM's runtime: runtime/artifact/load.py),
+    and imports ml_dtypes itself where a format needs it."""
+    hide = [n for n in _HIDDEN if n not in sys.modules]
+    for name in hide:
+        sys.modules[name] = None   # makes `import name` raise ImportError
     try:
         yield
     finally:
-        if hide and "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
+        for name in hide:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+_HIDDEN = ("torch", "ml_dtypes")
 
 
 @functools.lru_cache(maxsize=1)
