@@ -49,7 +49,9 @@ PREFIX_LENGTHS = {len(t) for t in (*FORMAT_NAMES, *TEXT_PREFIXES)}
 # slices by those lengths that are not of format texts, each with its reason
 ALLOWED = {("runtime/device_abi.py", "a[3:]"): "CUDA architecture names ('sm_90a')",
            ("runtime/schedules/kinds.py", "v[:3]"): "the first values of an lr sequence",
-           ("optgen/compiler/targets/rocm.py", "data[:4]"): "an ELF file's magic bytes"}
+           ("optgen/compiler/targets/rocm.py", "data[:4]"): "an ELF file's magic bytes",
+           ("optgen/compiler/pipeline.py", "names[:3]"): "the first variant names of a "
+                                                       "progress line"}
 
 
 def _format_literal(node: ast.AST) -> bool:
