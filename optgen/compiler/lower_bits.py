@@ -84,3 +84,18 @@ def narrow(value: str, dtype: str) -> str:
                f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
         value = f"T.Select({is_nan}, {nan}, {value})"
     return f'T.Cast("{dtype}", {value})'
+
+
+def nearest_bf16(value: str, ty: str) -> str:
+    """``value`` (of dtype ``ty``) rounded to the nearest bfloat16, ties to even, and
+    kept in ``ty`` (the IR's ``bf16``; optgen.core.rounding.nearest_bfloat16). On the
+    float32 bits, not through a bfloat16 cast, which TVM 0.27 lowers only for bfloat16
+    buffers ("BF16 needs to be storaged lowered first"); NaN stays as it is. float64
+    goes through float32."""
+    x = value if ty == "float32" else f'T.Cast("float32", {value})'
+    bits = f'T.reinterpret("uint32", {x})'
+    lsb = f"T.bitwise_and(T.shift_right({bits}, T.uint32(16)), T.uint32(1))"
+    near = (f'T.reinterpret("float32", T.bitwise_and({bits} + T.uint32(0x7FFF) + {lsb}, '
+            f'T.uint32(0xFFFF0000)))')
+    out = f"T.Select({nan_bits(bits)}, {x}, {near})"
+    return out if ty == "float32" else f'T.Cast("{ty}", {out})'

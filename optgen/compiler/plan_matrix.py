@@ -6,7 +6,11 @@ is a sequence of passes over whole matrices, each a compiled kernel the runtime 
 order with the same arguments every step:
 
 * ``matmul``: ``out = op(a) @ op(b)`` into a temporary (``op``: the operand or its
-  transpose, read in place: a transpose is an index order, never a copy);
+  transpose, read in place: a transpose is an index order, never a copy). A product
+  rounded to bfloat16, ``bf16([alpha *] a @ b [+ [beta *] addend])`` with ``alpha`` and
+  ``beta`` hyperparameters, is one pass: torch's ``addmm`` on bfloat16 tensors (products
+  of bfloat16 values summed in float32, the sum scaled, added and rounded once), which
+  the runtime hands to torch itself for torch tensors (runtime/launch.py);
 * ``update``: an elementwise expression over one matrix shape ("RC", "RR", "CC", "CR")
   written into temporaries or, last, into the parameter and states;
 * ``reduce``: a whole-matrix sum or mean into a float64 ``_red<k>`` buffer;
@@ -76,6 +80,8 @@ class _Planner:
             out = e
         elif e.op in ("matmul", "loop"):
             out = self.operand(e)
+        elif e.op == "bf16" and _addmm(e.args[0]) is not None:
+            out = self.operand(e)
         elif e.op == "transpose":
             inner = self.operand(e.args[0])
             out = _buf(inner.name, e.mat, inner.value != "T")
@@ -98,6 +104,8 @@ class _Planner:
             out = _buf(e.name, matrix_shape(e))
         elif e.op == "matmul":
             out = self.matmul(e)
+        elif e.op == "bf16" and _addmm(e.args[0]) is not None:
+            out = self.matmul(e.args[0], _addmm(e.args[0]))
         elif e.op == "loop":
             out = self.loop(e)
         else:
@@ -111,15 +119,28 @@ class _Planner:
         self.operand_of[id(e)] = out
         return out
 
-    def matmul(self, e: Expr) -> Expr:
-        a, b = self.operand(e.args[0]), self.operand(e.args[1])
-        out = self.buffer("_tmp", e.mat)
-        bufs = list(dict.fromkeys([a.name, b.name, out]))
-        self.launches.append(Launch("matmul", e.mat, "matrix", bufs, outputs=[out],
+    def matmul(self, e: Expr, addmm: tuple | None = None) -> Expr:
+        """``e``'s product into a new temporary; ``addmm`` (from ``_addmm``): the
+        rounded ``bf16(alpha * product + beta * addend)`` of which ``e`` is the sum."""
+        alpha, prod, beta, addend = addmm if addmm else (None, e, None, None)
+        a, b = self.operand(prod.args[0]), self.operand(prod.args[1])
+        extra = {}
+        if addmm:
+            c = self.operand(addend) if addend is not None else None
+            if c is not None and c.value == "T":     # (a transposed addend: a copy first)
+                tmp = self.buffer("_tmp", matrix_shape(addend))
+                self.update(matrix_shape(addend), {tmp: c})
+                c = _buf(tmp, matrix_shape(addend))
+            extra = {"alpha": alpha, "beta": beta, "addend": c.name if c is not None else None,
+                     "round": "bfloat16"}
+        out = self.buffer("_tmp", prod.mat)
+        bufs = list(dict.fromkeys([a.name, b.name, *([extra["addend"]] if extra.get("addend")
+                                                       else []), out]))
+        self.launches.append(Launch("matmul", prod.mat, "matrix", bufs, outputs=[out],
                                     matmul={"a": a.name, "b": b.name, "out": out,
                                             "trans_a": a.value == "T",
-                                            "trans_b": b.value == "T"}))
-        return _buf(out, e.mat)
+                                            "trans_b": b.value == "T", **extra}))
+        return _buf(out, prod.mat)
 
     def reduce(self, e: Expr) -> Expr:
         x = e.args[0]
@@ -177,6 +198,31 @@ class _Planner:
                 values[n] = _buf(tmp, space[n])
         for s in dict.fromkeys(space.values()):
             self.update(s, {n: v for n, v in values.items() if space[n] == s})
+
+
+def _term(e: Expr) -> tuple[str | None, Expr]:
+    """``hyper * x`` or ``x * hyper`` -> (the hyperparameter's name, x); else (None, e)."""
+    if e.op == "mul":
+        for f, x in (e.args, e.args[::-1]):
+            if f.op == "hyper" and matrix_shape(x):
+                return f.name, x
+    return None, e
+
+
+def _addmm(e: Expr) -> tuple | None:
+    """``e`` as ``(alpha, product, beta, addend)`` when it is ``[alpha *] a @ b`` plus at
+    most one ``[beta *] addend`` of the product's shape (alpha, beta: hyperparameter names
+    or None for 1); None otherwise."""
+    terms = [_term(x) for x in (e.args if e.op == "add" else (e,))]
+    products = [t for t in terms if t[1].op == "matmul"]
+    if not products or len(terms) > 2:
+        return None
+    alpha, prod = products[0]
+    rest = [t for t in terms if t[1] is not prod]
+    if rest and matrix_shape(rest[0][1]) != prod.mat:
+        return None
+    beta, addend = rest[0] if rest else (None, None)
+    return alpha, prod, beta, addend
 
 
 def plan_matrix(kir: KernelIR) -> None:

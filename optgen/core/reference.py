@@ -19,6 +19,7 @@ from typing import Collection, Mapping
 
 import numpy as np
 
+from .rounding import nearest_bfloat16
 from .views import AXES, broadcastable, extents
 
 LOW_COPY = "w_low"   # the low-precision parameter of a mixed-precision kernel
@@ -113,6 +114,8 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
         elif op == "rsqrt":
             v = dt(1) / np.sqrt(a[0])
+        elif op == "bf16":
+            v = nearest_bfloat16(a[0])
         elif op == "where":
             v = np.where(a[0], a[1], a[2])
         elif op in _LIBM:
