@@ -3,8 +3,9 @@
 For a 2-D parameter W (R x C):
 
     g   = grad
-    momentum_buffer = momentum_buffer + (1 - momentum) * (g - momentum_buffer)
-    u   = g + momentum * (momentum_buffer - g)   if nesterov  else  momentum_buffer
+    momentum_buffer = lerp(momentum_buffer, g, 1 - momentum)
+    u   = lerp(g, momentum_buffer, momentum)   if nesterov  else  momentum_buffer
+          (lerp: torch.lerp, rounded as torch rounds it; optgen.ir)
     X   = bf16(u)  (transposed when R > C)
     X   = bf16(X / bf16(max(bf16(||X||_F), eps)))
     repeat ns_steps times:                       bf16: rounded to bfloat16
@@ -28,7 +29,7 @@ Training", arXiv:2502.16982 (match_rms_adamw); torch.optim.Muon.
 """
 from optgen.blocks import gradient_preprocessing
 from optgen import blocks
-from optgen.dsl import Spec, maximum, sqrt, where
+from optgen.dsl import Spec, lerp, maximum, sqrt
 
 spec = Spec("torch_muon", __doc__, reference="kellerjordan.github.io/posts/muon; "
             "torch.optim.Muon")
@@ -62,11 +63,9 @@ def torch_muon(w, grad, flags):
     if not flags.matrix:          # torch refuses these; its drop-in does too (see above)
         return {buf: buf, w: w}
     g = preprocess(w, grad)
-    b = buf + (1 - momentum) * (g - buf)
-    # torch's lerp (g.lerp(b, momentum)) to the bit: the bfloat16 iterations amplify
-    # any difference in u's last bit
-    u = where(momentum < 0.5, g + momentum * (b - g), b + (momentum - 1) * (b - g)) \
-        if flags.nesterov else b
+    b = lerp(buf, g, 1 - momentum)
+    # torch's lerp to the bit: the bfloat16 iterations amplify a difference in u's last bit
+    u = lerp(g, b, momentum) if flags.nesterov else b
     if flags.match_rms_adamw:
         scale = 0.2 * sqrt(maximum(spec.rows, spec.cols))
     else:

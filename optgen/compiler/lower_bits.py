@@ -99,3 +99,19 @@ def nearest_bf16(value: str, ty: str) -> str:
             f'T.uint32(0xFFFF0000)))')
     out = f"T.Select({nan_bits(bits)}, {x}, {near})"
     return out if ty == "float32" else f'T.Cast("{ty}", {out})'
+
+
+def lerp(start: str, end: str, weight: str, ty: str, const) -> str:
+    """torch.lerp's value (the IR's ``lerp``): ``fma(w, end - start, start)`` for
+    |w| < 0.5, else ``fma(w - 1, end - start, end)``, w - 1 and the difference in ``ty``.
+    float32: the fused multiply-add in float64 (the product is exact there, so the one
+    float32 rounding is fma's but where the float64 sum itself rounded onto a float32
+    tie); float64: a multiply and an add."""
+    small = f"(T.fabs({weight}) < {const(0.5)})"
+    coeff = f"T.Select({small}, {weight}, {weight} - {const(1.0)})"
+    base = f"T.Select({small}, {start}, {end})"
+    diff = f"({end} - {start})"
+    if ty != "float32":
+        return f"({coeff} * {diff} + {base})"
+    wide = [f'T.Cast("float64", {x})' for x in (coeff, diff, base)]
+    return f'T.Cast("float32", {wide[0]} * {wide[1]} + {wide[2]})'
