@@ -143,7 +143,7 @@ class Launcher:
                  d: tuple[int, int, int]) -> list[tuple[Callable, list]]:
         """Plan entries of ``launches`` over ``arrays`` viewed for dims ``d``; a buffer
         not in ``arrays`` is a ``(name, axes, view)`` placeholder filled per call."""
-        plan = []
+        plan, copies = [], products.Copies(launches)
         for ln in launches:
             if ln["kind"] == "repeat":   # the next ln["length"] entries, count times
                 count = ln["count"]   # a hyperparameter's slot in the scalars, or a number
@@ -154,9 +154,9 @@ class Launcher:
                                                     ln["view"]))
                     if b in arrays else (b, k.buffer_axes[b], ln["view"])
                     for b in ln["buffers"]]
-            fn = products.library_product(ln, k.scalars, args, ln.get("library") == "matmul") \
-                if ln["kind"] == "matmul" else None
-            fn = fn or self.artifact.function(ln["symbol"])
+            fn = products.library_product(ln, k.scalars, args, ln.get("library") == "matmul",
+                                          copies) if ln["kind"] == "matmul" else None
+            fn = fn or copies.writing(ln, self.artifact.function(ln["symbol"]))
             plan.append((fn, args))
         return plan
 

@@ -14,6 +14,14 @@ instead of a compiled kernel:
 The product is ``out = round(alpha * op(a) @ op(b) + beta * addend)``, alpha and beta
 scalars of the kernel's scalar array (1 when absent), round only when asked.
 
+On the torch route a plan keeps the bfloat16 copies of its temporaries (``Copies``):
+a temporary a product wrote is read by the next product as the bfloat16 tensor torch
+returned, and copied into its float32 buffer only when an elementwise pass reads it;
+a copy made of a float32 buffer serves until an elementwise pass writes that buffer;
+the loop buffer's copy pass copies the bfloat16 tensor. So the Newton-Schulz
+iterations run on torch's bfloat16 tensors alone, as torch's own loop does, and only
+the passes before and after them read and write float32.
+
 May import: numpy, optgen.core.rounding, tensors. torch and CuPy only when their arrays
 are passed.
 """
@@ -29,15 +37,78 @@ def is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+ROUNDED = "bfloat16"
+
+
+def _rounded(ln: Mapping[str, Any]) -> bool:
+    return ln["kind"] == "matmul" and ln["matmul"].get("round") == ROUNDED
+
+
+class Copies:
+    """The bfloat16 copies of one plan's temporaries (``_tmp<k>``, ``_loop<k>``) on the
+    torch route (see the module doc). ``launches``: the plan's launches."""
+
+    def __init__(self, launches: Sequence[Mapping[str, Any]]):
+        rounded = [ln["matmul"] for ln in launches if _rounded(ln)]
+        self.kept = {m[r] for m in rounded for r in ("a", "b", "addend", "out")
+                     if m.get(r) and m[r].startswith("_")}
+        self.copies: dict[str, Any] = {}
+        self.stale: set[str] = set()     # float32 buffers behind their copy
+
+    def of(self, name: str, x: Any) -> Any:
+        """Buffer ``name`` (array ``x``) in bfloat16."""
+        import torch
+        if name not in self.kept:
+            return x.to(torch.bfloat16)
+        if name not in self.copies:
+            self.copies[name] = x.to(torch.bfloat16)
+        return self.copies[name]
+
+    def wrote(self, name: str, x: Any, value: Any) -> None:
+        """A product wrote ``value`` (bfloat16) into buffer ``name`` (array ``x``): kept,
+        its float32 buffer is filled when a pass reads it."""
+        if name in self.kept:
+            self.copies[name] = value
+            self.stale.add(name)
+        else:
+            x.copy_(value)
+
+    def writing(self, ln: Mapping[str, Any], fn: Callable) -> Callable:
+        """``fn``, the call of a pass that is no rounded product: it first fills the
+        float32 buffers it reads that are behind their copies, and drops the copies of
+        those it writes; a copy of one temporary into another (``"copy"``, the loop
+        buffer's) copies the bfloat16 tensor instead, when there is one."""
+        names = list(ln["buffers"])
+        outs = [b for b in ln.get("outputs", ()) if b in self.kept]
+        if not outs and not any(b in self.kept for b in names):
+            return fn
+        src = ln.get("copy") if len(outs) == 1 and ln.get("copy") in self.kept else None
+
+        def call(*args: Any) -> None:
+            if src is not None and src in self.copies:
+                self.copies[outs[0]] = self.copies[src]
+                self.stale.add(outs[0])
+                return
+            for j, b in enumerate(names):
+                if b in self.stale:
+                    args[j].copy_(self.copies[b])
+                    self.stale.discard(b)
+            for b in outs:
+                self.copies.pop(b, None)
+            fn(*args)
+        return call
+
+
 def library_product(ln: Mapping[str, Any], scalars: Sequence[str], arrays: Sequence[Any],
-                    library: bool) -> Callable | None:
+                    library: bool, copies: Copies) -> Callable | None:
     """The call for matmul launch ``ln`` (``fn(*buffers, scalars)``, as a kernel) when
     the runtime computes it (``library``: the target leaves every product to it), over
     the kernel's scalar names ``scalars`` and its ``arrays`` (in ``ln["buffers"]``
-    order; a name where the array is given per call); None: the compiled kernel runs."""
+    order; a name where the array is given per call); None: the compiled kernel runs.
+    ``copies``: the plan's bfloat16 copies (the torch route)."""
     m, pos = ln["matmul"], {b: j for j, b in enumerate(ln["buffers"])}
     rnd = m.get("round")
-    torch_route = rnd == "bfloat16" and is_torch(arrays[pos[m["out"]]])
+    torch_route = rnd == ROUNDED and is_torch(arrays[pos[m["out"]]])
     if not (library or torch_route):
         return None
     ia, ib, io, ta, tb = pos[m["a"]], pos[m["b"]], pos[m["out"]], m["trans_a"], m["trans_b"]
@@ -47,13 +118,16 @@ def library_product(ln: Mapping[str, Any], scalars: Sequence[str], arrays: Seque
     def product(*args: Any) -> None:
         s = args[-1]
         a, b, out = args[ia], args[ib], args[io]
-        a, b = a.T if ta else a, b.T if tb else b
         alpha = 1.0 if ja is None else float(s[ja])
         beta = 1.0 if jb is None else float(s[jb])
         c = args[ic] if ic is not None else None
-        if torch_route:
-            out.copy_(_torch_addmm(a, b, c, alpha, beta))
+        if torch_route:   # (copied before the transposes: a strided copy is slow)
+            a, b = copies.of(m["a"], a), copies.of(m["b"], b)
+            c = copies.of(m["addend"], c) if c is not None else None
+            value = _torch_addmm(a.T if ta else a, b.T if tb else b, c, alpha, beta)
+            copies.wrote(m["out"], out, value)
             return
+        a, b = a.T if ta else a, b.T if tb else b
         tensors.matmul_into(a, b, out)
         if alpha != 1.0:
             out *= alpha
@@ -65,13 +139,13 @@ def library_product(ln: Mapping[str, Any], scalars: Sequence[str], arrays: Seque
 
 
 def _torch_addmm(a: Any, b: Any, c: Any, alpha: float, beta: float) -> Any:
-    """torch's bfloat16 ``addmm`` (``mm`` without an addend and alpha 1)."""
+    """torch's bfloat16 ``addmm`` of bfloat16 ``a``, ``b``, ``c`` (``mm`` without an
+    addend and alpha 1)."""
     import torch
-    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
     if c is None and alpha == 1.0:
         return torch.mm(a, b)
-    c = torch.zeros((), dtype=torch.bfloat16, device=a.device) if c is None else \
-        c.to(torch.bfloat16)
+    if c is None:
+        c = torch.zeros((), dtype=torch.bfloat16, device=a.device)
     return torch.addmm(c, a, b, beta=beta if c.dim() else 0.0, alpha=alpha)
 
 

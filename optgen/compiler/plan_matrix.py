@@ -179,6 +179,8 @@ class _Planner:
                 self.update(e.mat, {tmp: value})
                 value = _buf(tmp, e.mat)
             self.update(e.mat, {buf: value})
+            if value.op == "buf" and value.value is None:   # (a copy: runtime/products.py)
+                self.launches[-1].copy = value.name
         marker.length = len(self.launches) - start
         return _buf(buf, e.mat)
 
