@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from optgen.core.rounding import nearest_bfloat16
 from . import tensors
 
@@ -150,8 +152,13 @@ def _torch_addmm(a: Any, b: Any, c: Any, alpha: float, beta: float) -> Any:
 
 
 def _nearest(x: Any) -> Any:
-    """``x`` rounded to the nearest bfloat16 (numpy; CuPy arrays through the host)."""
-    if isinstance(x, type(nearest_bfloat16(0.0))):
+    """``x`` rounded to the nearest bfloat16, ties to even (optgen.core.rounding), on
+    ``x``'s device: numpy or CuPy, float32 or float64 (through float32)."""
+    if isinstance(x, np.ndarray):
         return nearest_bfloat16(x).astype(x.dtype)
-    import cupy
-    return cupy.asarray(nearest_bfloat16(cupy.asnumpy(x))).astype(x.dtype)
+    import cupy as xp
+    f = xp.ascontiguousarray(x, dtype=xp.float32)
+    bits = f.view(xp.uint32)
+    near = (bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
+    nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    return xp.where(nan, f, near.view(xp.float32)).astype(x.dtype)
