@@ -6,11 +6,11 @@ For a 2-D parameter W (R x C):
     momentum_buffer = lerp(momentum_buffer, g, 1 - momentum)
     u   = lerp(g, momentum_buffer, momentum)   if nesterov  else  momentum_buffer
           (lerp: torch.lerp, rounded as torch rounds it; optgen.ir)
-    X   = bf16(u)  (transposed when R > C)
+    X   = bf16(u)
     X   = bf16(X / bf16(max(bf16(||X||_F), eps)))
     repeat ns_steps times:                       bf16: rounded to bfloat16
         A = bf16(X @ X^T);   B = bf16(ns_b * A + ns_c * A @ A);   X = bf16(ns_a * X + B @ X)
-    (X transposed back when R > C)
+    (R > C: torch iterates on X^T; here A = bf16(X^T X), X = bf16(ns_a * X + X @ B))
     s   = 0.2 * sqrt(max(R, C))   if match_rms_adamw   else   sqrt(max(1, R / C))
     W   = W * (1 - lr * weight_decay) - lr * s * X
 
