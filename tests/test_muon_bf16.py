@@ -139,3 +139,48 @@ def test_torch_muon_builds_for_cuda_with_rounded_library_products(tmp_path):
                             ln["matmul"]["round"] == "bfloat16" for ln in products)
     assert {(m["alpha"], m["beta"]) for m in (ln["matmul"] for ln in products)} == \
         {(None, None), ("ns_c", "ns_b"), (None, "ns_a")}
+
+
+ROUNDED = '''\
+"""Rounded products: one fused (bfloat16 operands and addend), one not (g is not)."""
+from optgen.dsl import Spec, matmul, round_bf16
+
+spec = Spec("rounded", __doc__, reference="tests/test_muon_bf16.py")
+lr = spec.hyper("lr", 0.05, "lr >= 0", "step")
+c = spec.hyper("c", 0.5, doc="scale of the product")
+spec.shape_flag("matrix", "ndim == 2")
+
+
+@spec.update
+def rounded(w, grad, flags):
+    if not flags.matrix:
+        return {w: w - lr * grad}
+    a = round_bf16(matmul(grad, grad.T))              # g is no bfloat16 value: not fused
+    x = round_bf16(grad)
+    b = round_bf16(c * matmul(round_bf16(a), x) + x)  # fused: one addmm
+    return {w: w - lr * b}
+'''
+
+
+def test_a_product_is_one_rounded_pass_only_of_bfloat16_values(tmp_path):
+    """The planner fuses ``round_bf16(c * a @ b + x)`` into one product only where a, b
+    and x are bfloat16 values (else the pass would round what the rule does not): the
+    compiled plan equals the reference interpreter's rule (float64: the sums of a few
+    bfloat16 products are exact, so bit for bit but for no rounding)."""
+    path = tmp_path / "rounded.py"
+    path.write_text(ROUNDED)
+    rng = np.random.default_rng(0)
+    shapes = [(6, 4), (3, 7)]
+    params = [rng.standard_normal(s) for s in shapes]
+    comp = optgen.create(str(path), [p.copy() for p in params])
+    ref = optgen.create(str(path), [p.copy() for p in params], backend="reference")
+    products = [ln["matmul"] for ln in comp._param_kernel(0).launches
+                if ln["kind"] == "matmul"]
+    assert [m.get("round") for m in products] == [None, "bfloat16"], products
+    assert (products[1]["alpha"], products[1]["beta"]) == ("c", None)
+    for _ in range(3):
+        grads = [rng.standard_normal(s) for s in shapes]
+        comp.step([g.copy() for g in grads])
+        ref.step([g.copy() for g in grads])
+    for a, b in zip(comp.params, ref.params):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)

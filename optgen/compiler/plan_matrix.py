@@ -48,6 +48,7 @@ class _Planner:
         self.local_of: dict[int, Expr] = {}      # node -> its pass-local expression
         self.operand_of: dict[int, Expr] = {}    # node -> a buffer read holding it
         self.counts = {"_tmp": 0, "_red": 0, "_loop": 0}
+        self.rounded: set[int] = set()           # loop variables that hold bfloat16 values
 
     # -- buffers and passes --------------------------------------------------------------
     def buffer(self, prefix: str, axes: str) -> str:
@@ -80,7 +81,7 @@ class _Planner:
             out = e
         elif e.op in ("matmul", "loop"):
             out = self.operand(e)
-        elif e.op == "bf16" and _addmm(e.args[0]) is not None:
+        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
             out = self.operand(e)
         elif e.op == "transpose":
             inner = self.operand(e.args[0])
@@ -104,8 +105,8 @@ class _Planner:
             out = _buf(e.name, matrix_shape(e))
         elif e.op == "matmul":
             out = self.matmul(e)
-        elif e.op == "bf16" and _addmm(e.args[0]) is not None:
-            out = self.matmul(e.args[0], _addmm(e.args[0]))
+        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
+            out = self.matmul(e.args[0], self.addmm(e.args[0]))
         elif e.op == "loop":
             out = self.loop(e)
         else:
@@ -160,6 +161,8 @@ class _Planner:
     def loop(self, e: Expr) -> Expr:
         init, result, var = e.args
         buf = self.buffer("_loop", e.mat)
+        if self.bf16_valued(init) and self.bf16_valued(result):
+            self.rounded.add(id(var))
         self.update(e.mat, {buf: self.local(init)})
         self.local_of[id(var)] = self.operand_of[id(var)] = _buf(buf, e.mat)
         inside = {id(var)}
@@ -200,6 +203,27 @@ class _Planner:
                 values[n] = _buf(tmp, space[n])
         for s in dict.fromkeys(space.values()):
             self.update(s, {n: v for n, v in values.items() if space[n] == s})
+
+    def bf16_valued(self, e: Expr) -> bool:
+        """Whether every element of ``e`` is a bfloat16 value (rounded by ``bf16``)."""
+        if e.op == "transpose":
+            return self.bf16_valued(e.args[0])
+        if e.op == "loop":
+            return self.bf16_valued(e.args[0]) and self.bf16_valued(e.args[1])
+        return e.op == "bf16" or e.op == "loopvar" and id(e) in self.rounded
+
+    def addmm(self, e: Expr) -> tuple | None:
+        """``_addmm(e)`` where its product's operands and its addend are bfloat16 values,
+        so that the one pass computes what the rule says; None otherwise (the product,
+        then the rounding in an elementwise pass)."""
+        parts = _addmm(e)
+        if parts is None:
+            return None
+        _, prod, _, addend = parts
+        if not all(self.bf16_valued(x) for x in (*prod.args, *([addend] if addend is not None
+                                                              else []))):
+            return None
+        return parts
 
 
 def _term(e: Expr) -> tuple[str | None, Expr]:
