@@ -296,8 +296,10 @@ def eight_bit(sample: Sampler, reps: int, sizes: list[int]) -> list[dict]:
 
 
 def muon(sample: Sampler, reps: int) -> list[dict]:
-    """One Muon step on a 768x3072 and a 4096x4096 matrix: torch.optim.Muon and
-    optgen's drop-in on CUDA tensors (an error is reported as the row)."""
+    """One Muon step on a 768x3072 and a 4096x4096 matrix: torch.optim.Muon,
+    optgen.torch.Muon (bfloat16 Newton-Schulz, torch's cuBLAS calls) and the seed form
+    (float32 Newton-Schulz, TF32 products) on CUDA tensors (an error is reported as the
+    row)."""
     import torch
     import optgen.torch as ot
     out = []
@@ -308,7 +310,8 @@ def muon(sample: Sampler, reps: int) -> list[dict]:
         steps = {}
         makers = [("torch Muon", lambda ps: torch.optim.Muon(ps, lr=0.02)),
                   ("optgen Muon", lambda ps: ot.Muon(ps, lr=0.02)),
-                  ("optgen Muon tf32", lambda ps: _tf32(ot.Muon(ps, lr=0.02)))]
+                  # the seed form: float32 Newton-Schulz, TF32 products
+                  ("optgen seeds.Muon tf32", lambda ps: _tf32(ot.seeds.Muon(ps, lr=0.02)))]
         if shape == (2048, 2048):
             makers = [("optgen Shampoo", lambda ps: ot.make("shampoo")(ps, lr=1e-3)),
                       ("optgen SOAP", lambda ps: ot.SOAP(ps, lr=1e-3))]

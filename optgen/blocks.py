@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .dsl import Spec, clip, matmul, maximum, norm, repeat, sqrt
+from .dsl import Spec, clip, matmul, maximum, norm, repeat, round_bf16, sqrt
 from .ir import Expr
 
 PREPROCESSED = "preprocessed"
@@ -164,3 +164,26 @@ def newton_schulz(x: Expr, tall: bool, coefficients: tuple[Expr, Expr, Expr], st
         a = matmul(x, x.T)
         return a_ * x + matmul(b_ * a + c_ * matmul(a, a), x)
     return repeat(steps, step, x / maximum(norm(x), eps))
+
+
+def newton_schulz_bf16(x: Expr, tall: bool, coefficients: tuple[Expr, Expr, Expr],
+                       steps: Expr, eps: Expr) -> Expr:
+    """``newton_schulz`` as torch.optim.Muon computes it in bfloat16: every value it
+    stores in bfloat16 is rounded to it (``round_bf16``), where it is rounded. x is cast
+    and divided by its norm (rounded, clamped at eps, rounded); then A = bf16(X X^T),
+    B = bf16(b A + c A A) (torch.addmm), X = bf16(a X + B X). ``tall`` (R > C): torch
+    iterates on X^T; here on the C x C side without transposing X (A = bf16(X^T X),
+    X = bf16(a X + X B)): the same sums, as B is symmetric, and no pass reads X
+    transposed. The products are products of bfloat16 values summed in float32 (the
+    planner makes each rounded sum one addmm, optgen/compiler/plan_matrix.py)."""
+    a_, b_, c_ = coefficients
+    x = round_bf16(x)
+    scale = round_bf16(maximum(round_bf16(norm(x)), eps))
+
+    def step(x):
+        if tall:
+            a = round_bf16(matmul(x.T, x))
+            return round_bf16(a_ * x + matmul(x, round_bf16(b_ * a + c_ * matmul(a, a))))
+        a = round_bf16(matmul(x, x.T))
+        return round_bf16(a_ * x + matmul(round_bf16(b_ * a + c_ * matmul(a, a)), x))
+    return repeat(steps, step, round_bf16(x / scale))

@@ -16,7 +16,7 @@ It reads and fills the optimizer's records (runtime/slots.py, the same objects):
 parameter ``i`` is ``slots[i]``; its plan and workspaces are kept in its slot.
 
 May import: numpy, artifact, exchange, flat (its GRAD slot), formats, interpret, owned,
-shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
+products, shards, slots, sparse, tensors, views. A parameter's kernel argument (``bind``) is made
 when runtime/storage.py says its data is where it is now.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import exchange, interpret, owned, shards, tensors
+from . import exchange, interpret, owned, products, shards, tensors
 from optgen.core import formats, views
 from .artifact import KernelInfo, bfloat16_tensor
 from .flat import GRAD
@@ -143,7 +143,7 @@ class Launcher:
                  d: tuple[int, int, int]) -> list[tuple[Callable, list]]:
         """Plan entries of ``launches`` over ``arrays`` viewed for dims ``d``; a buffer
         not in ``arrays`` is a ``(name, axes, view)`` placeholder filled per call."""
-        plan = []
+        plan, copies = [], products.Copies(launches)
         for ln in launches:
             if ln["kind"] == "repeat":   # the next ln["length"] entries, count times
                 count = ln["count"]   # a hyperparameter's slot in the scalars, or a number
@@ -154,8 +154,9 @@ class Launcher:
                                                     ln["view"]))
                     if b in arrays else (b, k.buffer_axes[b], ln["view"])
                     for b in ln["buffers"]]
-            fn = library_matmul(ln) if ln.get("library") == "matmul" else \
-                self.artifact.function(ln["symbol"])
+            fn = products.library_product(ln, k.scalars, args, ln.get("library") == "matmul",
+                                          copies) if ln["kind"] == "matmul" else None
+            fn = fn or copies.writing(ln, self.artifact.function(ln["symbol"]))
             plan.append((fn, args))
         return plan
 
@@ -385,15 +386,3 @@ def run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
             for body in plan[j + 1:j + 1 + length]:
                 call(*body)
         j += 1 + length
-
-
-def library_matmul(ln: Mapping[str, Any]) -> Callable:
-    """A matmul launch the target left to the runtime's BLAS (``library``: cuda's
-    cuBLAS through CuPy or torch): called like a kernel, ``fn(*buffers, scalars)``."""
-    m, pos = ln["matmul"], {b: j for j, b in enumerate(ln["buffers"])}
-    ia, ib, io, ta, tb = pos[m["a"]], pos[m["b"]], pos[m["out"]], m["trans_a"], m["trans_b"]
-
-    def product(*args: Any) -> None:
-        a, b = args[ia], args[ib]
-        tensors.matmul_into(a.T if ta else a, b.T if tb else b, args[io])
-    return product

@@ -17,7 +17,8 @@ norms and biases. The momentum buffer of a 2-D parameter is AdamW's ``m``; AdamW
 exists for the others only. ns_steps is read at run time: changing it never rebuilds.
 ``rms_scale=0.2`` is torch's ``adjust_lr_fn="match_rms_adamw"`` (the update's RMS then
 matches AdamW's, so one lr serves both kinds of parameters).
-torch.optim.Muon runs the iterations in bfloat16; optgen runs them in the parameter's dtype.
+Precision: this form runs the iterations in the parameter's dtype (float32 or float64);
+torch.optim.Muon runs them in bfloat16, as the torch form does (specs/torch_muon.py).
 
 References: K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks"
 (2024), kellerjordan.github.io/posts/muon; J. Liu et al., "Muon is Scalable for LLM

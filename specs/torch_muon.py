@@ -3,11 +3,14 @@
 For a 2-D parameter W (R x C):
 
     g   = grad
-    momentum_buffer = momentum_buffer + (1 - momentum) * (g - momentum_buffer)
-    u   = g + momentum * (momentum_buffer - g)   if nesterov  else  momentum_buffer
-    X   = u / max(||u||_F, eps)
-    repeat ns_steps times:                       (R > C: on X^T, the C x C Gram matrix)
-        A = X @ X^T;   B = ns_b * A + ns_c * A @ A;   X = ns_a * X + B @ X
+    momentum_buffer = lerp(momentum_buffer, g, 1 - momentum)
+    u   = lerp(g, momentum_buffer, momentum)   if nesterov  else  momentum_buffer
+          (lerp: torch.lerp, rounded as torch rounds it; optgen.ir)
+    X   = bf16(u)
+    X   = bf16(X / bf16(max(bf16(||X||_F), eps)))
+    repeat ns_steps times:                       bf16: rounded to bfloat16
+        A = bf16(X @ X^T);   B = bf16(ns_b * A + ns_c * A @ A);   X = bf16(ns_a * X + B @ X)
+    (R > C: torch iterates on X^T; here A = bf16(X^T X), X = bf16(ns_a * X + X @ B))
     s   = 0.2 * sqrt(max(R, C))   if match_rms_adamw   else   sqrt(max(1, R / C))
     W   = W * (1 - lr * weight_decay) - lr * s * X
 
@@ -16,8 +19,9 @@ match_rms_adamw False, "match_rms_adamw" True (a flag: a choice between two rule
 torch's string). ns_steps is read at run time. torch refuses parameters that are not 2-D
 (a ValueError at its step) and optgen.torch.Muon refuses them when it is made; a spec
 cannot refuse a shape, so here they are left unchanged (the seed muon.py steps them with
-AdamW). torch has no maximize. torch runs the iterations in bfloat16; optgen runs them
-in the parameter's dtype.
+AdamW). torch has no maximize. The iterations are torch's, in bfloat16: each product
+is one of bfloat16 values summed in float32 and rounded to bfloat16 with its addend
+(torch.addmm); for torch tensors the runtime runs them in torch's own matmul.
 
 References: K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks"
 (2024), kellerjordan.github.io/posts/muon; J. Liu et al., "Muon is Scalable for LLM
@@ -25,7 +29,7 @@ Training", arXiv:2502.16982 (match_rms_adamw); torch.optim.Muon.
 """
 from optgen.blocks import gradient_preprocessing
 from optgen import blocks
-from optgen.dsl import Spec, maximum, sqrt
+from optgen.dsl import Spec, lerp, maximum, sqrt
 
 spec = Spec("torch_muon", __doc__, reference="kellerjordan.github.io/posts/muon; "
             "torch.optim.Muon")
@@ -49,8 +53,9 @@ buf = spec.state("momentum_buffer", 0.0, "momentum of g")
 
 
 def newton_schulz(x, tall):
-    """X ~ the orthogonal factor U V^T of x = U S V^T (torch's quintic iteration)."""
-    return blocks.newton_schulz(x, tall, (ns_a, ns_b, ns_c), ns_steps, eps)
+    """X ~ the orthogonal factor U V^T of x = U S V^T (torch's quintic iteration, in
+    bfloat16 as torch runs it)."""
+    return blocks.newton_schulz_bf16(x, tall, (ns_a, ns_b, ns_c), ns_steps, eps)
 
 
 @spec.update
@@ -58,8 +63,9 @@ def torch_muon(w, grad, flags):
     if not flags.matrix:          # torch refuses these; its drop-in does too (see above)
         return {buf: buf, w: w}
     g = preprocess(w, grad)
-    b = buf + (1 - momentum) * (g - buf)
-    u = g + momentum * (b - g) if flags.nesterov else b
+    b = lerp(buf, g, 1 - momentum)
+    # torch's lerp to the bit: the bfloat16 iterations amplify a difference in u's last bit
+    u = lerp(g, b, momentum) if flags.nesterov else b
     if flags.match_rms_adamw:
         scale = 0.2 * sqrt(maximum(spec.rows, spec.cols))
     else:

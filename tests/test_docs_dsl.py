@@ -339,7 +339,7 @@ TEMPLATE = '''\
 from optgen.dsl import (Spec, clip, col_mean, eq, exp, global_sum, log, maximum, mean, minimum, ne,
                         norm, rms, row_mean, rsqrt, sign, sqrt, sum, where, atan, atan2, clamp,
                         copysign, cosh, erf, expm1, log1p, pow, sinh, tanh, head_mean,
-                        head_sum)
+                        head_sum, round_bf16, lerp)
 
 spec = Spec("{name}", __doc__, reference="docs/dsl.md")
 lr = spec.hyper("lr", 0.01, "lr >= 0", "learning rate")

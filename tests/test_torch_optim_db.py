@@ -91,18 +91,6 @@ def _kwargs(oi):
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in oi.kwargs.items()}
 
 
-def _zeropower_in_dtype(grad, ns_coefficients, ns_steps, eps):
-    """torch's Muon Newton-Schulz iteration (torch/optim/_muon.py) in the gradient's
-    dtype instead of bfloat16, as optgen's kernel runs it: the one change made to torch."""
-    a, b, c = ns_coefficients
-    x = grad.T if grad.size(0) > grad.size(1) else grad.clone()
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if grad.size(0) > grad.size(1) else x
-
-
 def _close(mine, ref, tol, what):
     if not isinstance(ref, torch.Tensor):   # (SparseAdam's int step, SGD's None buffer)
         assert type(mine) is type(ref) and mine == ref, f"{what}: {mine!r} vs torch's {ref!r}"
@@ -129,11 +117,8 @@ def _same_run(mine, ref, tol, what):
 
 
 @pytest.mark.parametrize("info, k, dtype", CONFIGS)
-def test_config_steps_and_checkpoints_as_torch(info, k, dtype, monkeypatch):
+def test_config_steps_and_checkpoints_as_torch(info, k, dtype):
     name = info.optim_cls.__name__
-    if name == "Muon":
-        monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz",
-                            _zeropower_in_dtype)
     # torch keeps step, NAdam's mu_product and ASGD's eta/mu in the default dtype
     # (_get_scalar_dtype), and the table's tensor lr is made in it: float64 runs make it
     # float64, as the parameters

@@ -33,6 +33,7 @@ class Launch:
     length: int = 0                # repeat: how many of the following launches repeat
     also: list[tuple[Expr, str]] = field(default_factory=list)  # reduce: more (node, buffer)
                                    # pairs accumulated in the same pass (CPU, plan(merge=True))
+    copy: str | None = None        # matrix update: it copies this buffer into its output
 
     @property
     def reduced_pairs(self) -> list[tuple[Expr, str]]:
@@ -43,6 +44,7 @@ class Launch:
         d = {"kind": self.kind, "space": self.space, "view": self.view, "buffers": self.buffers}
         if self.view == "matrix":
             d.update(outputs=self.outputs, **({"matmul": self.matmul} if self.matmul else {}),
+                     **({"copy": self.copy} if self.copy else {}),
                      **({"count": self.count, "length": self.length}
                         if self.kind == "repeat" else {}),
                      **({"red": self.red, "op": self.node.value} if self.kind == "reduce"

@@ -14,7 +14,7 @@ from ..ir import Expr, walk
 from optgen.core import formats, rounding
 from optgen.core.reference import LOW_COPY
 from .kernel_ir import KernelIR
-from .lower_bits import adopted, narrow, stochastic, widen
+from .lower_bits import adopted, lerp, narrow, nearest_bf16, stochastic, widen
 from . import math_calls, scratch as _scratch
 from .specialize import MASTER_DTYPE
 
@@ -273,6 +273,10 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return (f"T.Select({x} > {const(0)}, {const(1)}, "
                     f"T.Select({x} < {const(0)}, {const(-1)}, "
                     f"T.Select({isnan(x)}, {x}, {const(0)})))")
+        if e.op == "bf16":
+            return nearest_bf16(a[0], ty)
+        if e.op == "lerp":
+            return lerp(*a, ty, const)
         if e.op in math_calls.OPS:    # atan, ..., copysign
             return math_calls.render(e.op, ty, a)
         if e.op in ("min", "max"):   # (constants are finite: the verifier checks)

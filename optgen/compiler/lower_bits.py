@@ -84,3 +84,34 @@ def narrow(value: str, dtype: str) -> str:
                f'T.uint32(0x80000000)), T.uint32(0x7FC00000)))')
         value = f"T.Select({is_nan}, {nan}, {value})"
     return f'T.Cast("{dtype}", {value})'
+
+
+def nearest_bf16(value: str, ty: str) -> str:
+    """``value`` (of dtype ``ty``) rounded to the nearest bfloat16, ties to even, and
+    kept in ``ty`` (the IR's ``bf16``; optgen.core.rounding.nearest_bfloat16). On the
+    float32 bits, not through a bfloat16 cast, which TVM 0.27 lowers only for bfloat16
+    buffers ("BF16 needs to be storaged lowered first"); NaN stays as it is. float64
+    goes through float32."""
+    x = value if ty == "float32" else f'T.Cast("float32", {value})'
+    bits = f'T.reinterpret("uint32", {x})'
+    lsb = f"T.bitwise_and(T.shift_right({bits}, T.uint32(16)), T.uint32(1))"
+    near = (f'T.reinterpret("float32", T.bitwise_and({bits} + T.uint32(0x7FFF) + {lsb}, '
+            f'T.uint32(0xFFFF0000)))')
+    out = f"T.Select({nan_bits(bits)}, {x}, {near})"
+    return out if ty == "float32" else f'T.Cast("{ty}", {out})'
+
+
+def lerp(start: str, end: str, weight: str, ty: str, const) -> str:
+    """torch.lerp's value (the IR's ``lerp``): ``fma(w, end - start, start)`` for
+    |w| < 0.5, else ``fma(w - 1, end - start, end)``, w - 1 and the difference in ``ty``.
+    float32: the fused multiply-add in float64 (the product is exact there, so the one
+    float32 rounding is fma's but where the float64 sum itself rounded onto a float32
+    tie); float64: a multiply and an add."""
+    small = f"(T.fabs({weight}) < {const(0.5)})"
+    coeff = f"T.Select({small}, {weight}, {weight} - {const(1.0)})"
+    base = f"T.Select({small}, {start}, {end})"
+    diff = f"({end} - {start})"
+    if ty != "float32":
+        return f"({coeff} * {diff} + {base})"
+    wide = [f'T.Cast("float64", {x})' for x in (coeff, diff, base)]
+    return f'T.Cast("float32", {wide[0]} * {wide[1]} + {wide[2]})'

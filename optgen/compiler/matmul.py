@@ -27,7 +27,10 @@ therefore leaves through ``tile`` (workspace, like ``Ap`` and ``Bp``), which the
 epilogue indexes freely.
 
 The first depth slice writes ``out`` (with the addend), later slices add to it, so
-``out`` must differ from ``a``, ``b`` and ``addend``; those may be one buffer.
+``out`` must differ from ``a``, ``b`` and ``addend``; those may be one buffer. With
+``round="bfloat16"`` the last slice stores the sum rounded to the nearest bfloat16:
+torch's ``addmm`` on bfloat16 tensors, whose operands are bfloat16 values (their
+products are exact in float32), summed and scaled in float32 and rounded once.
 Buffers declare their element size as alignment: numpy guarantees only 16 bytes
 (tvm-notes §3).
 """
@@ -36,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .lower_bits import nearest_bf16
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class MatmulPass:
     alpha: int | None = None        # out = S[alpha] * (op(a) @ op(b))   (None: factor 1)
     beta: int | None = None         #       + S[beta] * addend           (None: factor 1)
     addend: str | None = None       # a buffer of out's shape; may equal a or b, never out
+    round: str | None = None        # "bfloat16": the result rounded to it (kept in dtype)
 
 
 def schedule_matmul(p: MatmulPass) -> str:
@@ -125,6 +131,8 @@ def _check(p: MatmulPass) -> tuple[str, str, str]:
     for role, i in (("alpha", p.alpha), ("beta", p.beta)):
         if i is not None and p.n_scalars is not None and not 0 <= i < p.n_scalars:
             raise ValueError(f"{p.symbol}: {role} index {i} is outside the {p.n_scalars} scalars")
+    if p.round not in (None, "bfloat16"):
+        raise ValueError(f"{p.symbol}: round {p.round!r} is not None or 'bfloat16'")
     if p.beta is not None and p.addend is None:
         raise ValueError(f"{p.symbol}: beta is given but there is no addend")
     m, k = code[p.a][::-1] if p.trans_a else code[p.a]
@@ -164,15 +172,34 @@ def _nest(p: MatmulPass, t: Tiling, m: str, k: str, n: str, parallel: bool,
         o = f"B_{p.out}[i0 + r, j0 + v]"
         return f"{o} + S[{p.alpha}] * {acc}" if p.alpha is not None else f"{o} + {acc}"
 
+    def rounded(value: str) -> str:
+        if p.round is None:
+            return value
+        return nearest_bf16(value, dt)
+
     def store(rows: str, cols: str, vector: bool) -> list[str]:
         inner = f"T.vectorized({cols})" if vector else f"range({cols})"
         acc = f"tile[r * {i64(nr)} + v]"
+        o = f"B_{p.out}[i0 + r, j0 + v]"
+        if p.round is None:
+            return [f"for r in range({rows}):",
+                    f"    for v in {inner}:",
+                    "        if pc == 0:",
+                    f"            {o} = {first(acc)}",
+                    "        else:",
+                    f"            {o} = {more(acc)}"]
+        last = f"({k} + {i64(kc - 1)}) // {i64(kc)} - {i64(1)}"
         return [f"for r in range({rows}):",
                 f"    for v in {inner}:",
                 "        if pc == 0:",
-                f"            B_{p.out}[i0 + r, j0 + v] = {first(acc)}",
+                f"            if pc == {last}:",
+                f"                {o} = {rounded(first(acc))}",
+                "            else:",
+                f"                {o} = {first(acc)}",
+                f"        elif pc == {last}:",
+                f"            {o} = {rounded(more(acc))}",
                 "        else:",
-                f"            B_{p.out}[i0 + r, j0 + v] = {more(acc)}"]
+                f"            {o} = {more(acc)}"]
 
     bp = f"Bp[(jr * {i64(kc)} + kk) * {i64(nr)} + v]"
     s = [

@@ -6,7 +6,11 @@ is a sequence of passes over whole matrices, each a compiled kernel the runtime 
 order with the same arguments every step:
 
 * ``matmul``: ``out = op(a) @ op(b)`` into a temporary (``op``: the operand or its
-  transpose, read in place: a transpose is an index order, never a copy);
+  transpose, read in place: a transpose is an index order, never a copy). A product
+  rounded to bfloat16, ``bf16([alpha *] a @ b [+ [beta *] addend])`` with ``alpha`` and
+  ``beta`` hyperparameters, is one pass: torch's ``addmm`` on bfloat16 tensors (products
+  of bfloat16 values summed in float32, the sum scaled, added and rounded once), which
+  the runtime hands to torch itself for torch tensors (runtime/launch.py);
 * ``update``: an elementwise expression over one matrix shape ("RC", "RR", "CC", "CR")
   written into temporaries or, last, into the parameter and states;
 * ``reduce``: a whole-matrix sum or mean into a float64 ``_red<k>`` buffer;
@@ -44,6 +48,7 @@ class _Planner:
         self.local_of: dict[int, Expr] = {}      # node -> its pass-local expression
         self.operand_of: dict[int, Expr] = {}    # node -> a buffer read holding it
         self.counts = {"_tmp": 0, "_red": 0, "_loop": 0}
+        self.rounded: set[int] = set()           # loop variables that hold bfloat16 values
 
     # -- buffers and passes --------------------------------------------------------------
     def buffer(self, prefix: str, axes: str) -> str:
@@ -76,6 +81,8 @@ class _Planner:
             out = e
         elif e.op in ("matmul", "loop"):
             out = self.operand(e)
+        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
+            out = self.operand(e)
         elif e.op == "transpose":
             inner = self.operand(e.args[0])
             out = _buf(inner.name, e.mat, inner.value != "T")
@@ -98,6 +105,8 @@ class _Planner:
             out = _buf(e.name, matrix_shape(e))
         elif e.op == "matmul":
             out = self.matmul(e)
+        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
+            out = self.matmul(e.args[0], self.addmm(e.args[0]))
         elif e.op == "loop":
             out = self.loop(e)
         else:
@@ -111,15 +120,28 @@ class _Planner:
         self.operand_of[id(e)] = out
         return out
 
-    def matmul(self, e: Expr) -> Expr:
-        a, b = self.operand(e.args[0]), self.operand(e.args[1])
-        out = self.buffer("_tmp", e.mat)
-        bufs = list(dict.fromkeys([a.name, b.name, out]))
-        self.launches.append(Launch("matmul", e.mat, "matrix", bufs, outputs=[out],
+    def matmul(self, e: Expr, addmm: tuple | None = None) -> Expr:
+        """``e``'s product into a new temporary; ``addmm`` (from ``_addmm``): the
+        rounded ``bf16(alpha * product + beta * addend)`` of which ``e`` is the sum."""
+        alpha, prod, beta, addend = addmm if addmm else (None, e, None, None)
+        a, b = self.operand(prod.args[0]), self.operand(prod.args[1])
+        extra = {}
+        if addmm:
+            c = self.operand(addend) if addend is not None else None
+            if c is not None and c.value == "T":     # (a transposed addend: a copy first)
+                tmp = self.buffer("_tmp", matrix_shape(addend))
+                self.update(matrix_shape(addend), {tmp: c})
+                c = _buf(tmp, matrix_shape(addend))
+            extra = {"alpha": alpha, "beta": beta, "addend": c.name if c is not None else None,
+                     "round": "bfloat16"}
+        out = self.buffer("_tmp", prod.mat)
+        bufs = list(dict.fromkeys([a.name, b.name, *([extra["addend"]] if extra.get("addend")
+                                                       else []), out]))
+        self.launches.append(Launch("matmul", prod.mat, "matrix", bufs, outputs=[out],
                                     matmul={"a": a.name, "b": b.name, "out": out,
                                             "trans_a": a.value == "T",
-                                            "trans_b": b.value == "T"}))
-        return _buf(out, e.mat)
+                                            "trans_b": b.value == "T", **extra}))
+        return _buf(out, prod.mat)
 
     def reduce(self, e: Expr) -> Expr:
         x = e.args[0]
@@ -139,6 +161,8 @@ class _Planner:
     def loop(self, e: Expr) -> Expr:
         init, result, var = e.args
         buf = self.buffer("_loop", e.mat)
+        if self.bf16_valued(init) and self.bf16_valued(result):
+            self.rounded.add(id(var))
         self.update(e.mat, {buf: self.local(init)})
         self.local_of[id(var)] = self.operand_of[id(var)] = _buf(buf, e.mat)
         inside = {id(var)}
@@ -158,6 +182,8 @@ class _Planner:
                 self.update(e.mat, {tmp: value})
                 value = _buf(tmp, e.mat)
             self.update(e.mat, {buf: value})
+            if value.op == "buf" and value.value is None:   # (a copy: runtime/products.py)
+                self.launches[-1].copy = value.name
         marker.length = len(self.launches) - start
         return _buf(buf, e.mat)
 
@@ -177,6 +203,52 @@ class _Planner:
                 values[n] = _buf(tmp, space[n])
         for s in dict.fromkeys(space.values()):
             self.update(s, {n: v for n, v in values.items() if space[n] == s})
+
+    def bf16_valued(self, e: Expr) -> bool:
+        """Whether every element of ``e`` is a bfloat16 value (rounded by ``bf16``)."""
+        if e.op == "transpose":
+            return self.bf16_valued(e.args[0])
+        if e.op == "loop":
+            return self.bf16_valued(e.args[0]) and self.bf16_valued(e.args[1])
+        return e.op == "bf16" or e.op == "loopvar" and id(e) in self.rounded
+
+    def addmm(self, e: Expr) -> tuple | None:
+        """``_addmm(e)`` where its product's operands and its addend are bfloat16 values,
+        so that the one pass computes what the rule says; None otherwise (the product,
+        then the rounding in an elementwise pass)."""
+        parts = _addmm(e)
+        if parts is None:
+            return None
+        _, prod, _, addend = parts
+        if not all(self.bf16_valued(x) for x in (*prod.args, *([addend] if addend is not None
+                                                              else []))):
+            return None
+        return parts
+
+
+def _term(e: Expr) -> tuple[str | None, Expr]:
+    """``hyper * x`` or ``x * hyper`` -> (the hyperparameter's name, x); else (None, e)."""
+    if e.op == "mul":
+        for f, x in (e.args, e.args[::-1]):
+            if f.op == "hyper" and matrix_shape(x):
+                return f.name, x
+    return None, e
+
+
+def _addmm(e: Expr) -> tuple | None:
+    """``e`` as ``(alpha, product, beta, addend)`` when it is ``[alpha *] a @ b`` plus at
+    most one ``[beta *] addend`` of the product's shape (alpha, beta: hyperparameter names
+    or None for 1); None otherwise."""
+    terms = [_term(x) for x in (e.args if e.op == "add" else (e,))]
+    products = [t for t in terms if t[1].op == "matmul"]
+    if not products or len(terms) > 2:
+        return None
+    alpha, prod = products[0]
+    rest = [t for t in terms if t[1] is not prod]
+    if rest and matrix_shape(rest[0][1]) != prod.mat:
+        return None
+    beta, addend = rest[0] if rest else (None, None)
+    return alpha, prod, beta, addend
 
 
 def plan_matrix(kir: KernelIR) -> None:

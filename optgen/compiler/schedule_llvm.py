@@ -37,9 +37,12 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
         k = folded(k)    # (its template allocates no scratch buffers)
     if k.kind == "matmul":
         m = k.matmul
+        slot = {n: j for j, n in enumerate(k.scalars)}   # (alpha, beta: hyperparameters)
         return schedule_matmul(MatmulPass(
             k.symbol, k.dtype, [(b.name, b.axes) for b in k.buffers], m["a"], m["b"],
-            m["out"], m["trans_a"], m["trans_b"], n_scalars=None))
+            m["out"], m["trans_a"], m["trans_b"], n_scalars=None,
+            alpha=slot.get(m.get("alpha")), beta=slot.get(m.get("beta")),
+            addend=m.get("addend"), round=m.get("round")))
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
                       parallel_min=PARALLEL_MIN_ELEMENTS)

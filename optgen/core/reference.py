@@ -19,6 +19,7 @@ from typing import Collection, Mapping
 
 import numpy as np
 
+from .rounding import nearest_bfloat16
 from .views import AXES, broadcastable, extents
 
 LOW_COPY = "w_low"   # the low-precision parameter of a mixed-precision kernel
@@ -120,6 +121,15 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
         elif op == "rsqrt":
             v = dt(1) / np.sqrt(a[0])
+        elif op == "bf16":
+            v = nearest_bfloat16(a[0])
+        elif op == "lerp":   # torch.lerp's rounding (optgen.ir): one fma, in float64
+            small = np.abs(a[2]) < 0.5
+            coeff = np.where(small, a[2], a[2] - dt(1))
+            diff = np.asarray(a[1] - a[0], dt)
+            base = np.where(small, a[0], a[1])
+            v = np.asarray(coeff, np.float64) * diff + np.asarray(base, np.float64) \
+                if dt is np.float32 else coeff * diff + base
         elif op == "where":
             v = np.where(a[0], a[1], a[2])
         elif op in _LIBM:

@@ -74,3 +74,16 @@ def to_bfloat16(x: np.ndarray, k: int, s: int) -> np.ndarray:
         up = (bits + noise(flat.size, k, s)) & np.uint32(0xFFFF0000)
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, flat, up.view(np.float32)).reshape(np.shape(x))
+
+
+def nearest_bfloat16(x) -> np.ndarray:
+    """``x`` rounded to the nearest bfloat16, ties to even (the IR's ``bf16``: what a
+    value stored in bfloat16 keeps), as float32; NaN stays NaN. float64 goes through
+    float32 first (rounded twice: a tie of float64 may round differently)."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    bits = flat.view(np.uint32)
+    with np.errstate(over="ignore"):
+        near = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) \
+            & np.uint32(0xFFFF0000)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, flat, near.view(np.float32)).reshape(np.shape(x))

@@ -191,7 +191,7 @@ class Adafactor(TorchForm):
 
 class Muon(TorchForm):
     """torch.optim.Muon (2-D parameters only, as torch) with fused kernels; Newton-Schulz
-    runs in the parameter's dtype (torch: bfloat16)."""
+    in bfloat16 as torch runs it (its products in torch's bfloat16 matmul)."""
     torch_cls, spec_name, probe_params, step_kind = torch.optim.Muon, "torch_muon", True, None
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, weight_decay: float = 0.1,

@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""One Muon step on the CPU, side by side in one process: torch.optim.Muon,
+optgen.torch.Muon (the torch form: Newton-Schulz in bfloat16, its products in torch's
+bfloat16 matmul), optgen.torch.seeds.Muon (the seed form: Newton-Schulz in float32,
+compiled products) and heavyball's Muon (bfloat16 Newton-Schulz, torch.compile'd step).
+
+    python bench/muon_cpu_bench.py [--shapes 1024x1024,512x2048] [--reps 9]
+
+Float32 weights, lr 0.02, one gradient reused. The contenders step in turn (interleaved)
+after ``--warmup`` steps each (builds, heavyball's compilation); the medians of
+``--reps`` steps and their ratio to torch's are printed with the load average around
+the run. heavyball's Muon is its own rule (its momentum and scaling), timed for speed
+only. This is a script, not a test: it asserts no timings.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import optgen.torch as ot
+
+
+def contenders():
+    makers = {"torch.optim.Muon (bf16 NS)": lambda ps: torch.optim.Muon(ps, lr=0.02),
+              "optgen.torch.Muon (bf16 NS)": lambda ps: ot.Muon(ps, lr=0.02),
+              "optgen seeds.Muon (fp32 NS)": lambda ps: ot.seeds.Muon(ps, lr=0.02)}
+    try:
+        import heavyball
+        makers["heavyball 3.2 Muon (bf16 NS)"] = lambda ps: heavyball.Muon(ps, lr=0.02)
+    except ImportError:
+        pass
+    return makers
+
+
+def bench(shape: tuple[int, int], reps: int, warmup: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    w0, g0 = torch.randn(shape, generator=gen) * 0.02, torch.randn(shape, generator=gen)
+    steps = {}
+    for name, make in contenders().items():
+        p = torch.nn.Parameter(w0.clone())
+        p.grad = g0.clone()
+        try:
+            opt = make([p])
+            for _ in range(warmup):
+                p.grad = g0.clone()
+                opt.step()
+        except Exception as e:  # noqa: BLE001 (reported as the row)
+            print(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        steps[name] = (opt, p)
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(reps):
+        for name, (opt, p) in steps.items():
+            p.grad = g0.clone()   # (heavyball takes the gradient away in its step)
+            t0 = time.perf_counter()
+            opt.step()
+            times[name].append(1e3 * (time.perf_counter() - t0))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="1024x1024,512x2048")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    for text in args.shapes.split(","):
+        shape = tuple(int(x) for x in text.split("x"))
+        ms = bench(shape, args.reps, args.warmup)
+        base = next((v for k, v in ms.items() if k.startswith("torch")), None)
+        print(f"Muon step {shape[0]}x{shape[1]}, median of {args.reps}")
+        for k, v in ms.items():
+            ratio = f"{v / base:6.2f}x torch" if base else ""
+            print(f"  {k:30} {v:9.1f} ms  {ratio}")
+    print(f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"torch threads {torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()
