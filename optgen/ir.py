@@ -375,8 +375,7 @@ def walk(roots, stop=()) -> Iterator[Expr]:
 _PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
            "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "and", "or": "or"}
 _PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where", "copysign",
-            "bf16", "lerp",
-            *LIBM}
+            "bf16", "lerp", *LIBM}
 
 
 def to_python(e: Expr, names: dict[int, str] | None = None) -> str:
