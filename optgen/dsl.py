@@ -61,7 +61,7 @@ def expm1(x): return apply("expm1", x)
 def sinh(x): return apply("sinh", x)
 def cosh(x): return apply("cosh", x)
 def copysign(x, y): return apply("copysign", x, y)
-def round_bf16(x): return apply("bf16", x)   # nearest bfloat16 (ties to even), as a float
+def round_bf16(x): return apply("round_bf16", x)   # nearest bfloat16 (ties to even), as a float
 def lerp(start, end, weight): return apply("lerp", start, end, weight)   # torch.lerp's rounding
 def pow(x, y): return apply("pow", x, y)  # noqa: A001 — x ** y, named as papers write it
 def minimum(a, b): return apply("min", a, b)

@@ -33,8 +33,8 @@ from .errors import SpecError
 # op name -> (arity, result dtype or None for "same as float operands", operand dtype)
 ARITH = {"add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "min": 2, "max": 2,
          "neg": 1, "sqrt": 1, "rsqrt": 1, "abs": 1, "sign": 1, "exp": 1, "log": 1,
-         "copysign": 2, "bf16": 1, "lerp": 3}
-# "bf16": the value rounded to the nearest bfloat16 (ties to even), kept in the kernel
+         "copysign": 2, "round_bf16": 1, "lerp": 3}
+# "round_bf16": the value rounded to the nearest bfloat16 (ties to even), kept in the kernel
 # dtype: a value torch stores in bfloat16 (Muon's Newton-Schulz), written out in the rule.
 # "lerp": torch.lerp(start, end, weight) as torch rounds it: with d = end - start,
 # fma(weight, d, start) if |weight| < 0.5 else fma(weight - 1, d, end), one rounding
@@ -375,7 +375,7 @@ def walk(roots, stop=()) -> Iterator[Expr]:
 _PY_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
            "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "and", "or": "or"}
 _PY_CALL = {"sqrt", "rsqrt", "abs", "sign", "exp", "log", "min", "max", "where", "copysign",
-            "bf16", "lerp", *LIBM}
+            "round_bf16", "lerp", *LIBM}
 
 
 def to_python(e: Expr, names: dict[int, str] | None = None) -> str:

@@ -273,7 +273,7 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
             return (f"T.Select({x} > {const(0)}, {const(1)}, "
                     f"T.Select({x} < {const(0)}, {const(-1)}, "
                     f"T.Select({isnan(x)}, {x}, {const(0)})))")
-        if e.op == "bf16":
+        if e.op == "round_bf16":
             return nearest_bf16(a[0], ty)
         if e.op == "lerp":
             return lerp(*a, ty, const)

@@ -99,7 +99,7 @@ def _sign(e: Expr, states: set[str], bounds, memo: dict) -> bool:
         out = e.name in states
     elif op in ("sqrt", "abs", "exp", "cosh"):
         out = True
-    elif op == "bf16":
+    elif op == "round_bf16":
         out = _sign(a[0], states, bounds, memo)
     elif op in ("add", "div", "min"):
         out = all(_sign(x, states, bounds, memo) for x in a)

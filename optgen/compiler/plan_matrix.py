@@ -81,7 +81,7 @@ class _Planner:
             out = e
         elif e.op in ("matmul", "loop"):
             out = self.operand(e)
-        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
+        elif e.op == "round_bf16" and self.addmm(e.args[0]) is not None:
             out = self.operand(e)
         elif e.op == "transpose":
             inner = self.operand(e.args[0])
@@ -105,7 +105,7 @@ class _Planner:
             out = _buf(e.name, matrix_shape(e))
         elif e.op == "matmul":
             out = self.matmul(e)
-        elif e.op == "bf16" and self.addmm(e.args[0]) is not None:
+        elif e.op == "round_bf16" and self.addmm(e.args[0]) is not None:
             out = self.matmul(e.args[0], self.addmm(e.args[0]))
         elif e.op == "loop":
             out = self.loop(e)
@@ -210,7 +210,7 @@ class _Planner:
             return self.bf16_valued(e.args[0])
         if e.op == "loop":
             return self.bf16_valued(e.args[0]) and self.bf16_valued(e.args[1])
-        return e.op == "bf16" or e.op == "loopvar" and id(e) in self.rounded
+        return e.op == "round_bf16" or e.op == "loopvar" and id(e) in self.rounded
 
     def addmm(self, e: Expr) -> tuple | None:
         """``_addmm(e)`` where its product's operands and its addend are bfloat16 values,

@@ -121,7 +121,7 @@ def evaluate(ir: dict, dtype: str, arrays: Mapping[str, np.ndarray],
             v = np.power(np.asarray(a[0], np.float64), np.asarray(a[1], np.float64))
         elif op == "rsqrt":
             v = dt(1) / np.sqrt(a[0])
-        elif op == "bf16":
+        elif op == "round_bf16":
             v = nearest_bfloat16(a[0])
         elif op == "lerp":   # torch.lerp's rounding (optgen.ir): one fma, in float64
             small = np.abs(a[2]) < 0.5

@@ -42,7 +42,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "max": lambda a, b: _F(np.maximum(_F(a), _F(b))),
     "where": _where,
     "copysign": lambda x, y: _F(np.copysign(_F(x), _F(y))),
-    "bf16": lambda x: _F(nearest_bfloat16(_F(x))),
+    "round_bf16": lambda x: _F(nearest_bfloat16(_F(x))),
     "lerp": lambda s, e, w: _F(s) + _F(w) * (_F(e) - _F(s)),
     "atan": lambda x: _F(np.arctan(_F(x))),
     "atan2": lambda y, x: _F(np.arctan2(_F(y), _F(x))),
