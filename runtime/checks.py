@@ -193,8 +193,9 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
         plain = artifact.kernel_for(dt, flags, master=master) \
             if k is None and s.formatted else None
         if plain is not None:
-            why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
-                   "elementwise rules") if plain.matrix else (
+            why = (f"its rule (flags {flags}) multiplies matrices; of the state formats "
+                   "only 'bf16' applies to matrix rules, on the CPU targets"
+                   ) if plain.matrix else (
                 f"state formats compute in float32 (float32 parameters, or float16/bfloat16 "
                 f"ones with multi_precision=True), not {dt}")
             raise TypeError(f"{owner}: {label(i, names)} ({int(np.prod(p.shape))} elements) "
