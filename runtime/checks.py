@@ -203,9 +203,9 @@ def check_heads(owner: str, artifact: Any, slots: Sequence[Any], groups: Sequenc
 def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
                   flags_of: Callable[[int], dict], multi_precision: bool) -> None:
     """Each parameter (``slots``: their records) has a kernel for its dtype under its
-    flags (``flags_of(i)``; a matrix rule has
-    float32/float64 kernels only: no mixed precision; state formats compute in float32
-    and apply to elementwise rules), and a matrix rule (products) gets a 2-D parameter
+    flags (``flags_of(i)``; a matrix rule has float32/float64 kernels and bfloat16 ones
+    with a float32 or split master; state formats compute in float32, and q8/q4 apply
+    to elementwise rules), and a matrix rule (products) gets a 2-D parameter
     (specs pick it by a shape flag, so that fails only for a spec that does not)."""
     names = [s.name for s in slots]
     for i, s in enumerate(slots):
@@ -216,8 +216,9 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
         plain = artifact.kernel_for(dt, flags, master=master) \
             if k is None and s.formatted else None
         if plain is not None:
-            why = (f"its rule (flags {flags}) multiplies matrices; state formats apply to "
-                   "elementwise rules") if plain.matrix else (
+            why = (f"its rule (flags {flags}) multiplies matrices; of the state formats "
+                   "only 'bf16' applies to matrix rules, on the CPU targets"
+                   ) if plain.matrix else (
                 f"state formats compute in float32 (float32 parameters, or float16/bfloat16 "
                 f"ones with multi_precision=True), not {dt}")
             raise TypeError(f"{owner}: {label(i, names)} ({int(np.prod(p.shape))} elements) "
@@ -230,8 +231,9 @@ def check_kernels(owner: str, artifact: Any, slots: Sequence[Any], *,
                 raise TypeError(f"{owner}: no kernel for dtype {dt} with flags {flags} "
                                 f"({label(i, names)}): the {artifact.target} build has "
                                 "none for these flags")
-            matrix = " (matrix products run in float32 or float64: pass float32 " \
-                "parameters)" if any(x.matrix for x in have) else ""
+            matrix = " (matrix products run in float32 or float64: bfloat16 parameters " \
+                "step through a float32 master, multi_precision=True or master_format " \
+                "'split16'/'split8')" if any(x.matrix for x in have) else ""
             raise TypeError(f"{owner}: {label(i, names)} has dtype {dt}; its rule (flags "
                             f"{flags}) has kernels for "
                             f"{', '.join(sorted({x.param_dtype for x in have}))} only{matrix}")

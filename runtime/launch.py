@@ -66,9 +66,10 @@ class Launcher:
         self.hooks = ready, done
 
     # -- kernels and plans ---------------------------------------------------------------
-    def select(self, i: int, flags: dict[str, bool]) -> KernelInfo:
+    def select(self, i: int, flags: dict[str, bool], load: bool = True) -> KernelInfo:
         """The artifact's kernel for parameter ``i`` under ``flags``: by its dtype, with
-        state formats where its slot is ``formatted`` (cached)."""
+        state formats where its slot is ``formatted`` (cached; ``load=False``: checked
+        only, its library neither built nor loaded)."""
         s = self.slots[i]
         dtype, fmt = tensors.dtype_name(s.array, s.lib), s.formatted
         master = s.mixed or dtype not in tensors.LOW_PRECISION   # (else: no master)
@@ -80,6 +81,8 @@ class Launcher:
                 raise TypeError(f"{self.owner}: no kernel for dtype {dtype} with flags {flags}"
                                 + (" and state formats" if fmt else ""))
             owned.check_kernel(self.owner, i, k, self.artifact, s.split)
+            if not load:
+                return k
             if self.compiled:       # its library built and loaded before anything changes
                 self.artifact.ready(k)
             self.kernels[key] = k
@@ -118,8 +121,8 @@ class Launcher:
         return self.tables[key]
 
     def workspace(self, i: int, k: KernelInfo, d: tuple[int, int, int]) -> dict[str, Any]:
-        """Parameter ``i``'s workspaces for kernel ``k``, kept between steps: float64
-        reduction buffers, and a matrix rule's temporaries in the kernel dtype."""
+        """Parameter ``i``'s workspaces for kernel ``k``, kept: float64 reduction buffers,
+        a matrix rule's temporaries in the kernel dtype."""
         s = self.slots[i]
         ws = s.work.get(k.symbol)
         if ws is None:
@@ -355,7 +358,6 @@ class Launcher:
         """The rule on the rows ``g`` names only (indices unique and in range)."""
         if self.dry:
             return
-        p = self.slots[i].array
         rows = g.rows.reshape(len(g.indices), -1)
         full = self.arrays(i, k, rows, {})
         full.pop("grad")
@@ -365,13 +367,12 @@ class Launcher:
             self.artifact.function(k.lazy["symbol"])(
                 *(bfloat16_tensor(arrays[b]) for b in k.lazy["buffers"]), scalars)
             return
-        interpret.lazy(k, full, rows, g.indices, p.shape[0], scalars)
+        interpret.lazy(k, full, rows, g.indices, self.slots[i].array.shape[0], scalars)
 
 
 def run_loops(plan: list, call: Callable, scalars: np.ndarray) -> None:
-    """A matrix rule's plan: ``(REPEAT, ((slot, times), length))`` runs the next
-    ``length`` entries ``times`` times (or the value of scalar ``slot``: Newton-Schulz
-    iterations); other entries are calls."""
+    """A matrix rule's plan: ``(REPEAT, ((slot, times), length))`` runs the next ``length``
+    entries ``times`` times (or scalar ``slot``'s value); other entries are calls."""
     j = 0
     while j < len(plan):
         fn, args = plan[j]

@@ -1,5 +1,4 @@
-"""The trainer-side optimizer: the public ``Optimizer`` class, which ties the runtime's
-rooms together. A step (docs/design.md, "The step path"):
+"""The public ``Optimizer`` class ties the runtime's rooms together. A step (design.md):
 
     gather  ``check_step``: moved parameter data followed; gradients (noted in
             gradcache.py), extra inputs, statistics, lrs, loss scale, global norm and
@@ -11,16 +10,15 @@ Everything the optimizer knows about a parameter is in its record (``ParamSlot``
 slots.py), one table (``records``) in parameter order. Every input is checked
 (``check_step``) before any kernel runs (``run_step``), so an error or a skipped step
 leaves parameters and states bit-identical. Messages name the optimizer, the parameter
-(index and name), the value and the rule. Also: groups, hyper, state, checkpoint,
-capture; refresh rules (refresh.RefreshRules). Only ``__init__.py`` imports this module.
-"""
+(index and name), the value and the rule. Also: groups, hyper, state, checkpoint, capture,
+refresh rules (refresh.RefreshRules), prebuild. Only ``__init__.py`` imports this module."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
 from . import capture, checkpoint, gradcache, launch, preprocess, refresh, scalars, state
 from optgen.core import formats, views
-from . import checks, groups, shards as shards_, storage, strategies, tensors
+from . import checks, groups, prebuild, shards as shards_, storage, strategies, tensors
 from .artifact import Artifact, KernelInfo
 from .groups import DEFAULT_NO_DECAY, default_decay_filter   # noqa: F401 (re-exported)
 from .checks import NONFINITE                                # noqa: F401 (re-exported)
@@ -124,6 +122,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
         checks.check_kernels(name, artifact, self._slots, flags_of=self._flags,
                              multi_precision=self.multi_precision)
         checks.check_heads(name, artifact, self._slots, self._groups, self._flags)
+        if prebuild.wanted(artifact):   # (matrix rules: no build during training)
+            prebuild.build_now(self._launch, self._flags, bool(clip_global_norm or nonfinite))
         for i in range(len(self._slots)):
             self._ensure_state(i)
 
@@ -259,8 +259,8 @@ class Optimizer(refresh.RefreshRules, RecordTable):
 
     def check_step(self, grads: Sequence[Any], **inputs: Sequence[Any]) -> StepInputs:
         """Every check of a step, nothing changed: gradients, extra inputs, statistics,
-        kernels, lr schedules; without split parameters also the global norm and the
-        non-finite check. The torch drop-ins agree on it across ranks, then ``run_step``."""
+        kernels, lr schedules; without split parameters the global norm and non-finite
+        check. The torch drop-ins agree on it across ranks, then ``run_step``."""
         self.follow()                                  # parameters' data that moved
         return self._check(grads, inputs)
 

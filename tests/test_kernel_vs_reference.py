@@ -235,9 +235,9 @@ def _shape_flags_hold(art, k, shape: tuple) -> bool:
 
 
 def mixed_kernels():
-    for name in catalog.list_specs():   # (matrix specs: their fallback rule, 1-D shapes)
-        for k in optgen.get_artifact(name).kernels:
-            if k.mixed:
+    for name in catalog.list_specs():   # (matrix specs: their fallback rule, 1-D shapes;
+        for k in optgen.get_artifact(name).kernels:   # the matrix kernels' mixed precision:
+            if k.mixed and not k.matrix:              # test_matrix_low_precision.py)
                 yield pytest.param(name, k.symbol, id=k.symbol,
                                    marks=family_sampled(name, KEY))
 

@@ -101,7 +101,7 @@ class _Planner:
         hit = self.operand_of.get(id(e))
         if hit is not None:
             return hit
-        if e.op in LEAF_BUFFERS:
+        if e.op in LEAF_BUFFERS and e.name not in self.kir.storage:  # (else: widened)
             out = _buf(e.name, matrix_shape(e))
         elif e.op == "matmul":
             out = self.matmul(e)

@@ -100,7 +100,7 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
     axes = {"w": "brc", "grad": "brc", **{n: "brc" for n in spec.inputs},
             **{s.name: s.node.mat or s.node.axes for s in active}}   # rr/cc: "RR"/"CC"
     matrix = trace.matrix
-    if matrix:   # (no mixed-precision variant: kernel_irs; no inputs: the verifier)
+    if matrix:   # (no inputs: the verifier)
         axes = {n: matrix_shape(by_name[n].node) if n in by_name and a else a
                 for n, a in axes.items()}   # param-shaped states: "RC"
         axes.update(w="RC", grad="RC")
@@ -115,17 +115,14 @@ def specialize(spec: Spec, trace: Trace, param_dtype: str | None = None,
         formatted[formats.PARAM] = param_format
         split = formats.master(formatted)        # (or a split master)
         if split is not None:
-            if matrix:
-                raise TypeError(f"{spec.name} (flags {trace.flags}) multiplies matrices; "
-                                f"master_format {split.name!r} applies to elementwise rules")
             corr = [formats.CORRECTION]
             storage[corr[0]] = split.family.corr_dtypes[split.name]
-            axes[corr[0]] = "brc"
+            axes[corr[0]] = "RC" if matrix else "brc"
     elif param_dtype is not None:
         assert param_dtype in MIXED_DTYPES, param_dtype
         low_copy = [LOW_COPY]
         tensor_updates[LOW_COPY] = tensor_updates["w"]   # the same value, rounded on store
-        axes[LOW_COPY] = "brc"
+        axes[LOW_COPY] = "RC" if matrix else "brc"
         storage.update({n: param_dtype for n in [LOW_COPY, "grad", *spec.inputs]})
     kir = KernelIR(
         flags=dict(trace.flags),

@@ -95,13 +95,20 @@ def kernel_irs(spec, traces, tg: targets.Target,
                          f"{tg.name} target cannot store (it has {', '.join(tg.mixed) or 'none'})")
     param_format = fmt.pop(formats.PARAM, None)   # bfloat16 w without a master
     sr_params = param_format is not None
+    # matrix rules: mixed precision, bf16 states and split masters (not q8/q4 states,
+    # which need one elementwise pass; not stochastic rounding) on the CPU targets
+    lowered = tg.family == "cpu"
+    mfmt = fmt if lowered and not quantized and not formats.stochastic(fmt) else None
     made = [(f, specialize(spec, tr, low, merge=tg.family == "cpu", state_format=f, maps=maps))
-            for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else [None])
-            for low in (None, *(() if tr.matrix else tg.mixed))]
+            for tr in traces for f in ([None, fmt] if fmt and not tr.matrix else
+                                       [None, mfmt] if mfmt else [None])
+            for low in (None, *(tg.mixed if not tr.matrix else
+                                ("bfloat16",) if lowered and "bfloat16" in tg.mixed else ()))]
     made += [(f, specialize(spec, tr, "bfloat16", merge=tg.family == "cpu", state_format=f,
                             maps=maps, master=False, param_format=param_format))
-             for tr in traces if sr_params and not tr.matrix
-             for f in ([{}, fmt] if fmt else [{}])]
+             for tr in traces if sr_params and (not tr.matrix or (
+                 lowered and formats.master({formats.PARAM: param_format}) is not None))
+             for f in ([{}, fmt] if fmt and (not tr.matrix or mfmt) else [{}])]
     # no format IR where none of the formatted states is active: it is the plain one
     # (or, without a master, the one with plain states)
     kirs, seen = [], set()
