@@ -1,6 +1,5 @@
 """Every check of what a trainer hands the optimizer: options, parameters, gradients,
-row-sparse gradients and the spec's extra inputs (a refresh rule's statistics:
-refresh.py, where they are read).
+row-sparse gradients and the spec's extra inputs (refresh statistics: refresh.py).
 
 Each check is a function of what it checks (and the optimizer's name, ``owner``, for
 the message); it returns the validated value or raises the typed error of
