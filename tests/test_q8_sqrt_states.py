@@ -179,3 +179,27 @@ def test_a_torch_format_state_dict_of_the_earlier_form_loads_converted(rng):
     tol = (np.max(np.diff(quant.dynamic_map("usqrt"))) + 1e-6) * np.sqrt(absmax.max())
     assert np.all(np.abs(np.sqrt(back) - np.sqrt(old)) <= tol)
     assert np.all(back[old > 0] > 0)
+
+
+def test_an_optgen_format_state_dict_names_its_codes_and_converts_the_earlier_form(rng):
+    """The drop-in's optgen-format state_dict names the form of its codes ("stored");
+    one that names the earlier form loads converted, with the warning line."""
+    torch = pytest.importorskip("torch")
+    import optgen.torch as ot
+    p = torch.nn.Parameter(torch.randn(4096))
+    opt = ot.AdamW([p], lr=1e-3, state_format="q8")
+    p.grad = torch.randn(4096) * torch.tensor([1.0, 1e-4]).repeat(2048)
+    opt.step()
+    sd = opt.state_dict(format="optgen")
+    assert sd["stored"]["exp_avg_sq"] == "q8:usqrt"
+    rec = sd["state"][0]
+    v = quant.dequantize(rec["exp_avg_sq"].numpy(), rec["exp_avg_sq__absmax"].numpy(), "usqrt")
+    codes, absmax = quant.quantize(v, "unsigned")      # as the earlier form held it
+    rec["exp_avg_sq"], rec["exp_avg_sq__absmax"] = torch.from_numpy(codes), torch.from_numpy(absmax)
+    sd["stored"]["exp_avg_sq"] = "q8:unsigned"
+    with pytest.warns(UserWarning, match="q8:unsigned -> q8:usqrt"):
+        opt.load_state_dict(sd)
+    st = opt.state_dict(format="optgen")["state"][0]
+    want = quant.quantize(quant.dequantize(codes, absmax, "unsigned"), "usqrt")
+    np.testing.assert_array_equal(st["exp_avg_sq"].numpy(), want[0])
+    np.testing.assert_array_equal(st["exp_avg_sq__absmax"].numpy(), want[1])
