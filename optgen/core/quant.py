@@ -71,11 +71,13 @@ def kernel_magnitude(x: str) -> str:
             f"T.uint32({FINITE_MAX}), T.fabs({x}), T.float32(0))")
 
 
-def kernel_normalized(x: str, absmax: str) -> str:
-    """TVMScript of x / absmax as ``quantize`` takes it: 0 where absmax is 0 or x is NaN."""
+def kernel_normalized(x: str, absmax: str, inverse: bool = False) -> str:
+    """TVMScript of x / absmax as ``quantize`` takes it: 0 where absmax is 0 or x is NaN
+    (``inverse``: x * (1 / absmax), the sqrt maps')."""
+    ratio = f"{x} * (T.float32(1) / {absmax})" if inverse else f"{x} / {absmax}"
     return (f"T.Select(T.And({absmax} > T.float32(0), T.bitwise_and(T.reinterpret("
             f'"uint32", {x}), T.uint32(2147483647)) <= T.uint32({FINITE_MAX})), '
-            f"{x} / {absmax}, T.float32(0))")
+            f"{ratio}, T.float32(0))")
 
 
 def code_bytes(n: int, kind: str) -> int:
@@ -186,9 +188,12 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK, scales: np.ndarray | 
     absmax[:] = np.max(finite_magnitude(pad).reshape(-1, block), axis=1) if scales is None \
         else np.asarray(scales, np.float32).reshape(-1)
     scale = np.repeat(absmax, block)[:n]
+    safe = np.where(scale > 0, scale, np.float32(1))
     with np.errstate(divide="ignore", invalid="ignore"):
-        norm = np.where((scale > 0) & ~np.isnan(flat),
-                        flat / np.where(scale > 0, scale, 1), np.float32(0))
+        # (a sqrt map: x times the block's 1 / absmax, one division a block; its absmax,
+        # a square root, is a normal float32, so 1 / absmax is finite)
+        ratio = flat * (np.float32(1) / safe) if kind in SQRT_MAPS else flat / safe
+        norm = np.where((scale > 0) & ~np.isnan(flat), ratio, np.float32(0))
     codes = codes_of(norm, kind)
     return (codes.reshape(np.shape(x)) if BITS[kind] == 8 else pack(codes)), absmax
 
@@ -250,7 +255,8 @@ def fast_constants(kind: str) -> dict:
     between decades and the one below 1.0), per region between them "slope" and
     "offset" (float32[8]: the decades, then slope 0 above the last bound), "cap" (a
     region's last count is floor(offset * -2.25 + cap)), "zero" (the code of 0),
-    "nonzero" (a positive value codes as at least 1: the sqrt maps)."""
+    "nonzero" (the sqrt maps: a positive value codes as at least 1, and x is the value
+    times the block's 1 / absmax)."""
     if kind in SQRT_MAPS:
         return {**fast_constants(base(kind)), "nonzero": True}
     signed, mids = kind == "signed", midpoints(kind)[:-1].astype(np.float64)

@@ -169,7 +169,7 @@ class BlockQuantized(StateFormat):
         return quant.kernel_magnitude(value)
 
     def normalized(self, fmt: Format, value: str, absmax: str) -> str:
-        return quant.kernel_normalized(value, absmax)
+        return quant.kernel_normalized(value, absmax, fmt.map in quant.SQRT_MAPS)
 
     def encoded(self, fmt: Format, value: str, inverse: str) -> str:
         raise TypeError(f"state format {fmt.name!r} codes by its map, not by arithmetic")
