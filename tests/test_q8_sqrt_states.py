@@ -203,3 +203,16 @@ def test_an_optgen_format_state_dict_names_its_codes_and_converts_the_earlier_fo
     want = quant.quantize(quant.dequantize(codes, absmax, "unsigned"), "usqrt")
     np.testing.assert_array_equal(st["exp_avg_sq"].numpy(), want[0])
     np.testing.assert_array_equal(st["exp_avg_sq__absmax"].numpy(), want[1])
+
+
+def test_q8_warns_at_construction_where_blocks_span_rows():
+    """q8's case still not safe: a signed state's blocks over parts of several rows."""
+    with pytest.warns(UserWarning, match=r"shape \(16, 384\).*q8@128"):
+        optgen.create("adam", [np.zeros((16, 384), F32)], state_format="q8")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optgen.create("adam", [np.zeros((16, 512), F32), np.zeros(5000, F32)],
+                      state_format="q8")
+        optgen.create("adam", [np.zeros((16, 384), F32)], state_format="q8@128")
+        optgen.create("adam", [np.zeros((16, 384), F32)], state_format={"v": "q8"})
