@@ -64,8 +64,8 @@ def formatted(owner: str, artifact: Any, req: Any, shapes: Sequence[tuple[int, .
 
 def _warn_rows(owner: str, stored: Mapping[str, str], shapes: Sequence[tuple[int, ...]],
                out: Sequence[bool]) -> None:
-    """Where q8 is still not safe (docs/state-formats.md): first moments in blocks that
-    span rows of a weight, which may differ in gradient scale by decades; a warning at
+    """Where q8 is still not safe (docs/state-formats.md): states in blocks that span
+    rows of a weight, which may differ in gradient scale by decades; a warning at
     construction naming the first such parameter and what avoids it."""
     signed = [n for n, t in stored.items() if t.startswith("q8:signed")]
     if not signed:
@@ -78,14 +78,14 @@ def _warn_rows(owner: str, stored: Mapping[str, str], shapes: Sequence[tuple[int
     cols = shapes[cut[0]][-1]
     fits = [b for b in (128, 64, 32) if b < block and cols % b == 0]
     fix = f"state_format='q8@{fits[0]}' (a block that divides the row) or " if fits else ""
+    mixed = {n: "q8" if n in signed else "bf16" for n, t in stored.items() if t.startswith("q8")}
     warnings.warn(f"{owner}: q8 states of {len(cut)} parameter(s) (first: #{cut[0]}, shape "
                   f"{tuple(shapes[cut[0]])}) put parts of several rows in one {block}-element "
-                  "block; where those rows differ in gradient scale by more than about 1e3, "
-                  "their small first moments are coded coarsely and keep their value as the "
-                  "gradient fades, so those weights can move further than with float32 "
-                  f"states (docs/state-formats.md, q8); {fix}those states in bf16 "
-                  f"(state_format={ {**{n: 'q8' for n in stored}, **{n: 'bf16' for n in signed}} })"
-                  " avoid it", stacklevel=4)
+                  "block; where those rows differ in gradient scale by decades, the small "
+                  "ones' states are coded with a few values per decade and keep their codes "
+                  "as their gradients change, so those weights can move further than with "
+                  f"float32 states (docs/state-formats.md, q8); {fix}the second moments in "
+                  f"bf16 (state_format={mixed}) come closer", stacklevel=4)
 
 
 def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],
