@@ -8,8 +8,11 @@ one float32 absmax and one uint8 code per element, the index of the nearest valu
 a 256-entry *dynamic* map to ``x / absmax``. The dynamic map has 7 exponent "bits":
 the decades 1e-6 .. 1 (signed: 1, 2, 4, ... 64 linearly spaced values per decade and
 sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
-``create_dynamic_map``). Signed states use the signed map, states proven non-negative
-the unsigned one (twice the resolution).
+``create_dynamic_map``). Signed states use the signed map; states proven non-negative
+"usqrt": the unsigned map's code (twice the resolution) of sqrt(x) times the block's
+1 / absmax (the absmax of the square roots), a positive value never coded as 0, read
+back squared (``SQRT_MAPS``). "unsigned" coding x itself was q8's earlier form for
+them; checkpoints that name it still decode.
 
 4-bit codes (q4; Li et al., "Memory Efficient Optimizers with 4-bit States", NeurIPS
 2023) use blocks of 128 (the q4 format's default) and 16-entry maps: "signed4", the signed dynamic

@@ -9,8 +9,9 @@ elements as its companion ``<state>__absmax``. The compiler picks the map of eac
     "q4"   4-bit map (signed dynamic, or zero-free linear for non-negative states), 128
            elements a block unless "q4@<block>"
 
-Stored texts ("q8:signed", "q4:linear4:64": the block only where it is not the
-default) name the map and the block; manifests carry a kernel's maps as ``quant``
+Stored texts ("q8:signed", "q8:usqrt", "q4:linear4:64": the block only where it is not
+the default) name the map and the block ("q8:unsigned", non-negative states coded as
+themselves, is q8's earlier form: it decodes, and loads converted); manifests carry a kernel's maps as ``quant``
 (state -> map) and its block as ``quant_block``.
 
 May import: numpy, optgen.core.quant, the registry.
