@@ -21,7 +21,8 @@ for the built formats, or this script's numpy model of a candidate format):
 Rows: optgen's formats (fp32, bf16, q8, q4, fp8 and fp8 at 32 a block; the fp8 default
 codes Adam's v as sqrt(v)), the mix {"m": "fp8", "v": "bf16"} (FP8-LM's choice: the second
 moment in 16 bits), and numpy models of the earlier fp8 form, v coded as itself ("fp8 v
-direct", at 256 and 32 a block). Each cell is the median over the seeds of final loss /
+direct", at 256 and 32 a block; q8 with v coded as itself, "q8 v direct", as q8 coded it
+before its square-root map). Each cell is the median over the seeds of final loss /
 float32 states' final loss (the same seed: the same data and noise). A script, not a test.
 """
 from __future__ import annotations
@@ -120,6 +121,8 @@ ROWS = {   # name -> ("optgen", state_format) or ("model", stored texts of m and
     "fp8 v sqrt (model)": ("model", {"m": "fp8:e4m3", "v": "fp8:e4m3sqrt"}),
     "fp8 v direct (model)": ("model", {"m": "fp8:e4m3", "v": "fp8:e4m3"}),
     "fp8@32 v direct (model)": ("model", {"m": "fp8:e4m3:32", "v": "fp8:e4m3:32"}),
+    "q8 v sqrt (model)": ("model", {"m": "q8:signed", "v": "q8:usqrt"}),
+    "q8 v direct (model)": ("model", {"m": "q8:signed", "v": "q8:unsigned"}),
 }
 
 
@@ -143,10 +146,16 @@ def main() -> None:
         base = losses["fp32"]
         print(f"\n{name}: final loss / fp32 states' (median of {a.seeds} seeds; "
               f"fp32 median loss {statistics.median(base):.4g}; {time.time() - t0:.0f} s)")
+        mean = statistics.mean(base)
+        spread = 2 * statistics.stdev(base) if len(base) > 1 else 0.0
+        print(f"  (within: a row's mean final loss inside fp32's mean +- 2 std over seeds, "
+              f"{mean:.4g} +- {spread:.3g})")
         for row in rows:
             ratios = [x / b for x, b in zip(losses[row], base)]
+            inside = abs(statistics.mean(losses[row]) - mean) <= spread
             print(f"  {row:<26} {statistics.median(ratios):10.3g}   "
-                  f"({', '.join(f'{q:.3g}' for q in ratios)})")
+                  f"({', '.join(f'{q:.3g}' for q in ratios)})  mean "
+                  f"{statistics.mean(losses[row]):.4g} {'within' if inside else 'outside'}")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ init and dtype, is one buffer for the chain, so states are back to back wherever
 parameters are. Storage formats and placement (sharded, offloaded, low-bit states)
 belong here.
 
-May import: numpy, flat, formats, owned, scalar_expr, tensors, views.
+May import: numpy, warnings, flat, formats, owned, scalar_expr, tensors, views.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -56,7 +57,35 @@ def formatted(owner: str, artifact: Any, req: Any, shapes: Sequence[tuple[int, .
                          f"(..., state_format=...) or `optgen build --state-format` builds it)")
     if not formats.states_of(want):     # (stochastic_rounding alone: no state is formatted)
         return [False] * len(shapes)
-    return [int(np.prod(shape, dtype=np.int64)) >= min_size for shape in shapes]
+    out = [int(np.prod(shape, dtype=np.int64)) >= min_size for shape in shapes]
+    _warn_rows(owner, artifact.stored, shapes, out)
+    return out
+
+
+def _warn_rows(owner: str, stored: Mapping[str, str], shapes: Sequence[tuple[int, ...]],
+               out: Sequence[bool]) -> None:
+    """Where q8 is still not safe (docs/state-formats.md): states in blocks that span
+    rows of a weight, which may differ in gradient scale by decades; a warning at
+    construction naming the first such parameter and what avoids it."""
+    signed = [n for n, t in stored.items() if t.startswith("q8:signed")]
+    if not signed:
+        return
+    block = formats.from_stored(stored[signed[0]]).block
+    cut = [i for i, (shape, f) in enumerate(zip(shapes, out))
+           if f and len(shape) >= 2 and shape[-1] % block]
+    if not cut:
+        return
+    cols = shapes[cut[0]][-1]
+    fits = [b for b in (128, 64, 32) if b < block and cols % b == 0]
+    fix = f"state_format='q8@{fits[0]}' (a block that divides the row) or " if fits else ""
+    mixed = {n: "q8" if n in signed else "bf16" for n, t in stored.items() if t.startswith("q8")}
+    warnings.warn(f"{owner}: q8 states of {len(cut)} parameter(s) (first: #{cut[0]}, shape "
+                  f"{tuple(shapes[cut[0]])}) put parts of several rows in one {block}-element "
+                  "block; where those rows differ in gradient scale by decades, the small "
+                  "ones' states are coded with a few values per decade and keep their codes "
+                  "as their gradients change, so those weights can move further than with "
+                  f"float32 states (docs/state-formats.md, q8); {fix}the second moments in "
+                  f"bf16 (state_format={mixed}) come closer", stacklevel=4)
 
 
 def allocate(specs: Sequence[Any], slot: Any, chain: Sequence[Any],

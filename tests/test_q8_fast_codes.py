@@ -7,9 +7,11 @@ templates/kernel_llvm_q8.py.j2 for full blocks) are exactly those of the numpy q
   ``python tests/test_q8_fast_codes.py``, a few minutes);
 * through the compiled adam kernel (beta1 = beta2 = 0: its new m is the gradient and its
   new v the gradient squared, in float32): codes and absmax equal to quant.quantize of
-  the same values, for values at and around every midpoint of both maps, in blocks
+  the same values, for values at and around every midpoint of both maps (v: the square
+  roots of its values, with the "usqrt" map's rule that a positive value never codes as
+  0), in blocks
   with absmax 1 and 3, on the parallel and the serial path;
-* decoding: every code of both maps through the compiled kernels (SGD with momentum 1
+* decoding: every code of the maps through the compiled kernels (SGD with momentum 1
   and lr 1 from w = 0 with zero gradients writes w = -map[code]; adam with zero
   gradients and beta1 = beta2 = 0.5 halves m and v, so a block holding one code has the
   absmax 0.5 * |map[code]|).
@@ -22,7 +24,7 @@ import optgen
 from optgen.core import quant
 
 F32 = np.float32
-KINDS = ["signed", "unsigned"]
+KINDS = ["signed", "usqrt"]     # (the maps kernels code with; "unsigned" is only decoded)
 
 
 def _around(values: np.ndarray, ulps: int) -> np.ndarray:
@@ -99,13 +101,13 @@ def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
     """Adam with beta1 = beta2 = 0 stores m = g and v = g * g (float32): the compiled
     kernel's codes and absmax equal quant.quantize of those values, for gradients at and
     around every signed midpoint (m), at the square roots of values around every
-    unsigned midpoint (v), and random ones; first in blocks of values the arithmetic
+    unsigned midpoint (v, coded as sqrt(v) with the usqrt map), and random ones; first in blocks of values the arithmetic
     is sure of (codes without tables), then in blocks that mix in values it is not."""
     near_m = (_around(_special("signed"), 8) * F32(scale)).astype(F32)
-    roots = np.sqrt(np.abs(_around(_special("unsigned"), 8)).astype(np.float64))
-    near_v = (roots.astype(F32) * F32(scale)).astype(F32)
+    near_v = (np.abs(_around(_special("usqrt"), 8)) * F32(scale)).astype(F32)
     sure_m = near_m[_sure(near_m, scale, "signed")]
-    sure_v = near_v[_sure((near_v * near_v).astype(F32), scale * scale, "unsigned")]
+    # (v codes sqrt(g * g), which can be a float32 step off |g|, in blocks of absmax scale)
+    sure_v = near_v[_sure(np.sqrt((near_v * near_v).astype(F32)), scale, "usqrt")]
     assert sure_m.size > near_m.size // 4 and sure_v.size > near_v.size // 4
     mixed = (rng.uniform(-1, 1, 4096) * scale).astype(F32)
     g = np.concatenate([_blocks(sure_m, scale), _blocks(sure_v, scale), _blocks(near_m, scale),
@@ -116,7 +118,7 @@ def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
                         state_format_min_size=0)
     opt.step([g.copy()])
     st = opt.state[0]
-    for name, values, kind in (("m", g, "signed"), ("v", (g * g).astype(F32), "unsigned")):
+    for name, values, kind in (("m", g, "signed"), ("v", (g * g).astype(F32), "usqrt")):
         codes, absmax = quant.quantize(values, kind)
         np.testing.assert_array_equal(st[name + "__absmax"], absmax, err_msg=name)
         bad = np.nonzero(st[name] != codes)[0]
@@ -140,15 +142,18 @@ def test_kernel_decodes_every_code_exactly():
     n = 256 * quant.BLOCK
     opt = optgen.create("adam", [np.zeros(n, F32)], beta1=0.5, beta2=0.5, state_format="q8",
                         state_format_min_size=0)
-    for name, kind in (("m", "signed"), ("v", "unsigned")):
+    for name, kind in (("m", "signed"), ("v", "usqrt")):
         zero = quant.code_of(0.0, kind)[0]
         blocks = np.full((256, quant.BLOCK), zero, np.uint8)
         blocks[:, 7] = codes
         opt.state[0][name][:] = blocks.reshape(-1)
         opt.state[0][name + "__absmax"][:] = 1.0
     opt.step([np.zeros(n, F32)])
-    for name, kind in (("m", "signed"), ("v", "unsigned")):
+    for name, kind in (("m", "signed"), ("v", "usqrt")):
         want = (np.abs(quant.dynamic_map(kind)) * F32(0.5)).astype(F32)
+        if kind == "usqrt":     # v = 0.5 * map**2, coded as its square root
+            want = np.sqrt((quant.dynamic_map(kind) * quant.dynamic_map(kind) * F32(0.5))
+                           .astype(F32))
         np.testing.assert_array_equal(opt.state[0][name + "__absmax"], want, err_msg=name)
 
 

@@ -45,6 +45,7 @@ def test_a_bad_request_text_names_the_rule(text, err):
 
 @pytest.mark.parametrize("stored,fmt,kind,block", [
     ("q8:signed", "q8", "signed", 256), ("q8:unsigned:64", "q8", "unsigned", 64),
+    ("q8:usqrt", "q8", "usqrt", 256), ("q8:usqrt:64", "q8", "usqrt", 64),
     ("q4:signed4", "q4", "signed4", 128), ("q4:linear4:32", "q4", "linear4", 32),
     ("fp8:e4m3", "fp8", "e4m3", 256), ("fp8:e4m3:64", "fp8", "e4m3", 64),
     ("fp8:e4m3sqrt", "fp8", "e4m3sqrt", 256), ("fp8:e4m3sqrt:32", "fp8", "e4m3sqrt", 32),
@@ -65,12 +66,13 @@ def test_what_is_no_stored_code_format_is_none(text):
 
 def test_the_maps_are_picked_by_sign():
     assert [formats.of(t).map_for(nn) for t in ("q8", "q4", "fp8") for nn in (False, True)] == \
-        ["signed", "unsigned", "signed4", "linear4", "e4m3", "e4m3sqrt"]
+        ["signed", "usqrt", "signed4", "linear4", "e4m3", "e4m3sqrt"]
     with pytest.raises(TypeError, match="no code maps"):
         formats.of("bf16").map_for(True)
 
 
-@pytest.mark.parametrize("stored", ["q8:signed:32", "q4:linear4:32", "q4:signed4"])
+@pytest.mark.parametrize("stored", ["q8:signed:32", "q8:usqrt:32", "q4:linear4:32",
+                                    "q4:signed4"])
 @pytest.mark.parametrize("shape", [(1,), (33,), (7, 9), (64,)])
 def test_block_formats_encode_allocate_and_name_companions_as_quant_does(stored, shape):
     f = formats.from_stored(stored)

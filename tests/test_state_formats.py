@@ -417,8 +417,9 @@ def test_q8_states_match_the_paper(name, block, rng):
     """100 steps of the published rules with each state dequantized before and quantized
     after every update by the paper's block-wise scheme (written above): the kernel's
     codes equal the oracle's code for code but where a last-bit float32 difference moves
-    a value across a boundary; the maps are the signed one for m, the unsigned for v.
-    Block sizes other than 256 are asked for as "q8@<block>"."""
+    a value across a boundary; the maps are the signed one for m, the unsigned one for
+    sqrt(v) (a positive value never coded as 0). Block sizes other than 256 are asked
+    for as "q8@<block>"."""
     hyper = {"adam": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}, "sgd": {"momentum": 0.9},
              "lion": {"beta1": 0.9, "beta2": 0.99}}[name]
     lr, f = 1e-3, np.float32
@@ -436,8 +437,16 @@ def test_q8_states_match_the_paper(name, block, rng):
 
     def dequantize(codes, absmax, qmap):
         return paper_dequantize(codes, absmax, qmap, block)
+
+    def quantize_v(v):
+        codes, absmax = quantize(np.sqrt(v), umap)
+        norm = np.sqrt(v) / np.maximum(np.repeat(absmax, block)[:v.size], f(1e-38))
+        return np.where((codes == 0) & (norm > 0), np.uint8(1), codes), absmax
+
+    def dequantize_v(codes, absmax):
+        return dequantize(codes, absmax, umap) ** 2
     st = [{"m": quantize(np.zeros(w.size), smap),
-           "v": quantize(np.zeros(w.size), umap)} for w in ws]
+           "v": quantize_v(np.zeros(w.size, f))} for w in ws]
     ws = [w.copy() for w in ws]
     agree = total = 0
     for t in range(1, 101):
@@ -449,11 +458,14 @@ def test_q8_states_match_the_paper(name, block, rng):
             w = ws[i].reshape(-1)
             if name == "adam":
                 m = f(hyper["beta1"]) * m + f(1 - hyper["beta1"]) * g
-                v = dequantize(*st[i]["v"], umap)
+                v = dequantize_v(*st[i]["v"])
                 v = f(hyper["beta2"]) * v + f(1 - hyper["beta2"]) * g * g
                 lr_t = f(lr * np.sqrt(1 - hyper["beta2"] ** t) / (1 - hyper["beta1"] ** t))
                 w = w - lr_t * m / (np.sqrt(v) + f(hyper["eps"]))
-                st[i]["v"] = quantize(v, umap)
+                st[i]["v"] = quantize_v(v)
+                got_v = np.asarray(opt.state[i]["v"]).reshape(-1)
+                assert np.max(np.abs(got_v.astype(int) - st[i]["v"][0].astype(int)),
+                              initial=0) <= 1
             elif name == "sgd":
                 m = g if t == 1 else f(hyper["momentum"]) * m + g
                 w = w - f(lr) * m
@@ -529,15 +541,16 @@ def test_q8_checkpoint_resume_is_bit_exact_and_converts(tmp_path, rng):
     with pytest.warns(UserWarning, match="q8 -> float32"):
         full.load_state_dict(a.state_dict())
     from optgen.core import quant
-    for n, kind in (("m", "signed"), ("v", "unsigned")):
+    for n, kind in (("m", "signed"), ("v", "usqrt")):
         want = quant.dequantize(a.state[0][n], a.state[0][n + "__absmax"], kind)
         np.testing.assert_array_equal(full.state[0][n], want)
     back = optgen.create("adamw", [w.copy()], state_format="q8")
     with pytest.warns(UserWarning, match="float32 -> q8"):
         back.load_state_dict(full.state_dict())
-    for n, kind in (("m", "signed"), ("v", "unsigned")):   # quantized again: within one
+    for n, kind in (("m", "signed"), ("v", "usqrt")):   # quantized again: within one
         again = quant.dequantize(back.state[0][n], back.state[0][n + "__absmax"], kind)
         scale = np.repeat(a.state[0][n + "__absmax"], 256)[:w.size]      # step of the map
+        scale = scale * scale if kind == "usqrt" else scale     # (absmax of sqrt(v))
         assert np.all(np.abs(again - full.state[0][n]) <= 0.05 * scale + 1e-30), n
     sd = a.state_dict()
     sd.pop("stored")
@@ -560,16 +573,17 @@ def test_q8_torch_drop_in_trains():
         assert torch.allclose(p, q, rtol=0.05, atol=5e-3)
 
 
-def test_nonnegative_states_get_the_unsigned_map():
+def test_nonnegative_states_get_the_unsigned_sqrt_map():
     """The compiler proves v >= 0 for Adam (beta2 * v + (1 - beta2) * g * g, init 0) and
-    Adagrad's accumulator; m, Lion's m and SGD's buffer stay signed."""
+    Adagrad's accumulator (coded as their square roots); m, Lion's m and SGD's buffer
+    stay signed."""
     maps = {}
     for name in ("adam", "adagrad", "lion", "sgd", "adabelief"):
         for k in optgen.get_artifact(name, state_format="q8").kernels:
             maps.update({f"{name}.{n}": m for n, m in k.quant.items()})
-    assert maps == {"adam.m": "signed", "adam.v": "unsigned", "adagrad.accum": "unsigned",
+    assert maps == {"adam.m": "signed", "adam.v": "usqrt", "adagrad.accum": "usqrt",
                     "lion.m": "signed", "sgd.momentum_buffer": "signed",
-                    "adabelief.m": "signed", "adabelief.s": "unsigned"}
+                    "adabelief.m": "signed", "adabelief.s": "usqrt"}
 
 
 @pytest.mark.parametrize("fmt,block", [("q8", 256), ("q4", 128), ("fp8", 256)])
@@ -634,7 +648,7 @@ def rule(w, grad, flags):
 '''
 
 
-@pytest.mark.parametrize("flag,want", [("", "signed"), (", nonneg=True", "unsigned")])
+@pytest.mark.parametrize("flag,want", [("", "signed"), (", nonneg=True", "usqrt")])
 def test_a_spec_can_assert_a_nonnegative_state(tmp_path, flag, want):
     path = tmp_path / f"nonneg{len(flag)}.py"
     path.write_text(NONNEG_SPEC.format(init="0.0", flag=flag), encoding="utf-8")

@@ -21,8 +21,9 @@ from optgen.core.formats import from_stored, of
 SUB = float(np.float32(2.0 ** -130))               # a float32 subnormal
 LEVELS = [0.0, 1e-45, 1e-40, SUB, 1e-38, 1e-36, 1e-30, 1.0, 1e30, 3e38]
 SPECIAL = [np.inf, -np.inf, np.nan]
-MAPS = ["q8:signed", "q8:unsigned", "q4:signed4", "q4:linear4", "fp8:e4m3", "fp8:e4m3sqrt"]
-NONNEG = {"q8:unsigned", "q4:linear4", "fp8:e4m3sqrt"}
+MAPS = ["q8:signed", "q8:unsigned", "q8:usqrt", "q4:signed4", "q4:linear4", "fp8:e4m3",
+        "fp8:e4m3sqrt"]
+NONNEG = {"q8:unsigned", "q8:usqrt", "q4:linear4", "fp8:e4m3sqrt"}
 FORMATS = ["q8", "q4", "fp8", "bf16", "bf16sr"]
 F32 = np.float32
 
@@ -75,6 +76,11 @@ def bound(stored: str, x: np.ndarray, block: int) -> np.ndarray:
         return e * (2 * t + e) * (1 + 2.0 ** -20) + 2.0 ** -22 * ax + tiny
     m = quant.dynamic_map(kind).astype(np.float64)
     half = np.max(np.diff(m)) / 2 + 2.0 ** -24
+    if kind == "usqrt":       # sqrt(x) within half a step of sqrt(absmax), or (positive
+        r, t = np.sqrt(a), np.sqrt(ax)          # x) up to the smallest positive value
+        e = (half + m[1]) * r * (1 + 2.0 ** -20)
+        with np.errstate(invalid="ignore"):    # (inf elements: not checked)
+            return e * (2 * t + e) * (1 + 2.0 ** -20) + 2.0 ** -22 * ax + tiny
     if kind == "linear4":                        # no zero code: 0 reads as 1/16
         half = max(half, float(m[0]))
     return half * a * (1 + 2.0 ** -20) + tiny

@@ -1,9 +1,10 @@
 """q8, q4 and fp8 states against an oracle written here, for the issue's seven rules.
 (fp8: E4M3 from the OCP spec, tests/test_state_formats_fp8.py, one scale per block.)
 
-The oracle is the paper's block-wise quantizer (Dettmers et al. 2022 for 8 bits; Li et
-al. 2023 for 4 bits: the signed dynamic map with 3 exponent bits and the zero-free
-linear map), with its own map construction, nearest-value search and nibble packing,
+The oracle is the paper's block-wise quantizer (Dettmers et al. 2022 for 8 bits, q8's
+non-negative states coding their square root with the unsigned map, a positive value
+never as 0; Li et al. 2023 for 4 bits: the signed dynamic map with 3 exponent bits and
+the zero-free linear map), with its own map construction, nearest-value search and nibble packing,
 wrapped around the rules of tests/catalog_oracles.py (written from the papers and the
 seed documents, not from the specs): each step dequantizes the states, runs the
 published rule in float32, and quantizes the new states. For adam, adamw, lion, sgd with
@@ -61,8 +62,13 @@ def nearest(norm: np.ndarray, qmap: np.ndarray) -> np.ndarray:
     return np.where(pick_hi, hi, lo).astype(np.uint8)
 
 
-def quantize(x: np.ndarray, qmap: np.ndarray, block: int, packed: bool):
+def quantize(x: np.ndarray, qmap: np.ndarray, block: int, packed: bool, root: bool = False):
+    """``root``: q8's non-negative states code sqrt(x) (the block's absmax is that of the
+    square roots), and a positive value never codes as 0 (the map's smallest positive
+    value instead)."""
     x = np.asarray(x, np.float32).reshape(-1)
+    if root:
+        x = np.sqrt(np.maximum(x, np.float32(0)))
     nb = -(-x.size // block)
     pad = np.zeros(nb * block, np.float32)
     pad[:x.size] = x
@@ -71,17 +77,21 @@ def quantize(x: np.ndarray, qmap: np.ndarray, block: int, packed: bool):
     with np.errstate(divide="ignore", invalid="ignore"):
         norm = np.where(scale > 0, x / scale, np.float32(0)).astype(np.float32)
     codes = nearest(norm, qmap)
+    if root:
+        codes = np.where((codes == 0) & (norm > 0), np.uint8(1), codes).astype(np.uint8)
     if packed:
         codes = np.append(codes, np.uint8(0)) if codes.size % 2 else codes
         codes = (codes[0::2] * 16 + codes[1::2]).astype(np.uint8)
     return codes, absmax.astype(np.float32)
 
 
-def dequantize(codes, absmax, qmap, block: int, n: int, packed: bool) -> np.ndarray:
+def dequantize(codes, absmax, qmap, block: int, n: int, packed: bool,
+               root: bool = False) -> np.ndarray:
     codes = np.asarray(codes).reshape(-1)
     if packed:
         codes = np.stack([codes // 16, codes % 16], axis=1).reshape(-1)[:n]
-    return qmap[codes] * np.repeat(np.asarray(absmax, np.float32), block)[:n]
+    t = qmap[codes] * np.repeat(np.asarray(absmax, np.float32), block)[:n]
+    return t * t if root else t
 
 
 # fp8: E4M3 from the OCP spec (tests/test_state_formats_fp8.py), one scale per block of
@@ -136,8 +146,8 @@ def _run(fmt, name, pdt, backend, shapes, rng):
                         state_format_min_size=0, multi_precision=pdt == BF16, **hyper)
     stored = opt.artifact.stored
     sign = {s: stored[s].split(":")[1] in ("signed", "signed4", "e4m3") for s in stored}
-    root = {s: stored[s] == "fp8:e4m3sqrt" for s in stored}
-    assert fmt != "fp8" or root == {s: not sign[s] for s in stored}
+    root = {s: stored[s] in ("fp8:e4m3sqrt", "q8:usqrt") for s in stored}
+    assert fmt == "q4" or root == {s: not sign[s] for s in stored}
     oracles = [ORACLES[name](np.zeros(s, np.float32), dtype=np.float32, **hyper)
                for s in shapes]
     agree = total = 0
@@ -148,7 +158,7 @@ def _run(fmt, name, pdt, backend, shapes, rng):
         before = [{s: (e4m3_dequantize(opt.state[i][s], opt.state[i][s + "__absmax"], block,
                                        masters[i].size, root[s]) if fmt == "fp8" else
                        dequantize(opt.state[i][s], opt.state[i][s + "__absmax"],
-                                  MAPS[fmt, sign[s]], block, masters[i].size, packed))
+                                  MAPS[fmt, sign[s]], block, masters[i].size, packed, root[s]))
                    .reshape(shapes[i]) for s in stored} for i in range(len(shapes))]
         opt.step([g.copy() for g in gs])
         for i, (o, g) in enumerate(zip(oracles, gs)):
@@ -157,7 +167,7 @@ def _run(fmt, name, pdt, backend, shapes, rng):
             o.step(np.asarray(g, np.float32))
             for s in stored:
                 codes, absmax = e4m3_quantize(o.s[s], block, root[s]) if fmt == "fp8" else \
-                    quantize(o.s[s], MAPS[fmt, sign[s]], block, packed)
+                    quantize(o.s[s], MAPS[fmt, sign[s]], block, packed, root[s])
                 a, b = _compare(opt.state[i][s], codes, packed, f"{label}: {s}")
                 agree, total = agree + a, total + b
                 np.testing.assert_allclose(opt.state[i][s + "__absmax"], absmax, rtol=2e-5,

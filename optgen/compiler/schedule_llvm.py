@@ -81,7 +81,7 @@ def _fast(kind: str, permute: bool = False) -> dict:
     if permute:
         return {**_octaves(kind, c), "cap": repr(float(c["cap"])), "zero": c["zero"],
                 "signed": kind == "signed", "eps": repr(quant.FAST_EPS),
-                "eps1": repr(1 - quant.FAST_EPS)}
+                "eps1": repr(1 - quant.FAST_EPS), "nonzero": bool(c["nonzero"])}
 
     def f32(v) -> str:
         return f"T.float32({float(v)!r})"
@@ -95,7 +95,7 @@ def _fast(kind: str, permute: bool = False) -> dict:
     last = len(c["slope"]) - 1
     return {"slope": pick(c["slope"], 0, last), "offset": pick(c["offset"], 0, last),
             "cap": repr(float(c["cap"])), "zero": c["zero"], "signed": kind == "signed",
-            "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS)}
+            "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS), "nonzero": bool(c["nonzero"])}
 
 
 # A map lookup of 16 lanes without a gather (TVM splits a vector gather into 16 scalar
@@ -133,7 +133,7 @@ def _permuted_body(k: LoweredKernel) -> list[str] | None:
     for s, f in k.formats.items():
         found = f.lookup(s, "i")
         if found is not None:
-            loads[f.load(s, "i")] = f"({_permuted(*found)} * qa_{s})"
+            loads[f.load(s, "i")] = f.scaled(s, _permuted(*found))
     if not loads:
         return None
     body = []

@@ -8,8 +8,11 @@ one float32 absmax and one uint8 code per element, the index of the nearest valu
 a 256-entry *dynamic* map to ``x / absmax``. The dynamic map has 7 exponent "bits":
 the decades 1e-6 .. 1 (signed: 1, 2, 4, ... 64 linearly spaced values per decade and
 sign; unsigned: 2, 4, ... 128 per decade), plus 0 and 1.0 (as bitsandbytes'
-``create_dynamic_map``). Signed states use the signed map, states proven non-negative
-the unsigned one (twice the resolution).
+``create_dynamic_map``). Signed states use the signed map; states proven non-negative
+"usqrt": the unsigned map's code (twice the resolution) of sqrt(x) times the block's
+1 / absmax (the absmax of the square roots), a positive value never coded as 0, read
+back squared (``SQRT_MAPS``). "unsigned" coding x itself was q8's earlier form for
+them; checkpoints that name it still decode.
 
 4-bit codes (q4; Li et al., "Memory Efficient Optimizers with 4-bit States", NeurIPS
 2023) use blocks of 128 (the q4 format's default) and 16-entry maps: "signed4", the signed dynamic
@@ -42,8 +45,18 @@ import numpy as np
 
 BLOCK = 256          # q8's default elements per absmax (the q8 format takes it from here:
                      # optgen/core/formats/blocked.py; quantize's default)
-BITS = {"signed": 8, "unsigned": 8, "signed4": 4, "linear4": 4}   # map -> code bits
+BITS = {"signed": 8, "unsigned": 8, "usqrt": 8, "signed4": 4, "linear4": 4}  # map -> code bits
 MAPS = tuple(BITS)
+# maps that code a non-negative state's square root with another map's codes (and never
+# code a nonzero value as 0): q8's second moments. ``x / absmax`` of a second moment spans
+# twice the decades of its gradients; its square root spans theirs, as the first moment
+# does, so the 7 decades of the unsigned map hold what the signed map holds of ``m``
+SQRT_MAPS = {"usqrt": "unsigned"}
+
+
+def base(kind: str) -> str:
+    """The map whose values and codes ``kind`` uses (itself, or a sqrt map's base)."""
+    return SQRT_MAPS.get(kind, kind)
 FINITE_MAX = 0x7F800000      # float32 bits of inf: below it (sign cleared) is finite
 
 
@@ -61,11 +74,13 @@ def kernel_magnitude(x: str) -> str:
             f"T.uint32({FINITE_MAX}), T.fabs({x}), T.float32(0))")
 
 
-def kernel_normalized(x: str, absmax: str) -> str:
-    """TVMScript of x / absmax as ``quantize`` takes it: 0 where absmax is 0 or x is NaN."""
+def kernel_normalized(x: str, absmax: str, inverse: bool = False) -> str:
+    """TVMScript of x / absmax as ``quantize`` takes it: 0 where absmax is 0 or x is NaN
+    (``inverse``: x * (1 / absmax), the sqrt maps')."""
+    ratio = f"{x} * (T.float32(1) / {absmax})" if inverse else f"{x} / {absmax}"
     return (f"T.Select(T.And({absmax} > T.float32(0), T.bitwise_and(T.reinterpret("
             f'"uint32", {x}), T.uint32(2147483647)) <= T.uint32({FINITE_MAX})), '
-            f"{x} / {absmax}, T.float32(0))")
+            f"{ratio}, T.float32(0))")
 
 
 def code_bytes(n: int, kind: str) -> int:
@@ -77,6 +92,8 @@ def code_bytes(n: int, kind: str) -> int:
 def dynamic_map(kind: str) -> np.ndarray:
     """The sorted float32 values of a map (256 for 8-bit maps, 16 for 4-bit ones; cached
     and shared, also as a kernel argument: never write to it)."""
+    if kind in SQRT_MAPS:
+        return dynamic_map(base(kind))
     if kind == "linear4":
         return (np.arange(1, 17, dtype=np.float32) / np.float32(16)).astype(np.float32)
     signed, exps = kind.startswith("signed"), 7 if BITS[kind] == 8 else 3
@@ -112,8 +129,12 @@ def midpoints(kind: str) -> np.ndarray:
 
 
 def codes_of(norm: np.ndarray, kind: str) -> np.ndarray:
-    """The codes of normalized float32 values (|x| <= 1), one per value."""
-    return np.searchsorted(midpoints(kind)[:-1], norm, side="left").astype(np.uint8)
+    """The codes of normalized float32 values (|x| <= 1), one per value (a sqrt map's
+    positive values code as at least 1: never as 0)."""
+    codes = np.searchsorted(midpoints(kind)[:-1], norm, side="left").astype(np.uint8)
+    if kind in SQRT_MAPS:
+        codes = np.where((codes == 0) & (np.asarray(norm) > 0), np.uint8(1), codes)
+    return codes.astype(np.uint8)
 
 
 def pack(codes: np.ndarray) -> np.ndarray:
@@ -158,6 +179,9 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK, scales: np.ndarray | 
     nearest codes of x / absmax; a map whose smallest value is not -1, the signed one,
     codes a block whose largest magnitude is negative below its absmax), else x's own."""
     flat = np.asarray(x, np.float32).reshape(-1)
+    if kind in SQRT_MAPS:       # (negative values: NaN, coded as 0)
+        with np.errstate(invalid="ignore"):
+            flat = np.sqrt(flat)
     n = flat.size
     absmax = np.zeros(blocks(n, block), np.float32)
     if n == 0:
@@ -167,9 +191,12 @@ def quantize(x: np.ndarray, kind: str, block: int = BLOCK, scales: np.ndarray | 
     absmax[:] = np.max(finite_magnitude(pad).reshape(-1, block), axis=1) if scales is None \
         else np.asarray(scales, np.float32).reshape(-1)
     scale = np.repeat(absmax, block)[:n]
+    safe = np.where(scale > 0, scale, np.float32(1))
     with np.errstate(divide="ignore", invalid="ignore"):
-        norm = np.where((scale > 0) & ~np.isnan(flat),
-                        flat / np.where(scale > 0, scale, 1), np.float32(0))
+        # (a sqrt map: x times the block's 1 / absmax, one division a block; its absmax,
+        # a square root, is a normal float32, so 1 / absmax is finite)
+        ratio = flat * (np.float32(1) / safe) if kind in SQRT_MAPS else flat / safe
+        norm = np.where((scale > 0) & ~np.isnan(flat), ratio, np.float32(0))
     codes = codes_of(norm, kind)
     return (codes.reshape(np.shape(x)) if BITS[kind] == 8 else pack(codes)), absmax
 
@@ -184,7 +211,10 @@ def dequantize(codes: np.ndarray, absmax: np.ndarray, kind: str, block: int = BL
     else:
         flat, shape = np.asarray(codes).reshape(-1), np.shape(codes)
     scale = np.repeat(np.asarray(absmax, np.float32), block)[:flat.size]
-    return (dynamic_map(kind)[flat] * scale).reshape(shape)
+    out = (dynamic_map(kind)[flat] * scale).astype(np.float32)
+    if kind in SQRT_MAPS:
+        out = out * out
+    return out.reshape(shape)
 
 
 def code_of(value: float, kind: str) -> tuple[int, float]:  # (any block: all alike)
@@ -197,8 +227,13 @@ def code_of(value: float, kind: str) -> tuple[int, float]:  # (any block: all al
 @functools.lru_cache(maxsize=None)
 def bucket_midpoints(kind: str) -> np.ndarray:
     """float32[2 * BUCKETS]: the midpoint after each bucket's smallest code (+inf after
-    code 255), so that the kernel reads it by the same index as the code table."""
-    return midpoints(kind)[code_table(kind)]
+    code 255), so that the kernel reads it by the same index as the code table. A sqrt
+    map's positive bucket of code 0 (the first: from 0 up) compares with 0 instead, so
+    that every positive value in it codes as 1."""
+    out = midpoints(kind)[code_table(kind)].astype(np.float32)
+    if kind in SQRT_MAPS:
+        out[:BUCKETS][code_table(kind)[:BUCKETS] == 0] = np.float32(0)
+    return out
 
 
 # The CPU kernel's code of x without a table (kernel_llvm_q8.py.j2, full blocks): the
@@ -222,7 +257,11 @@ def fast_constants(kind: str) -> dict:
     """An 8-bit map's constants for ``fast_codes``: "bounds" (float32[7], the midpoints
     between decades and the one below 1.0), per region between them "slope" and
     "offset" (float32[8]: the decades, then slope 0 above the last bound), "cap" (a
-    region's last count is floor(offset * -2.25 + cap)), "zero" (the code of 0)."""
+    region's last count is floor(offset * -2.25 + cap)), "zero" (the code of 0),
+    "nonzero" (the sqrt maps: a positive value codes as at least 1, and x is the value
+    times the block's 1 / absmax)."""
+    if kind in SQRT_MAPS:
+        return {**fast_constants(base(kind)), "nonzero": True}
     signed, mids = kind == "signed", midpoints(kind)[:-1].astype(np.float64)
     zero = int(codes_of(np.zeros(1, np.float32), kind)[0])
     bounds, slope, offset, first = [], [], [], zero + 1
@@ -241,7 +280,7 @@ def fast_constants(kind: str) -> dict:
     return {"bounds": np.array(bounds, np.float32), "zero": zero,
             "slope": np.array(slope + [0.0], np.float32),
             "offset": np.array(offset + [zero - 255.5], np.float32),
-            "cap": np.float32(-0.5 if signed else 0.75)}
+            "cap": np.float32(-0.5 if signed else 0.75), "nonzero": False}
 
 
 def fast_codes(norm: np.ndarray, kind: str, fused: bool = False
@@ -267,6 +306,8 @@ def fast_codes(norm: np.ndarray, kind: str, fused: bool = False
         cap = np.floor((offset * f32(-2.25)).astype(f32) + c["cap"])
     low = np.floor(u)
     count = np.minimum(low, cap)
+    if c["nonzero"]:
+        count = np.maximum(count, (a > 0).astype(f32))
     if kind == "signed":   # 127 + count, or 127 - count for negative x (at least 0)
         count = np.maximum(f32(c["zero"]) + np.where(neg > 0, -count, count), f32(0))
     frac = u - low

@@ -322,7 +322,7 @@ class OptgenOptimizer(in_backward.StepInBackward, torch.optim.Optimizer):
         sd = super().state_dict()
         shapes = dict(enumerate(tuple(p.shape) for g in self.param_groups for p in g["params"]))
         return torch_checkpoints.to_torch(self._artifact.name, sd, self._artifact.stored, shapes) \
-            if format == "torch" else sd
+            if format == "torch" else state_load.named(sd, self._artifact.stored)
 
     def save(self, path: str | os.PathLike) -> None:
         """optgen's checkpoint file (runtime/checkpoint.py: npz + json, no pickle) of

@@ -68,4 +68,5 @@ def to_optgen(opt: Any, sd: dict[str, Any]) -> dict[str, Any]:
                 new[k] = got.reshape(v.shape)   # (Adafactor's [..., R, 1] rows)
         new["step"] = torch.tensor(float(new.get("step", 0)))
         state[pid] = new
-    return {"state": state, "param_groups": saved}
+    named = {k: sd[k] for k in ("stored",) if k in sd}   # (the form of saved codes)
+    return {"state": state, "param_groups": saved, **named}

@@ -18,6 +18,8 @@ from . import fsdp
 from optgen.core import formats
 from optgen.runtime import state, tensors
 
+STORED = "stored"   # an optgen-format state_dict's entry: state -> the form of its codes
+
 
 def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any]],
          params: list, states: list[dict[str, Any]], fmt: dict[str, str] | None = None,
@@ -25,8 +27,9 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
     """(parameter index, saved record) of every parameter ``state_dict`` holds a state
     for, each checked against ``states`` (the runtime's); a saved master of another
     form (float32, split: ``fmt`` is the artifact's format dict) and saved states of
-    another state format (``stored``: the artifact's, ``reformat``) converted first,
-    with one warning line."""
+    another state format (``stored``: the artifact's; the state_dict's own ``"stored"``
+    where it names the form of its codes, ``reformat``) converted first, with one
+    warning line."""
     saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
     if len(saved_groups) != len(param_groups) or any(
             len(a["params"]) != len(b["params"])
@@ -41,7 +44,8 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
                 continue
             i, rec = index[id(p)], saved_state[pid]
             rec = _remaster(rec, states[i], p, fmt or {}, converted)
-            rec = reformat(name, i, rec, states[i], stored or {}, converted)
+            rec = reformat(name, i, rec, states[i], stored or {}, converted,
+                           state_dict.get(STORED))
             want = set(states[i]) | {"step"}
             if set(rec) - {formats.PARAM} != want:
                 raise ValueError(f"{name}: state_dict state of parameter "
@@ -58,8 +62,17 @@ def plan(name: str, state_dict: dict[str, Any], param_groups: list[dict[str, Any
     return out
 
 
+def named(sd: dict[str, Any], stored: dict[str, str]) -> dict[str, Any]:
+    """An optgen-format state_dict with the form of its codes (``STORED``), so that an
+    optimizer whose format codes a state otherwise converts it on load."""
+    if stored:
+        sd[STORED] = dict(stored)
+    return sd
+
+
 def reformat(name: str, i: int, rec: dict[str, Any], mine: dict[str, Any],
-             stored: dict[str, str], converted: set[str]) -> dict[str, Any]:
+             stored: dict[str, str], converted: set[str],
+             saved: dict[str, str] | None = None) -> dict[str, Any]:
     """Parameter ``i``'s saved record with each tensor state in this optimizer's format
     (``mine``: its states; ``stored``: the artifact's formats of its block-quantized ones):
     values (float32, bfloat16: torch's format, another optimizer's) of a state kept as
@@ -67,7 +80,11 @@ def reformat(name: str, i: int, rec: dict[str, Any], mine: dict[str, Any],
     record holds them and they give the values back exactly (the codes they came from),
     else with their own (a conversion); values of a state kept as values are cast to its
     dtype (a conversion where it differs), their block scales dropped. Codes of a state
-    kept as values are refused: an optgen-format record does not say its format."""
+    kept as codes in another form (``saved``, the state_dict's ``"stored"``: q8's
+    earlier "q8:unsigned" for "q8:usqrt", another block size) are decoded and coded
+    again; without ``saved`` codes are taken as this optimizer's form. Codes of a state
+    kept as values are refused: an optgen-format record without ``saved`` does not say
+    its format."""
     out = dict(rec)
     for n, v in mine.items():
         got = out.get(n)
@@ -75,7 +92,18 @@ def reformat(name: str, i: int, rec: dict[str, Any], mine: dict[str, Any],
                 not isinstance(got, torch.Tensor):
             continue
         here = fsdp.local(got).detach()
-        if n + formats.ABSMAX in mine and here.is_floating_point():
+        theirs = (saved or {}).get(n)
+        if n + formats.ABSMAX in mine and not here.is_floating_point() and \
+                theirs is not None and theirs != stored.get(n) and \
+                formats.from_stored(theirs) is not None:
+            src = formats.from_stored(theirs)
+            values = src.dequantize((here.cpu().numpy(),
+                                     fsdp.local(out[n + formats.ABSMAX]).detach().cpu().numpy()),
+                                    tuple(here.shape))
+            codes = formats.from_stored(stored[n]).quantize(np.asarray(values, np.float32))
+            out[n], out[n + formats.ABSMAX] = (torch.from_numpy(c) for c in codes)
+            converted.add(f"{theirs} -> {stored[n]}")
+        elif n + formats.ABSMAX in mine and here.is_floating_point():
             out[n], out[n + formats.ABSMAX] = _coded(here, out.get(n + formats.ABSMAX),
                                                      mine[n + formats.ABSMAX],
                                                      formats.from_stored(stored[n]), converted)

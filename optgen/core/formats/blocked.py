@@ -9,8 +9,9 @@ elements as its companion ``<state>__absmax``. The compiler picks the map of eac
     "q4"   4-bit map (signed dynamic, or zero-free linear for non-negative states), 128
            elements a block unless "q4@<block>"
 
-Stored texts ("q8:signed", "q4:linear4:64": the block only where it is not the
-default) name the map and the block; manifests carry a kernel's maps as ``quant``
+Stored texts ("q8:signed", "q8:usqrt", "q4:linear4:64": the block only where it is not
+the default) name the map and the block ("q8:unsigned", non-negative states coded as
+themselves, is q8's earlier form: it decodes, and loads converted); manifests carry a kernel's maps as ``quant``
 (state -> map) and its block as ``quant_block``.
 
 May import: numpy, optgen.core.quant, the registry.
@@ -32,6 +33,7 @@ class Member:
     block: int         # default elements per absmax (the one place it is written)
     signed: str        # the map of states that may be negative
     nonneg: str        # the map of states proven non-negative
+    legacy: tuple[str, ...] = ()   # maps no longer chosen that checkpoints may name
 
 
 MIN_BLOCK = 32      # a block size is a power of two at least this
@@ -42,11 +44,14 @@ TABLE_PREFIXES = {"_qmap_": quant.dynamic_map, "_qmid_": quant.bucket_midpoints,
 
 
 class BlockQuantized(StateFormat):
-    members = {"q8": Member(8, quant.BLOCK, "signed", "unsigned"),
+    # q8's non-negative states code their square root ("usqrt"); checkpoints that coded
+    # them as themselves ("unsigned") load converted
+    members = {"q8": Member(8, quant.BLOCK, "signed", "usqrt", ("unsigned",)),
                "q4": Member(4, 128, "signed4", "linear4")}
     names = tuple(members)
     blocked = True
-    maps = {m: name for name, mb in members.items() for m in (mb.signed, mb.nonneg)}
+    maps = {m: name for name, mb in members.items()
+            for m in (mb.signed, mb.nonneg, *mb.legacy)}
 
     # -- texts ---------------------------------------------------------------------
     def parse(self, owner: str, what: str, text: str) -> Format | None:
@@ -132,15 +137,24 @@ class BlockQuantized(StateFormat):
     # -- the kernels (optgen.compiler.lower, the schedules and templates) -------------
     def load(self, fmt: Format, state: str, index: str) -> str:
         """TVMScript of element ``index`` of a state: its code's map value times the
-        block's old absmax (``qa_<state>``, bound by the template)."""
+        block's old absmax (``qa_<state>``, bound by the template), squared for a sqrt
+        map."""
         table, code, _ = self.lookup(fmt, state, index)
-        return f"({table}[{code}] * qa_{state})"
+        return self.scaled(fmt, state, f"{table}[{code}]")
+
+    def scaled(self, fmt: Format, state: str, value: str) -> str:
+        """TVMScript of a state's element from its map value ``value``."""
+        out = f"({value} * qa_{state})"
+        return f"({out} * {out})" if fmt.map in quant.SQRT_MAPS else out
 
     def lookup(self, fmt: Format, state: str, index: str) -> tuple[str, str, int]:
         return f"B__qmap_{fmt.map}", self._code(fmt, state, index), 1 << self.bits(fmt)
 
     def store(self, fmt: Format, state: str, value: str) -> str:
-        """The block's new values go to ``Q_<state>``; the template quantizes them."""
+        """The block's new values (a sqrt map: their square roots) go to ``Q_<state>``;
+        the template quantizes them."""
+        if fmt.map in quant.SQRT_MAPS:
+            return f"Q_{state}[j] = T.sqrt({value})"
         return f"Q_{state}[j] = {value}"
 
     def _code(self, fmt: Format, state: str, i: str) -> str:
@@ -156,7 +170,7 @@ class BlockQuantized(StateFormat):
         return quant.kernel_magnitude(value)
 
     def normalized(self, fmt: Format, value: str, absmax: str) -> str:
-        return quant.kernel_normalized(value, absmax)
+        return quant.kernel_normalized(value, absmax, fmt.map in quant.SQRT_MAPS)
 
     def encoded(self, fmt: Format, value: str, inverse: str) -> str:
         raise TypeError(f"state format {fmt.name!r} codes by its map, not by arithmetic")

@@ -113,8 +113,13 @@ class Format:
     def lookup(self, state: str, index: str) -> tuple[str, str, int] | None:
         """What ``load`` looks up, for a schedule with a faster lookup than a gather:
         (the map's buffer, the code of element ``index``, the map's size); ``load`` is
-        that entry times ``qa_<state>``. None: no map lookup."""
+        that entry times ``qa_<state>`` (``scaled``). None: no map lookup."""
         return self.family.lookup(self, state, index)
+
+    def scaled(self, state: str, value: str) -> str:
+        """TVMScript of the state's element from the map entry ``value`` that ``lookup``
+        names: times ``qa_<state>`` (a sqrt map: squared)."""
+        return self.family.scaled(self, state, value)
 
     def midpoints(self) -> list[str] | None:
         return self.family.midpoints(self)
@@ -215,6 +220,9 @@ class StateFormat:
 
     def lookup(self, fmt: Format, state: str, index: str) -> tuple[str, str, int] | None:
         return None
+
+    def scaled(self, fmt: Format, state: str, value: str) -> str:
+        raise TypeError(f"state format {fmt.name!r} has no code maps")
 
     def midpoints(self, fmt: Format) -> list[str] | None:
         return None
