@@ -67,10 +67,12 @@ def _warn_rows(owner: str, stored: Mapping[str, str], shapes: Sequence[tuple[int
     """Where q8 is still not safe (docs/state-formats.md): states in blocks that span
     rows of a weight, which may differ in gradient scale by decades; a warning at
     construction naming the first such parameter and what avoids it."""
-    signed = [n for n, t in stored.items() if t.startswith("q8:signed")]
+    parsed = {n: formats.from_stored(t) for n, t in stored.items()}
+    q8 = {n for n, f in parsed.items() if f is not None and f.blocked}
+    signed = [n for n in q8 if parsed[n].map == "signed"]
     if not signed:
         return
-    block = formats.from_stored(stored[signed[0]]).block
+    block = parsed[signed[0]].block
     cut = [i for i, (shape, f) in enumerate(zip(shapes, out))
            if f and len(shape) >= 2 and shape[-1] % block]
     if not cut:
@@ -78,7 +80,7 @@ def _warn_rows(owner: str, stored: Mapping[str, str], shapes: Sequence[tuple[int
     cols = shapes[cut[0]][-1]
     fits = [b for b in (128, 64, 32) if b < block and cols % b == 0]
     fix = f"state_format='q8@{fits[0]}' (a block that divides the row) or " if fits else ""
-    mixed = {n: "q8" if n in signed else "bf16" for n, t in stored.items() if t.startswith("q8")}
+    mixed = {n: "q8" if n in signed else "bf16" for n in sorted(q8)}
     warnings.warn(f"{owner}: q8 states of {len(cut)} parameter(s) (first: #{cut[0]}, shape "
                   f"{tuple(shapes[cut[0]])}) put parts of several rows in one {block}-element "
                   "block; where those rows differ in gradient scale by decades, the small "
