@@ -85,6 +85,12 @@ class MultiTensor(Fused):
                    int(np.prod(tuple(part[n].shape), dtype=np.int64)) == slot.numel
                    for n in k.launches[0]["buffers"] if n != "grad")
 
+    def part(self, indices: Sequence[int]) -> MultiTensor:
+        """The list of ``indices`` alone (a table of their own)."""
+        some = set(indices)
+        return MultiTensor(self.launcher, [s for s in self.slots if s.index in some],
+                           self.cache)
+
     def bind(self, step: StepInputs) -> Any:
         """The table with the gradients' addresses (runtime/gradcache.py keeps them)
         written into its column; None when they overlap the table's other arrays."""
