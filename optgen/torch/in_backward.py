@@ -206,8 +206,8 @@ class StepInBackward:
             return   # (nested: held, the end of this backward steps it: _close_round)
         with self._part_lock:   # (the bucket's members that arrived, once the last has)
             ready = [p] if task == -1 else bucket.arrive(p, task, self._nested)
-        if ready is None or not (ready := [q for q in ready if q.grad is not None and
-                                           id(q) not in self._nested]):
+        if ready is None or not (ready := [q for q in ready if q.grad is not None and (
+                not self._nested or id(q) not in self._nested)]):
             return   # (not complete; or arrived, then a nested backward reached it: held)
         self._guard.stepping(self, ready)   # (may refuse: before anything changes)
         in_backward = self._open_round()
@@ -215,7 +215,7 @@ class StepInBackward:
         for q in ready:
             q.grad = None
         if in_backward:
-            self._stepped.update(id(q) for q in ready)
+            self._stepped.update(map(id, ready))
         else:
             self._close_round()
 
@@ -248,7 +248,7 @@ class StepInBackward:
     def _check_owner(self, item: str) -> None:
         """Refuse ``item`` (the table's: "step_in_backward" for step(), "accumulating") on
         an optimizer that a newer step-in-backward one has replaced."""
-        if not all(hooks.owns(self, p) for p in self._params):
+        if not hooks.owns_all(self, self._params):
             composition.refuse(self._artifact.name, item, "replaced_optimizer")
 
     @eager
@@ -308,7 +308,8 @@ class StepInBackward:
         with self._part_lock:
             for p in self._ddp_stepped:
                 p.grad = None
-            partial = [(i, p) for i, p in enumerate(self._params) if id(p) in self._partial]
+            partial = [(i, p) for i, p in enumerate(self._params) if id(p) in self._partial] \
+                if self._partial else []
             for _, p in partial:
                 p.grad = None
             held = [p for p in self._params if p.grad is not None and self._hooked(p)]

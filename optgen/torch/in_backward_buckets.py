@@ -2,24 +2,25 @@
 whose gradients complete close together are stepped together, in one multi-tensor
 launch, when the last of them completes.
 
-A launch costs tens of microseconds of host time (checks, scalars, the call) whatever
-the tensor's size; stepping each parameter alone made a model of many small layers pay
-it per tensor. So the parameters are grouped as DistributedDataParallel groups its
-all-reduce buckets: in reverse registration order (the order gradients roughly arrive
-in: the last layer's first), a bucket filled until its gradients would pass
-``BUCKET_BYTES``; a parameter whose gradient is ``ALONE_BYTES`` or more is a bucket of
-its own (its launch is small beside its work, and the memory the step inside backward
-saves is in such tensors). The gradients of a bucket wait in ``.grad`` until its last
-completes, so at most about ``BUCKET_BYTES`` of small gradients are alive beyond what
-stepping each alone keeps.
+A launch costs tens of microseconds of host time (checks, scalars, the call, the
+thread pool's start) whatever the tensor's size; stepping each parameter alone made a
+model of many small layers pay it per tensor. So the parameters are grouped as
+DistributedDataParallel groups its all-reduce buckets: in reverse registration order
+(the order gradients roughly arrive in: the last layer's first), a bucket filled until
+its gradients would pass ``BUCKET_BYTES``. A parameter whose gradient is
+``ALONE_BYTES`` or more is a bucket of its own (its launch is small beside its work,
+and the memory the step inside backward saves is mostly in such tensors); the small
+ones before and after it share a bucket. The gradients of a bucket wait in ``.grad``
+until its last completes: at most about ``BUCKET_BYTES`` of small gradients a bucket
+are alive beyond what stepping each alone keeps.
 
 The buckets hold the parameters this optimizer's hooks step (not a newer optimizer's,
 not an attached DDP model's: made again when those change). A bucket is complete
-(``Bucket.arrive``) when every member counted this backward has its gradient: counted at the
-bucket's first gradient of a backward, the members that require a gradient, but those
-held for the end of the backward (reached by a reentrant checkpoint's nested backward).
-A counted member that gets no gradient (unused in this forward) keeps
-its bucket waiting; the end of the backward steps whatever still holds a gradient.
+(``Bucket.arrive``) when every member counted this backward has its gradient: counted
+at the bucket's first gradient of a backward, the members that require a gradient, but
+those held for the end of the backward (reached by a reentrant checkpoint's nested
+backward). A counted member that gets no gradient (unused in this forward) keeps its
+bucket waiting; the end of the backward steps whatever still holds a gradient.
 The runtime launches a bucket's members of one kernel, group and multipliers together
 (runtime/strategies/base.py ``Launches``, a part of a multi-tensor list).
 
@@ -27,12 +28,14 @@ Imports: torch only.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import torch
 
 BUCKET_BYTES = 1 << 20   # a bucket's gradients at most (one parameter's may pass it)
 ALONE_BYTES = 1 << 18    # a gradient this large is stepped alone
+REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def grad_bytes(p: torch.Tensor) -> int:
@@ -58,7 +61,9 @@ class Bucket:
         (reached by a reentrant checkpoint's nested backward)."""
         if self.task != task:
             self.task, self.arrived = task, set()
-            self.expected = sum(1 for q in self.members if q.requires_grad and id(q) not in held)
+            self.expected = sum(map(REQUIRES_GRAD, self.members))
+            if held:
+                self.expected -= sum(1 for q in self.members if q.requires_grad and id(q) in held)
         self.arrived.add(id(p))
         if len(self.arrived) < self.expected:
             return None
@@ -80,14 +85,14 @@ class Buckets:
         size = 0
         for p in reversed([p for p in params if keep(p)]):
             n = grad_bytes(p)
-            if members and (n >= ALONE_BYTES or size + n > BUCKET_BYTES):
+            if n >= ALONE_BYTES:   # (the small ones around it fill the same bucket)
+                self._add([p])
+                continue
+            if members and size + n > BUCKET_BYTES:
                 self._add(members)
                 members, size = [], 0
             members.append(p)
             size += n
-            if n >= ALONE_BYTES:
-                self._add(members)
-                members, size = [], 0
         if members:
             self._add(members)
 

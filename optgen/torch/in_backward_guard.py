@@ -89,8 +89,8 @@ class Guard:
         if task == -1 or task != self.task:
             self.task = task
             self._first_step(opt, by)
-        ids = [id(p) for p in params]
-        if any(i in self.stepped for i in ids):
+        ids = list(map(id, params))
+        if not self.stepped.isdisjoint(ids):
             if self.loop_calls:
                 composition.refuse(self.owner, by, "plain_accumulation")
             self.twice = True

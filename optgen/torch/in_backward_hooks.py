@@ -35,6 +35,7 @@ _APPLY = torch.autograd.function.BackwardCFunction.apply.__code__   # a Python n
 
 
 _CLAIMS = [0]   # claims made so far: what ``owns`` answers changes only with it
+_ALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # opt -> owns_all's answer
 
 
 def claim(params: Iterable[torch.Tensor], opt: Any) -> None:
@@ -55,6 +56,15 @@ def _forget(key: int, ref: weakref.ref) -> None:
     entry = _OWNERS.get(key)
     if entry is not None and entry[0] is ref:
         del _OWNERS[key]
+
+
+def owns_all(opt: Any, params: list) -> bool:
+    """Whether ``opt`` owns each of ``params`` (the answer kept for this list until the
+    next claim: step() asks every step)."""
+    kept = _ALL.get(opt)
+    if kept is None or kept[0] != _CLAIMS[0] or kept[1] is not params:
+        kept = _ALL[opt] = (_CLAIMS[0], params, all(owns(opt, p) for p in params))
+    return kept[2]
 
 
 def owns(opt: Any, p: torch.Tensor) -> bool:

@@ -186,34 +186,30 @@ class Launches:
     Then the passes of parameters split across ranks (``shards``), together
     (runtime/shards.py)."""
 
-    KEPT_PARTS = 256   # (parts of runs kept; more, and the kept ones are dropped)
+    KEPT_PARTS = 256   # (parts' launches kept; more, and the kept ones are dropped)
 
     def __init__(self, slots: Sequence[ParamSlot], runs: Mapping[int, Strategy],
                  prepare: Callable[[int], Any], shards: Any = None):
         self.slots, self.runs, self.prepare, self.shards = slots, dict(runs), prepare, shards
         self.member = {i: first for first, r in self.runs.items() for i in r.indices}
-        self.parts: dict[tuple[int, ...], Any] = {}
+        self.parts: dict[tuple[int, ...], dict[int, Strategy]] = {}
 
     def _part_runs(self, step: StepInputs) -> dict[int, Strategy]:
-        """First member -> the launch of a part's members of one run (two or more)."""
-        by: dict[int, list[int]] = {}
-        for i in step.parts:
-            first = self.member.get(i)
-            if first is not None and step.grads[i] is not None:
-                by.setdefault(first, []).append(i)
-        out: dict[int, Strategy] = {}
-        for first, members in by.items():
-            if len(members) < 2:
-                continue
-            key = tuple(members)
-            run = self.parts.get(key, False)
-            if run is False:
-                if len(self.parts) >= self.KEPT_PARTS:
-                    self.parts.clear()
-                run = self.parts[key] = self.runs[first].part(members)
-            if run is not None:
-                out[members[0]] = run
-        return out
+        """First member -> the launch of a part's members of one run (two or more), for
+        the part's parameters with a gradient (kept for the next step of that part)."""
+        present = tuple([i for i in step.parts if step.grads[i] is not None])
+        found = self.parts.get(present)
+        if found is None:
+            if len(self.parts) >= self.KEPT_PARTS:
+                self.parts.clear()
+            by: dict[int, list[int]] = {}
+            for i in present:
+                if i in self.member:
+                    by.setdefault(self.member[i], []).append(i)
+            made = {members[0]: self.runs[first].part(members)
+                    for first, members in by.items() if len(members) > 1}
+            found = self.parts[present] = {i: r for i, r in made.items() if r is not None}
+        return found
 
     def run(self, step: StepInputs) -> None:
         slots, stepped = self.slots, set()
