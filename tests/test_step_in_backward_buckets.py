@@ -157,3 +157,17 @@ def test_frozen_and_unreached_members(monkeypatch):
     steps = {name: float(opts[1].state[p]["step"]) for name, p in nets[1].named_parameters()}
     assert steps["c.weight"] == 2 and steps["b.0.weight"] == steps["a.0.weight"] == 4
     assert steps["a.2.weight"] == 0
+
+
+def test_bucket_layout():
+    """Reverse registration order; a bucket is filled up to ``BUCKET_BYTES`` of
+    gradients; a gradient of ``ALONE_BYTES`` or more is a bucket of its own and ends the
+    bucket before it; parameters the hooks do not step are left out."""
+    alone, small = buckets.ALONE_BYTES // 4, buckets.BUCKET_BYTES // 20   # (float32)
+    sizes = [10, alone, 20, 30, small, small, small, small, small, 10, 40]
+    params = [torch.zeros(n, requires_grad=True) for n in sizes]
+    made = buckets.Buckets(params, lambda p: p is not params[10], version=0)
+    at = {id(p): i for i, p in enumerate(params)}
+    layout = sorted({id(b): [at[id(p)] for p in b.members] for b in made.of.values()}.values())
+    assert layout == [[0], [1], [2, 3, 4], [5, 6, 7, 8, 9]], layout   # (5 smalls > the cap)
+    assert id(params[10]) not in made.of

@@ -9,10 +9,11 @@ DistributedDataParallel groups its all-reduce buckets: in reverse registration o
 (the order gradients roughly arrive in: the last layer's first), a bucket filled until
 its gradients would pass ``BUCKET_BYTES``. A parameter whose gradient is
 ``ALONE_BYTES`` or more is a bucket of its own (its launch is small beside its work,
-and the memory the step inside backward saves is mostly in such tensors); the small
-ones before and after it share a bucket. The gradients of a bucket wait in ``.grad``
-until its last completes: at most about ``BUCKET_BYTES`` of small gradients a bucket
-are alive beyond what stepping each alone keeps.
+and the memory the step inside backward saves is mostly in such tensors) and ends the
+bucket before it: a bucket is a run of neighbours, whose gradients complete close
+together. The gradients of a bucket wait in ``.grad`` until its last completes: at most
+about ``BUCKET_BYTES`` of small gradients a bucket are alive beyond what stepping each
+alone keeps, and only while its neighbours complete.
 
 The buckets hold the parameters this optimizer's hooks step (not a newer optimizer's,
 not an attached DDP model's: made again when those change). A bucket is complete
@@ -85,12 +86,12 @@ class Buckets:
         size = 0
         for p in reversed([p for p in params if keep(p)]):
             n = grad_bytes(p)
-            if n >= ALONE_BYTES:   # (the small ones around it fill the same bucket)
-                self._add([p])
-                continue
-            if members and size + n > BUCKET_BYTES:
+            if members and (n >= ALONE_BYTES or size + n > BUCKET_BYTES):
                 self._add(members)
                 members, size = [], 0
+            if n >= ALONE_BYTES:
+                self._add([p])
+                continue
             members.append(p)
             size += n
         if members:
