@@ -17,7 +17,9 @@ GPU it lives in device memory, and so does the chunk map); only the gradients' c
 is rewritten (one copy to the device), when the gradients change (runtime/gradcache.py).
 ``run`` is a run's (strategies/base.py ``Fused``): a member without a dense gradient,
 a step count or scalar state that differs, or gradients overlapping the table's other
-arrays make it decline, and the members step alone, exactly as before.
+arrays make it decline, and the members step alone, exactly as before. ``part`` makes
+the list of some members, with a table of their own, for a step in parts (the torch
+drop-ins' buckets of the step inside backward: runtime/strategies/base.py ``Launches``).
 
 May import: numpy, base, gradcache, launch, slots, tensors; core: scalar_expr.
 """
