@@ -13,7 +13,8 @@ The single process trains the same model on whole batches with the ordinary step
 DDP's average of the halves' mean losses' gradients is the whole batch's; the
 parameters must agree to float32 rounding. First, the DDP model without
 ``opt.attach``: the first backward must be refused on each rank, every parameter as
-it was (``unattached``).
+it was (``unattached``). While they train, the parts the buckets step and the kernel
+launches are counted (``count_launches``): one launch a bucket.
 """
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ def unattached(rank: int) -> str:
     return ""
 
 
+def count_launches() -> dict[str, int]:
+    """Counts, from now on, the parts the attached DDP buckets step and the kernel
+    launches: multi-tensor lists (``fused``) and single tensors."""
+    from optgen.runtime import launch
+    from optgen.torch import in_backward
+    counts = {"parts": 0, "fused": 0, "single": 0}
+    for cls, name, key in ((in_backward.StepInBackward, "_step_part", "parts"),
+                           (launch.Launcher, "run_fused", "fused"),
+                           (launch.Launcher, "run", "single")):
+        def counted(*args, _orig=getattr(cls, name), _key=key, **kwargs):
+            counts[_key] += 1
+            return _orig(*args, **kwargs)
+        setattr(cls, name, counted)
+    return counts
+
+
 def main() -> None:
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.distributed.init_process_group(
@@ -95,11 +112,13 @@ def main() -> None:
         timeout=datetime.timedelta(seconds=60))
     try:
         refused = unattached(rank)
+        counts = count_launches()
         params = {views: train(world=2, rank=rank, views=views) for views in (True, False)}
     finally:
         torch.distributed.destroy_process_group()
     np.savez(out, refused=np.array(refused), **{f"{views}-{i}": p for views, ps in
-                                                params.items() for i, p in enumerate(ps)})
+                                                params.items() for i, p in enumerate(ps)},
+             **{f"count-{k}": np.array(v) for k, v in counts.items()})
 
 
 if __name__ == "__main__":

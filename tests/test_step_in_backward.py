@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import optgen.torch as ot  # noqa: E402
+from optgen.torch import in_backward_buckets as buckets  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-6
@@ -65,9 +66,10 @@ CASES = {   # name: (class, group-0 defaults, group-1 overrides, model width)
 @pytest.mark.parametrize("case", list(CASES))
 def test_equal_to_the_ordinary_step(case):
     """50 steps, two groups, a LambdaLR stepping each iteration: the in-backward run
-    equals the ordinary one; each gradient is released as it completes (none is held
-    when the next completes) and none is left after backward; no scheduler warning
-    though the loop never calls opt.step()."""
+    equals the ordinary one; the gradients are released when their bucket completes
+    (this model's six small tensors are one bucket: 1, ..., 5 held as the next
+    completes, none after the last) and none is left after backward; no scheduler
+    warning though the loop never calls opt.step()."""
     cls, kw, second, wide = CASES[case]
     cls = cls()
     nets = model(wide), model(wide)
@@ -89,7 +91,7 @@ def test_equal_to_the_ordinary_step(case):
             for s in scheds:
                 s.step()
     close(*nets)
-    assert len(alive) == 50 * 6 and max(alive) == 0
+    assert alive == [1, 2, 3, 4, 5, 0] * 50
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         assert float(opts[1].state[q]["step"]) == float(opts[0].state[p].get("step", 50))
     assert opts[1].param_groups[1]["lr"] == opts[0].param_groups[1]["lr"] != second["lr"]
@@ -261,10 +263,13 @@ def test_more_refusals():
         inside.attach(model())
 
 
-def test_a_refused_gradient_changes_nothing_of_its_parameter():
+def test_a_refused_gradient_changes_nothing_of_its_bucket(monkeypatch):
     """A NaN gradient with nonfinite='raise': backward raises FloatingPointError, that
-    parameter, its states, step count and gradient stay as they were; the parameters
-    stepped before it in that backward stay stepped; the next backward trains on."""
+    parameter and the others of its bucket, their states, step counts and gradients
+    stay as they were; the buckets stepped before it in that backward stay stepped; the
+    next backward trains on. (Buckets of 300 bytes: the last layer's weight and bias,
+    then each other tensor alone.)"""
+    monkeypatch.setattr(buckets, "BUCKET_BYTES", 300)
     net = model()
     opt = ot.Adam(net.parameters(), lr=1e-2, nonfinite="raise", step_in_backward=True)
     loss_of(net, 0).backward()
@@ -282,6 +287,14 @@ def test_a_refused_gradient_changes_nothing_of_its_parameter():
     bad.grad = None
     loss_of(net, 2).backward()
     assert float(opt.state[bad]["step"]) == 2 and float(opt.state[net[4].weight]["step"]) == 3
+    bad, mate = net[4].weight, net[4].bias   # (one bucket)
+    before = [bad.detach().clone(), mate.detach().clone()]
+    hook = bad.register_hook(lambda g: g * float("nan"))
+    with pytest.raises(FloatingPointError, match="gradient 4 has NaN or Inf values"):
+        loss_of(net, 3).backward()
+    hook.remove()
+    assert torch.equal(bad, before[0]) and torch.equal(mate, before[1])
+    assert mate.grad is not None and float(opt.state[mate]["step"]) == 3
 
 
 def bf16_pair(width: int, **options):
@@ -328,8 +341,10 @@ def test_ddp_world_2(tmp_path):
     """DDP (gloo, 2 processes, several buckets) with ``opt.attach(ddp)``: each rank
     trains on its half of every global batch, with one accumulated step, with DDP's
     gradients as views of its buckets and as copies; equal to one process on the whole
-    batches with the ordinary step (and no gradient left after a backward). Without
-    ``opt.attach``, each rank's first backward is refused before anything changes."""
+    batches with the ordinary step (and no gradient left after a backward); each
+    bucket's step is one kernel launch, a multi-tensor list for buckets of several
+    tensors. Without ``opt.attach``, each rank's first backward is refused before
+    anything changes."""
     import in_backward_ddp_run as run
     single = run.train(world=1, rank=0)   # (first: the ranks then find its kernels built)
     port, env = _free_port(), dict(os.environ, OMP_NUM_THREADS="1")
@@ -350,6 +365,10 @@ def test_ddp_world_2(tmp_path):
     for out in outs:
         with np.load(out) as z:
             refused = str(z["refused"])
+            parts, lists, alone = (int(z[f"count-{k}"]) for k in ("parts", "fused", "single"))
+        # each bucket's step: one launch (several buckets of several tensors: lists)
+        assert parts == lists + alone and lists > 0 and parts < 2 * run.STEPS * 6, \
+            (parts, lists, alone)
         assert "step_in_backward with ddp is refused" in refused, refused
         assert "call opt.attach(ddp_model)" in refused, refused
         for views in (True, False):   # (DDP's gradients as views of its buckets, copies)

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import optgen.torch as ot  # noqa: E402
+from optgen.torch import in_backward_buckets as buckets  # noqa: E402
 from optgen.runtime import composition  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
@@ -65,12 +66,15 @@ OPTIMIZERS = {   # name: (the plain path, the same rule stepping inside backward
 }
 
 
-@pytest.mark.parametrize("reentrant", [True, False])
+@pytest.mark.parametrize("reentrant,alone", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("rule", list(OPTIMIZERS))
-def test_checkpointed_shared_and_tied_weights_step_once(rule, reentrant):
+def test_checkpointed_shared_and_tied_weights_step_once(rule, reentrant, alone, monkeypatch):
     """A layer shared by three checkpointed segments (one nested) and a tied embedding:
     each parameter steps once a backward with its whole gradient (step count = number of
-    backwards), equal to torch.optim; no gradient is left after a backward."""
+    backwards), equal to torch.optim; no gradient is left after a backward. The model's
+    tensors are one bucket; ``alone``: each is a bucket of its own."""
+    if alone:
+        monkeypatch.setattr(buckets, "BUCKET_BYTES", 0)
     nets, opts = pair(lambda: Albert(reentrant), *OPTIMIZERS[rule])
     for it in range(3):
         for net, opt in zip(nets, opts):
@@ -118,20 +122,34 @@ class Reused(torch.nn.Module):
         return self.out(self.w(h))
 
 
-def test_a_weight_inside_and_after_a_reentrant_segment():
-    """Its outer gradient completes before the segment's backward adds to it: the first
-    backward says so (ValueError naming the parameter and the way out); every later
-    backward holds it to its end and steps it once, equal to torch.optim from the same
-    start."""
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_a_weight_inside_and_after_a_reentrant_segment(bucketed, monkeypatch):
+    """Its outer gradient completes before the segment's backward adds to it. Stepped
+    alone (buckets of one tensor each), it was stepped by then: the first backward says
+    so (ValueError naming the parameter and the way out). In one bucket with the
+    parameters whose gradients complete after the segment's backward (the default
+    buckets of this model), its bucket waits, finds it held, and the end of the backward
+    steps it with its whole gradient: no error. Every later backward holds it to its
+    end and steps it once, equal to torch.optim from the same start."""
+    if not bucketed:
+        monkeypatch.setattr(buckets, "BUCKET_BYTES", 0)
     net = Reused()
     opt = ot.SGD(net.parameters(), lr=0.1, step_in_backward=True)
     x, y = torch.randn(4, 8), torch.randn(4, 4)
-    with pytest.raises(ValueError, match=re.escape("parameters 0 (8, 8), 1 (8,) were stepped "
-                                                   "when their gradient completed in the outer")):
-        torch.nn.functional.mse_loss(net(x), y).backward()
     ref = Reused()
-    ref.load_state_dict(net.state_dict())
     plain = torch.optim.SGD(ref.parameters(), lr=0.1)
+    if bucketed:
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        plain.step()
+        plain.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        close(ref, net)
+    else:
+        with pytest.raises(ValueError, match=re.escape(
+                "parameters 0 (8, 8), 1 (8,) were stepped when their gradient completed "
+                "in the outer")):
+            torch.nn.functional.mse_loss(net(x), y).backward()
+        ref.load_state_dict(net.state_dict())
     assert all(p.grad is None for p in net.parameters())
     before = float(opt.state[net.w.weight]["step"])
     for _ in range(2):

@@ -7,7 +7,7 @@ master and state formats, offload, flat, multi_tensor, the global clip, non-fini
 loss_scale, agree=<group>, being ZeroRedundancyOptimizer's local optimizer, the
 schedule-free spec. ``check_groups`` (in ``_rebuild``, once the groups are known) adds
 ``capturable`` groups and FSDP2's DTensor parameters.
-Imports: fsdp, in_backward.
+Imports: fsdp, in_backward_guard.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from optgen.core import formats
 from optgen.runtime import composition
-from . import fsdp, in_backward
+from . import fsdp, in_backward_guard
 
 
 def _formats(state_format: Any) -> set[str]:
@@ -45,7 +45,7 @@ def options(spec_name: str, flat: bool, options: Mapping[str, Any], offload: Any
              "nonfinite_skip": options.get("nonfinite") == "skip",
              "loss_scale": options.get("loss_scale", 1.0) != 1.0,
              "agree": agree is not None and not isinstance(agree, str),
-             "zero1": in_backward._made_by_zero(),
+             "zero1": in_backward_guard.made_by_zero(),
              "schedule_free": spec_name.startswith("schedule_free")}
     return on | {k for k, v in flags.items() if v}
 

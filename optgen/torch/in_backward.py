@@ -1,30 +1,30 @@
 """The step inside backward: ``step_in_backward=True`` on every optgen.torch optimizer
-steps each parameter as soon as its gradient is complete and releases that gradient,
-so a full set of gradients never exists at once.
+steps the parameters as their gradients complete and releases those gradients, so a
+full set of gradients never exists at once.
 
     opt = optgen.torch.AdamW(model.parameters(), lr=1e-3, step_in_backward=True)
     loss.backward()            # steps every parameter; each .grad is None afterwards
     sched.step()               # (opt.step(); opt.zero_grad() may stay: nothing to do)
 
-How: a ``register_post_accumulate_grad_hook`` on each parameter that requires a
-gradient steps that parameter alone through the runtime's step in parts
-(``Optimizer.check_part``, then ``run_step(..., count=False)``: the checks and kernels
-of a whole step, one parameter, its own step count, its group's values of now), then
-sets its ``.grad`` to None. What one backward steps is one step: its first hook passes
-changed group values on and follows moved data (what ``step()`` does first), and a
-callback at the end of the backward sets the runtime's update count ``t`` (the most
-steps any parameter has taken: a reentrant checkpoint's inner backward, a backward of
-its own, ends before the outer one), steps the parameters still holding a gradient (see
-below; accumulated ones this backward did not reach), mirrors the step counts into
+How: a ``register_post_accumulate_grad_hook`` on each parameter; the parameters are in
+buckets (in_backward_buckets.py: small gradients together, up to 1 MiB), and the hook
+completing a bucket's last gradient steps the bucket through the runtime's step in parts
+(``Optimizer.check_part``, then ``run_step(..., count=False)``: the checks and kernels of
+a whole step, one multi-tensor launch per kernel and group, the parameters' own step
+counts, their groups' values of now), then sets their ``.grad`` to None. One backward
+is one step: its first part passes changed group values on and follows moved data (as
+``step()`` first does), and a callback at its end sets the update count ``t`` (the most
+steps any parameter has taken: a reentrant checkpoint's inner backward ends before the
+outer one), steps the parameters still holding a gradient (below; accumulated ones this
+backward did not reach, buckets left incomplete), mirrors the step counts into
 ``opt.state`` and tells lr schedulers the optimizer stepped.
-Which hooks step (in_backward_hooks.py): those of the newest step-in-backward optimizer
-made on a parameter (an older one's do nothing; its step() and accumulating() raise);
-frozen parameters carry hooks too (one unfrozen later steps). A hook inside a nested
-backward (a reentrant checkpoint's segment) holds its gradient, which may be partial
-(shared weights), for the end of the outermost backward, as do that parameter's hooks in
-later outer backwards.
-A hook that raises (a gradient the checks refuse) leaves its parameter, its state and
-its ``.grad`` as they were; parameters stepped earlier in that backward stay stepped.
+Which hooks step (in_backward_hooks.py): the newest step-in-backward optimizer's on a
+parameter (an older one's do nothing; its step() and accumulating() raise); frozen
+parameters carry hooks too (one unfrozen later steps). A hook inside a nested backward
+(a reentrant checkpoint's segment) holds its gradient, which may be partial (shared
+weights), for the end of the outermost backward, as do that parameter's hooks later.
+A hook that raises (a gradient the checks refuse) leaves its bucket's parameters, their
+states and ``.grad`` as they were; buckets stepped earlier in that backward stay stepped.
 
 Accumulation: inside ``with opt.accumulating():`` the hooks step nothing and the
 gradients add up as usual; the next backward outside steps with the sums (or
@@ -45,13 +45,12 @@ parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable`
 What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
 after backward, plain accumulation, the Hugging Face Trainer) is checked before a
 backward's first step by optgen/torch/in_backward_guard.py.
-Imports: eager, fsdp, in_backward_hooks, in_backward_guard, optgen.runtime.composition.
+Imports: eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.composition.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import weakref
 from typing import Any, Iterator
@@ -59,7 +58,7 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp, in_backward_guard, in_backward_hooks as hooks
+from . import fsdp, in_backward_buckets as buckets, in_backward_guard, in_backward_hooks as hooks
 from .eager import eager
 from optgen.runtime import composition
 
@@ -76,18 +75,6 @@ def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: 
     if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
         return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
     return None
-
-
-def _made_by_zero() -> bool:
-    """Whether torch's ZeroRedundancyOptimizer is making this optimizer (the local
-    optimizer of its rank's partition): a ZeroRedundancyOptimizer up the call stack."""
-    zero = getattr(getattr(torch.distributed, "optim", None), "ZeroRedundancyOptimizer", None)
-    frame = sys._getframe(1)
-    while zero is not None and frame is not None:
-        if isinstance(frame.f_locals.get("self"), zero):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class StepInBackward:
@@ -118,16 +105,16 @@ class StepInBackward:
         self._watched: dict[int, Any] = {}   # id(node): nodes whose end closes the step
         self._guard = in_backward_guard.Guard(art.name)   # the loop around the backwards
         self._accumulated = False            # accumulating() entered since the last step
+        self._buckets: buckets.Buckets | None = None   # (in_backward_buckets.py)
+        self._outer: tuple = (-1,)   # the backward last seen not nested: task, held, buckets
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if not self._in_backward:
             return
-        group, other = self.param_groups[-1], None
-        if group.get("capturable"):
-            other = "capturable"
-        elif any(fsdp.is_dtensor(p) for p in group["params"]):
-            other = "fsdp2"
+        group = self.param_groups[-1]
+        other = "capturable" if group.get("capturable") else \
+            "fsdp2" if any(fsdp.is_dtensor(p) for p in group["params"]) else None
         if other:
             self.param_groups.pop()
             composition.refuse(self._artifact.name, "step_in_backward", other)
@@ -188,36 +175,53 @@ class StepInBackward:
 
     # -- the hooks -----------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor) -> None:
-        """``p``'s gradient is complete: step ``p`` and release the gradient (not inside
-        accumulating() or accelerate's non-final micro-batches, nor for the parameters an
-        attached DDP model steps, nor where a newer optimizer owns ``p``). In a nested
-        backward (a reentrant checkpoint's) the gradient may be partial: it is held, and
-        the end of the outermost backward steps it; so is ``p`` in the outer backward once
-        a nested one has reached it. The guard checks the loop before a step."""
-        if id(p) in self._by_ddp or id(p) not in self._positions() or \
-                not hooks.owns(self, p):
-            return   # (not stepped here; a group whose adding failed: not this optimizer's)
-        held = self._held or self._guard.holds()
-        node = hooks.enclosing_node()
-        if node is not None:
-            with self._part_lock:
-                self._nested.add(id(p))
-                if not held:
-                    self._hold(p, node)
-            return
-        if held:
-            return
-        if id(p) not in self._nested:
-            self._guard.stepping(self, [p])   # (may refuse: before anything changes)
+        """``p``'s gradient is complete: once its bucket's are, step them and release the
+        gradients (not in accumulating() or accelerate's non-final micro-batches, nor for
+        parameters an attached DDP model steps or a newer optimizer owns). In a nested
+        backward (a reentrant checkpoint's) the gradient may be partial: it is held for
+        the end of the outermost backward, as is ``p`` in later backwards. The guard
+        checks the loop before a step."""
+        task = torch._C._current_graph_task_id()
+        if task == self._outer[0] != -1:   # (seen: the user's backward, its holding)
+            _, held, bucket_of = self._outer
+        else:   # (the buckets of now: owners and an attach change between backwards)
+            self._buckets = buckets.current(self._buckets, self._params, self._hooked,
+                                            (hooks.claims(), len(self._by_ddp)))
+            bucket_of = self._buckets.of
+            if id(p) not in bucket_of:
+                return   # (not stepped here; a group whose adding failed: not its own)
+            held, node = self._held or self._guard.holds(), hooks.enclosing_node()
+            if node is not None:
+                with self._part_lock:
+                    self._nested.add(id(p))
+                    if not held:
+                        self._hold(p, node)
+                return
+            if not held and task != -1:   # (its first gradient: the loop checked, the
+                self._guard.stepping(self, [])   # step opened, though no bucket completes)
+                self._open_round()
+            self._outer = (task, held, bucket_of)
+        bucket = bucket_of.get(id(p))
+        if bucket is None or held or (id(p) in self._nested and self._open_round()):
+            return   # (nested: held, the end of this backward steps it: _close_round)
+        with self._part_lock:   # (the bucket's members that arrived, once the last has)
+            ready = [p] if task == -1 else bucket.arrive(p, task, self._nested)
+        if ready is None or not (ready := [q for q in ready if q.grad is not None and (
+                not self._nested or id(q) not in self._nested)]):
+            return   # (not complete; or arrived, then a nested backward reached it: held)
+        self._guard.stepping(self, ready)   # (may refuse: before anything changes)
         in_backward = self._open_round()
-        if in_backward and id(p) in self._nested:
-            return   # (held: the end of this backward steps it, see _close_round)
-        self._step_part([p], [p.grad])
-        p.grad = None
+        self._step_part(ready, [q.grad for q in ready])
+        for q in ready:
+            q.grad = None
         if in_backward:
-            self._stepped.add(id(p))
+            self._stepped.update(map(id, ready))
         else:
             self._close_round()
+
+    def _hooked(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s hooks step it here (not a newer optimizer's, not DDP's)."""
+        return hooks.owns(self, p) and id(p) not in self._by_ddp
 
     def _hold(self, p: torch.Tensor, node: Any) -> None:
         """``p``'s gradient, from a backward nested in ``node``'s, waits for the end of the
@@ -244,7 +248,7 @@ class StepInBackward:
     def _check_owner(self, item: str) -> None:
         """Refuse ``item`` (the table's: "step_in_backward" for step(), "accumulating") on
         an optimizer that a newer step-in-backward one has replaced."""
-        if not all(hooks.owns(self, p) for p in self._params):
+        if not hooks.owns_all(self, self._params):
             composition.refuse(self._artifact.name, item, "replaced_optimizer")
 
     @eager
@@ -304,11 +308,11 @@ class StepInBackward:
         with self._part_lock:
             for p in self._ddp_stepped:
                 p.grad = None
-            partial = [(i, p) for i, p in enumerate(self._params) if id(p) in self._partial]
+            partial = [(i, p) for i, p in enumerate(self._params) if id(p) in self._partial] \
+                if self._partial else []
             for _, p in partial:
                 p.grad = None
-            held = [p for p in self._params if p.grad is not None and
-                    id(p) not in self._by_ddp and hooks.owns(self, p)]
+            held = [p for p in self._params if p.grad is not None and self._hooked(p)]
             if held:   # (one part; a refusal leaves them and the open step as they are)
                 self._guard.stepping(self, held)
                 self._step_part(held, [p.grad for p in held])
@@ -333,11 +337,9 @@ class StepInBackward:
 
     def _positions(self) -> dict[int, int]:
         """id(p) -> p's index in the runtime, for this optimizer's parameters."""
-        at, index = self._index
-        if at is not self._params:   # (add_param_group made a new list)
-            index = {id(p): i for i, p in enumerate(self._params)}
-            self._index = (self._params, index)
-        return index
+        if self._index[0] is not self._params:   # (add_param_group made a new list)
+            self._index = (self._params, {id(p): i for i, p in enumerate(self._params)})
+        return self._index[1]
 
     @torch.no_grad()
     def _step_part(self, params: list, grads: list) -> None:
@@ -353,10 +355,8 @@ class StepInBackward:
     @staticmethod
     def _run_closure(closure: Any) -> Any:
         """``step(closure)``'s closure, with gradients on; its loss (None: no closure)."""
-        if closure is None:
-            return None
         with torch.enable_grad():
-            return closure()
+            return None if closure is None else closure()
 
     def _step_held(self, loss: Any, statistics: dict[str, Any]) -> Any:
         """``step()`` after its closure (whose backward stepped): the parameters still
@@ -367,9 +367,9 @@ class StepInBackward:
         self._check_owner("step_in_backward")
         self._guard.looped()
         held = [p for p in self._params if p.grad is not None]
-        if any(id(p) in self._by_ddp for p in held) and not self._accumulated:
-            composition.refuse(self._artifact.name, "attach_ddp", "freeze_unfreeze")
         if any(id(p) in self._by_ddp for p in held):
+            if not self._accumulated:
+                composition.refuse(self._artifact.name, "attach_ddp", "freeze_unfreeze")
             raise ValueError(f"{self._artifact.name}: gradients accumulated under "
                              "accumulating() on a DDP model were never all-reduced; run "
                              "the last micro-batch's backward outside accumulating()")

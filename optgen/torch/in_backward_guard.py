@@ -32,6 +32,9 @@ stepped):
   stepped. A loop that calls neither before its first accumulated step learns it at that
   call (``looped``), after the first step's micro-batches each stepped.
 
+Also here (``made_by_zero``, read at construction by optgen/torch/contract.py): whether
+torch's ZeroRedundancyOptimizer up the call stack is making the optimizer.
+
 Composes: accelerate's ``GradientState.sync_gradients`` False (the Trainer's and
 ``accelerator.accumulate()``'s non-final micro-batches) holds a backward as
 ``accumulating()`` does (``holds``): the final micro-batch steps with the sums.
@@ -86,8 +89,8 @@ class Guard:
         if task == -1 or task != self.task:
             self.task = task
             self._first_step(opt, by)
-        ids = [id(p) for p in params]
-        if any(i in self.stepped for i in ids):
+        ids = list(map(id, params))
+        if not self.stepped.isdisjoint(ids):
             if self.loop_calls:
                 composition.refuse(self.owner, by, "plain_accumulation")
             self.twice = True
@@ -149,6 +152,18 @@ class Guard:
 
 
 # -- what the stack and the live objects say ---------------------------------------------
+def made_by_zero() -> bool:
+    """Whether torch's ZeroRedundancyOptimizer is making this optimizer (the local
+    optimizer of its rank's partition): a ZeroRedundancyOptimizer up the call stack."""
+    zero = getattr(getattr(torch.distributed, "optim", None), "ZeroRedundancyOptimizer", None)
+    frame = sys._getframe(1)
+    while zero is not None and frame is not None:
+        if isinstance(frame.f_locals.get("self"), zero):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _backward_stack() -> tuple[list[torch.Tensor], list[FrameType]]:
     """The roots of the backward running now (``torch.autograd.backward``'s ``tensors``,
     its outermost call) and the frames that called it, innermost first; empty lists

@@ -3,7 +3,8 @@ owns a parameter, the hooks themselves, and in which backward a hook runs.
 
 - Ownership: the newest ``step_in_backward`` optimizer made on a parameter (or given it
   by ``add_param_group``) owns it; an older one's hooks on it then do nothing, and the
-  older one's ``step()`` and ``accumulating()`` raise (``claim``, ``owns``).
+  older one's ``step()`` and ``accumulating()`` raise (``claim``, ``owns``; ``claims``
+  counts the claims, so an optimizer may keep what it found until the next one).
 - Hooks go on every floating-point parameter, frozen ones too (``hook_all``): a hook
   outlives ``requires_grad_`` changes, so a parameter unfrozen after construction steps
   when its gradient completes, and a frozen one gets no gradient and never steps.
@@ -33,17 +34,37 @@ _OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 _APPLY = torch.autograd.function.BackwardCFunction.apply.__code__   # a Python node's backward
 
 
+_CLAIMS = [0]   # claims made so far: what ``owns`` answers changes only with it
+_ALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # opt -> owns_all's answer
+
+
 def claim(params: Iterable[torch.Tensor], opt: Any) -> None:
     """``opt`` steps ``params`` from now on (it is the newest optimizer made on them)."""
     for p in params:
         key = id(p)
         _OWNERS[key] = (weakref.ref(p, functools.partial(_forget, key)), weakref.ref(opt))
+    _CLAIMS[0] += 1
+
+
+def claims() -> int:
+    """How many claims were made: ``owns(opt, p)`` for a live ``p`` stays as it was
+    while this does (an owner that dies leaves its parameters to no one)."""
+    return _CLAIMS[0]
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
     entry = _OWNERS.get(key)
     if entry is not None and entry[0] is ref:
         del _OWNERS[key]
+
+
+def owns_all(opt: Any, params: list) -> bool:
+    """Whether ``opt`` owns each of ``params`` (the answer kept for this list until the
+    next claim: step() asks every step)."""
+    kept = _ALL.get(opt)
+    if kept is None or kept[0] != _CLAIMS[0] or kept[1] is not params:
+        kept = _ALL[opt] = (_CLAIMS[0], params, all(owns(opt, p) for p in params))
+    return kept[2]
 
 
 def owns(opt: Any, p: torch.Tensor) -> bool:

@@ -50,8 +50,8 @@ class StepInputs:
     pending: list[Iterator[list]] = field(default_factory=list)
     gathered: list[Generator] = field(default_factory=list)   # parameters whose rule
     # sums over all parameters (``Gathered``): their passes, driven together
-    parts: Sequence[int] | None = None        # a part of a step: its parameters (each
-    # by its own strategy: the other members of its runs have no gradient in it)
+    parts: Sequence[int] | None = None        # a part of a step: its parameters, in
+    # order (a run's members among them launched together: ``Launches``)
 
     def place(self, indices: Sequence[int], k: Any, packed: np.ndarray,
               slot: ParamSlot) -> Any:
@@ -144,6 +144,12 @@ class Fused:
         the multi-tensor table with their addresses written); None: not as they lie."""
         raise NotImplementedError
 
+    def part(self, indices: Sequence[int]) -> Fused | None:
+        """A run of some of its members (``indices``, two or more, in order) that steps
+        them alone, for a step in parts; None: this kind of run cannot (a flat run's
+        members are one span)."""
+        return None
+
     def _decide(self, step: StepInputs) -> Any:
         first = self.slots[0]
         if not self.cache.dense(self.indices) or \
@@ -174,21 +180,46 @@ class Launches:
     """A step's launches: the runs (flat runs, multi-tensor lists) by their first
     member, each other parameter with a gradient by its own strategy (``prepare(i)``
     readies one not prepared yet), in parameter order; a run that declines leaves its
-    members to their own strategies. Then the passes of parameters split across ranks
-    (``shards``), together (runtime/shards.py)."""
+    members to their own strategies. A step in parts (``step.parts``) launches the
+    part's members of each run together (the run's ``part``, kept while these launches
+    are: the torch drop-ins' step inside backward steps the same buckets every step).
+    Then the passes of parameters split across ranks (``shards``), together
+    (runtime/shards.py)."""
+
+    KEPT_PARTS = 256   # (parts' launches kept; more, and the kept ones are dropped)
 
     def __init__(self, slots: Sequence[ParamSlot], runs: Mapping[int, Strategy],
                  prepare: Callable[[int], Any], shards: Any = None):
         self.slots, self.runs, self.prepare, self.shards = slots, dict(runs), prepare, shards
+        self.member = {i: first for first, r in self.runs.items() for i in r.indices}
+        self.parts: dict[tuple[int, ...], dict[int, Strategy]] = {}
+
+    def _part_runs(self, step: StepInputs) -> dict[int, Strategy]:
+        """First member -> the launch of a part's members of one run (two or more), for
+        the part's parameters with a gradient (kept for the next step of that part)."""
+        present = tuple([i for i in step.parts if step.grads[i] is not None])
+        found = self.parts.get(present)
+        if found is None:
+            if len(self.parts) >= self.KEPT_PARTS:
+                self.parts.clear()
+            by: dict[int, list[int]] = {}
+            for i in present:
+                if i in self.member:
+                    by.setdefault(self.member[i], []).append(i)
+            made = {members[0]: self.runs[first].part(members)
+                    for first, members in by.items() if len(members) > 1}
+            found = self.parts[present] = {i: r for i, r in made.items() if r is not None}
+        return found
 
     def run(self, step: StepInputs) -> None:
-        runs, slots, stepped = self.runs, self.slots, set()
+        slots, stepped = self.slots, set()
+        runs = self.runs if step.parts is None else self._part_runs(step)
         order = enumerate(step.grads) if step.parts is None else \
             ((i, step.grads[i]) for i in step.parts)
         for i, g in order:
             if g is None or i in stepped:
                 continue
-            run = runs.get(i) if step.parts is None else None
+            run = runs.get(i)
             if run is not None and run.run(step):
                 stepped.update(run.indices)
                 continue

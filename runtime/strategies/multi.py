@@ -17,7 +17,9 @@ GPU it lives in device memory, and so does the chunk map); only the gradients' c
 is rewritten (one copy to the device), when the gradients change (runtime/gradcache.py).
 ``run`` is a run's (strategies/base.py ``Fused``): a member without a dense gradient,
 a step count or scalar state that differs, or gradients overlapping the table's other
-arrays make it decline, and the members step alone, exactly as before.
+arrays make it decline, and the members step alone, exactly as before. ``part`` makes
+the list of some members, with a table of their own, for a step in parts (the torch
+drop-ins' buckets of the step inside backward: runtime/strategies/base.py ``Launches``).
 
 May import: numpy, base, gradcache, launch, slots, tensors; core: scalar_expr.
 """
@@ -84,6 +86,12 @@ class MultiTensor(Fused):
         return all(tensors.is_contiguous(part[n], slot.lib) and
                    int(np.prod(tuple(part[n].shape), dtype=np.int64)) == slot.numel
                    for n in k.launches[0]["buffers"] if n != "grad")
+
+    def part(self, indices: Sequence[int]) -> MultiTensor:
+        """The list of ``indices`` alone (a table of their own)."""
+        some = set(indices)
+        return MultiTensor(self.launcher, [s for s in self.slots if s.index in some],
+                           self.cache)
 
     def bind(self, step: StepInputs) -> Any:
         """The table with the gradients' addresses (runtime/gradcache.py keeps them)
