@@ -108,5 +108,16 @@ def offset_array(values: np.ndarray, rng: np.random.Generator, unit: int = 16) -
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Small models: torch's intra-op threads only add synchronization (on a busy 2-core
+    machine they made each step 20 times slower)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -23,12 +23,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # (tests/conftest.py)
 
 
 @pytest.mark.parametrize("cfg", list(CONFIGS))

@@ -35,12 +35,7 @@ CASES = {   # name -> (ours, theirs, keyword arguments both take)
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # (tests/conftest.py)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -35,14 +35,7 @@ STEPS, CHECKPOINT_AT = 100, 50
 REL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The model is tiny: torch's intra-op threads only add synchronization (on a busy
-    2-core machine they made each step 20 times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # (tests/conftest.py)
 
 
 def pytorch_optimizer():
