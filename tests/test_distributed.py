@@ -275,6 +275,7 @@ def test_q8_q4_states_on_shards_are_the_papers_quantizer_per_shard(tmp_path):
         stored = get_artifact(distributed_run.ot.seeds.Adam.spec, "llvm",
                               state_format=fmt).stored
         sign = {s: stored[s].split(":")[1] in ("signed", "signed4") for s in stored}
+        root = {s: stored[s] == "q8:usqrt" for s in stored}   # (sqrt(v) coded)
         agree = total = 0
         for r, got in enumerate(ranks):
             assert got["formatted"].tolist() == [True, False], f"rank {r}"
@@ -288,13 +289,14 @@ def test_q8_q4_states_on_shards_are_the_papers_quantizer_per_shard(tmp_path):
                     o.w = got[f"{fmt}/{t - 1}/w"].copy()
                     o.s = {**o.s, **{s: q.dequantize(
                         got[f"{fmt}/{t - 1}/{s}"], got[f"{fmt}/{t - 1}/{s}__absmax"],
-                        q.MAPS[fmt, sign[s]], block, w.size, packed).reshape(w.shape)
+                        q.MAPS[fmt, sign[s]], block, w.size, packed, root[s]).reshape(w.shape)
                         for s in stored}}
                 o.step(grads[t][0].numpy()[a:b])
                 for s in stored:
                     scales = got[f"{fmt}/{t}/{s}__absmax"]
                     assert scales.shape == (-(-w.size // block),), f"{label}: {s} blocks"
-                    codes, absmax = q.quantize(o.s[s], q.MAPS[fmt, sign[s]], block, packed)
+                    codes, absmax = q.quantize(o.s[s], q.MAPS[fmt, sign[s]], block, packed,
+                                               root[s])
                     n_agree, n = q._compare(got[f"{fmt}/{t}/{s}"], codes, packed,
                                             f"{label}: {s}")
                     agree, total = agree + n_agree, total + n

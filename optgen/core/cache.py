@@ -58,10 +58,10 @@ KERNEL_SEMANTIC: dict[str, tuple[str, ...] | None] = {
 # module is in one list or the other): the CLI, the errors' wording, where artifacts live,
 # the catalog, the manifest checks
 NOT_SEMANTIC: dict[str, tuple[str, ...]] = {
-    "optgen": ("__init__.py", "benchmark.py", "cli.py", "cli_args.py", "commands.py", "errors.py",
-               "torch/"),
+    "optgen": ("__init__.py", "benchmark.py", "checking.py", "cli.py", "cli_args.py",
+               "commands.py", "errors.py", "torch/"),
     "optgen.core": ("__init__.py", "cache.py", "catalog.py", "filelocks.py", "manifest.py",
-                    "tvm_runtime.py"),
+                    "progress.py", "tvm_runtime.py"),
 }
 
 
