@@ -39,17 +39,15 @@ def mars(spec: Any) -> Spec:
     last = new_spec.state(fresh_name(new_spec, "last_grad", "mars", "state"), 0.0,
                           "the previous step's gradient")
 
-    def rule(w: Expr, grad: Expr, flags: Any) -> dict:
-        new = run_base(base, w, grad, flags)
+    def corrected(g: Expr, new: dict) -> tuple[Expr, Expr]:
         _, beta = first_moment(base, new, "mars")
-        names = list(new)
-        g = clipped_gradient(base, list(new.values()), "mars")
         c = g + gamma * beta / (1 - beta) * (g - last)
         c = c / maximum(norm(c), 1.0)
         c.tag = CLIPPED   # (the gradient the rule steps on: what cautious() compares with)
-        out = dict(zip(names, substitute([new[n] for n in names], {id(g): c})))
-        out["last_grad"] = g
-        return out
+        return c, g
+
+    def rule(w: Expr, grad: Expr, flags: Any) -> dict:
+        return _fed(base, "mars", w, grad, flags, corrected, "last_grad")
 
     rule_of(new_spec, rule)
     check(new_spec)
@@ -78,14 +76,12 @@ def ema(spec: Any) -> Spec:
     avg = new_spec.state(fresh_name(new_spec, "ema", "ema", "state"), 0.0,
                          "exponential moving average of the gradient")
 
-    def rule(w: Expr, grad: Expr, flags: Any) -> dict:
-        new = run_base(base, w, grad, flags)
-        names = list(new)
-        g = clipped_gradient(base, list(new.values()), "ema")
+    def averaged(g: Expr, new: dict) -> tuple[Expr, Expr]:
         m = beta * avg + (1 - beta) * g
-        out = dict(zip(names, substitute([new[n] for n in names], {id(g): m})))
-        out["ema"] = m
-        return out
+        return m, m
+
+    def rule(w: Expr, grad: Expr, flags: Any) -> dict:
+        return _fed(base, "ema", w, grad, flags, averaged, "ema")
 
     rule_of(new_spec, rule)
     check(new_spec)
@@ -124,3 +120,16 @@ def nesterov(spec: Any) -> Spec:
     rule_of(new_spec, rule)
     check(new_spec)
     return new_spec
+
+
+def _fed(base: Spec, transform: str, w: Expr, grad: Expr, flags: Any, make: Any,
+         state: str) -> dict:
+    """The base rule's update with its rescaled, clipped gradient g replaced by
+    ``make(g, update)``'s first value; its second is the new value of ``state``."""
+    new = run_base(base, w, grad, flags)
+    names = list(new)
+    g = clipped_gradient(base, list(new.values()), transform)
+    fed, kept = make(g, new)
+    out = dict(zip(names, substitute([new[n] for n in names], {id(g): fed})))
+    out[state] = kept
+    return out
