@@ -32,7 +32,7 @@ def contenders():
         import heavyball
         makers["heavyball 3.2 Muon (bf16 NS)"] = lambda ps: heavyball.Muon(ps, lr=0.02)
     except ImportError:
-        pass
+        print("heavyball is not installed (pip install heavyball): its row is left out")
     return makers
 
 

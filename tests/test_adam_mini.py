@@ -117,7 +117,7 @@ HP = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, dim=DIM, n_hea
 
 
 def test_matches_the_authors_adam_mini():
-    adam_mini = pytest.importorskip("adam_mini")
+    adam_mini = pytest.importorskip("adam_mini", reason="adam_mini is not installed")
     ours = _run(lambda m: optgen.torch.AdamMini(m.named_parameters(), **HP))
     theirs = _run(lambda m: adam_mini.Adam_mini(m.named_parameters(), verbose=False, **HP))
     for name, w in theirs.items():

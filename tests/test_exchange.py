@@ -5,7 +5,7 @@ import pytest
 
 from optgen.runtime import exchange, get_artifact, owned
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 
 
 def _matrix_kernels(name: str) -> list:

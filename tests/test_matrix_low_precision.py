@@ -142,7 +142,7 @@ def test_split8_is_within_its_bound_of_the_float32_run(name):
 
 
 def _heavyball_soap():
-    heavyball = pytest.importorskip("heavyball")
+    heavyball = pytest.importorskip("heavyball", reason="heavyball is not installed")
     import heavyball.utils
     heavyball.utils.compile_mode = None           # (eager: its compile takes minutes)
     heavyball.utils.compile_mode_recommended_to_none = None
@@ -158,7 +158,7 @@ def test_bf16_states_deviate_no_more_than_heavyballs(seed):
     difference over the largest distance travelled in 20 steps. Measured (seeds 0-2):
     optgen 0.0027-0.0035, heavyball 0.0040-0.0057. A bfloat16 weight with a split8
     master and bfloat16 states stays as close (its decoded master)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed")
     import optgen.torch as otorch
     hb_soap = _heavyball_soap()
     gen = torch.Generator().manual_seed(seed)

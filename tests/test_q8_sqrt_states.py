@@ -160,7 +160,7 @@ def test_a_checkpoint_of_the_earlier_form_loads_converted_and_continues(rng, tmp
 
 
 def test_a_torch_format_state_dict_of_the_earlier_form_loads_converted(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed")
     import optgen.torch as ot
     p = torch.nn.Parameter(torch.randn(4096))
     opt = ot.AdamW([p], lr=1e-3, state_format="q8")
@@ -184,7 +184,7 @@ def test_a_torch_format_state_dict_of_the_earlier_form_loads_converted(rng):
 def test_an_optgen_format_state_dict_names_its_codes_and_converts_the_earlier_form(rng):
     """The drop-in's optgen-format state_dict names the form of its codes ("stored");
     one that names the earlier form loads converted, with the warning line."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed")
     import optgen.torch as ot
     p = torch.nn.Parameter(torch.randn(4096))
     opt = ot.AdamW([p], lr=1e-3, state_format="q8")

@@ -4,7 +4,7 @@ Foret et al. 2021 (SAM) and Kwon et al. 2021 (ASAM)."""
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 import optgen.torch as ot  # noqa: E402
 
 

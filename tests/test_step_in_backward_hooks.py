@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 import optgen.torch as ot  # noqa: E402
 from optgen.torch import in_backward_buckets as buckets  # noqa: E402
 from optgen.runtime import composition  # noqa: E402

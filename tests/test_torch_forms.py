@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 import optgen.torch as ot  # noqa: E402

@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 
 import optgen.torch as otorch  # noqa: E402
 from helpers import family_sampled  # noqa: E402

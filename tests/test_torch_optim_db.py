@@ -25,7 +25,7 @@ import re
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("expecttest", reason="torch's optimizer tables import expecttest")
 from torch.testing._internal.common_optimizers import (OptimizerErrorEnum,  # noqa: E402
                                                        optim_db)

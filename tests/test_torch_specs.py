@@ -11,7 +11,7 @@ import pytest
 
 import optgen
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is not installed")
 
 SHAPES = [0, 1, 17, 255, (33, 31)]
 MATRICES = [(33, 31), (12, 40)]
