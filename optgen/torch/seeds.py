@@ -27,6 +27,7 @@ from .drop_in import OptgenOptimizer
 from .dadapt import DAdaptAdam
 from .adam_mini import AdamMini
 from .families import FAMILIES
+from .lmo_families import LMO_FAMILIES
 from .papers import AdamAtan2, CAME, Prodigy
 from .schedule_free import AdamWScheduleFree
 from optgen.runtime import catalog
@@ -43,12 +44,12 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "radam": "RAdam",
            "rmsprop": "RMSprop", "schedule_free_adamw": "AdamWScheduleFree", "sgd": "SGD",
            "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR",
-           **{name: cls.__name__ for name, cls in FAMILIES.items()}}
+           **{name: cls.__name__ for name, cls in {**FAMILIES, **LMO_FAMILIES}.items()}}
 
 # catalog name -> its class, where the spec needs more than the generated one
 OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam,
        "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2,
-       "adam_mini": AdamMini, **FAMILIES}
+       "adam_mini": AdamMini, **FAMILIES, **LMO_FAMILIES}
 
 _made: dict[tuple, type] = {}
 

@@ -158,7 +158,19 @@ def _kept(x: Expr, w: Expr) -> bool:
 
 def split_step(spec: Spec, w: Expr, w_new: Expr, transform: str) -> tuple[Expr, Expr]:
     """(kept, step) with w_new = kept - step, kept being w or w scaled by a decoupled
-    weight decay; a TransformError for a rule whose new w has another form."""
+    weight decay; a TransformError for a rule whose new w has another form. A decay
+    applied after the step, (kept - step) * decay with decay a per-step scalar (LaProp's),
+    is kept * decay - step * decay."""
+    if w_new.op == "mul":
+        a, b = w_new.args
+        inner, decay = (a, b) if b.kind == "scalar" else (b, a)
+        if decay.kind == "scalar" and inner.op in ("sub", "add"):
+            try:
+                kept, step = split_step(spec, w, inner, transform)
+            except TransformError:
+                pass
+            else:
+                return kept * decay, step * decay
     if w_new.op == "sub" and _kept(w_new.args[0], w):
         return w_new.args[0], w_new.args[1]
     if w_new.op == "add":
