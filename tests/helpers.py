@@ -250,11 +250,12 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
 
 # -- the elementwise families join the catalog-wide tests by sampling -----------------------
 # Each catalog-wide test (kernel vs reference, targets, bad inputs, torch make, ...) builds
-# every spec it takes; these (tests/test_families.py and tests/test_adam_mini.py test each
-# against its paper and its authors' package) join each such test one at a time, a different one per test
-# (chosen by the test's key), the others with the ``exhaustive`` mark (--exhaustive).
-FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams", "laprop",
-                "padam", "qhadam", "qhm", "sgdw", "yogi")
+# every spec it takes; these (tests/test_families.py, tests/test_lmo_families.py and
+# tests/test_adam_mini.py test each against its paper and its authors' package) join each
+# such test one at a time, a different one per test (chosen by the test's key), the others
+# with the ``exhaustive`` mark (--exhaustive).
+FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams",
+                "laprop", "muon_laprop", "padam", "qhadam", "qhm", "scion", "sgdw", "yogi")
 
 
 def family_sampled(name: str, key: str, keep: int = 1) -> tuple:
