@@ -17,7 +17,8 @@ and valid ones accepted.
 Bounded for CI: ``EXAMPLES`` calls per spec (about 30 s for all of them on a 2-core VM,
 plus the artifact builds when this file runs alone: about 2.5 min into the session's
 fresh cache), derandomized (the same calls every run), no example database, no
-shrinking (a failure prints the whole call instead). ``OPTGEN_FUZZ_EXAMPLES=500`` runs
+shrinking (a failure prints the whole call instead); the families of tests/helpers.py
+(FAMILY_SPECS) one per run, the others with ``--exhaustive``. ``OPTGEN_FUZZ_EXAMPLES=500`` runs
 more; ``OPTGEN_FUZZ_SHRINK=1`` lets hypothesis shrink a failure to a smaller call.
 """
 import os
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from helpers import assert_close
+from helpers import assert_close, family_sampled
 
 import fuzz   # tests/fuzz/, the fuzzer's package (tests/ is on sys.path under pytest)
 
@@ -53,9 +54,12 @@ class HypothesisDraw(fuzz.Draw):
 
 
 SPECS = fuzz.spec_list()
+# the families (tests/helpers.py, FAMILY_SPECS) one at a time, as in every catalog-wide
+# test: a matrix family is a minute of builds here
+PARAMS = [pytest.param(s, id=s[0], marks=family_sampled(s[0], "fuzz")) for s in SPECS]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[n for n, _ in SPECS])
+@pytest.mark.parametrize("spec", PARAMS)
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           phases=PHASES, print_blob=False,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
