@@ -27,7 +27,9 @@ Two families (docs/catalog.md lists both, side by side):
   ``came``, ``adam_atan2`` and ``adam_mini`` specs); ``ADOPT``, ``AdEMAMix``, ``LaProp``,
   ``Yogi``, ``AdaBound``, ``QHAdam``, ``QHM``, ``AdaMod``, ``DiffGrad``, ``SGDW``,
   ``PAdam``, ``Grams`` and ``Tiger`` (optgen/torch/families.py) are the families'
-  classes with their authors' signatures. ``SAM`` (optgen/torch/sam.py) wraps any of them
+  classes with their authors' signatures; ``Scion`` (the LIONS-EPFL authors') and
+  ``MuonLaProp`` (heavyball's) too (optgen/torch/lmo_families.py). ``SAM``
+  (optgen/torch/sam.py) wraps any of them
   in sharpness-aware minimization (``step(closure)``: a second gradient per step).
 
 Each class reads ``p.grad``, keeps torch's ``param_groups`` (every torch lr scheduler
