@@ -8,7 +8,8 @@
 * each torch class against heavyball 3.2.1's class of the same rule, in float64 on square
   weights (there heavyball iterates with Muon's coefficients when told
   ``zeroth_power_mode="legacy_newtonschulz"``; elsewhere it runs five per-step triples);
-* ``orthogonalize(laprop)`` (optgen.transforms) is muon_laprop on 2-D parameters;
+* ``orthogonalize(laprop)`` (optgen.transforms) is muon_laprop on 2-D parameters, and
+  ``cautious(laprop)`` heavyball's LaProp(caution=True);
 * what the classes do not build is refused before anything changes.
 
 The catalog-wide tests take these specs by sampling (tests/helpers.py, FAMILY_SPECS).
@@ -24,7 +25,7 @@ import torch
 import optgen
 import optgen.torch as otorch
 from helpers import assert_close
-from optgen.transforms import orthogonalize, spec_file
+from optgen.transforms import cautious, orthogonalize, spec_file
 from test_recent_optimizers import assert_near
 
 STEPS = 8
@@ -196,6 +197,17 @@ def test_scion_matches_heavyball(heavyball_legacy, constrained):
                       dict(lr=0.02, betas=(0.8, 0.99), scale=scale,
                            weight_decay=1.0 if constrained else 0.0),
                       lr=0.02, momentum=0.2, scale=scale, unconstrained=not constrained)
+
+
+def test_cautious_laprop_is_heavyballs_laprop_with_caution(heavyball_legacy):
+    """LaProp's decay applies after its step, (w - s) (1 - lr wd), which the transforms
+    take apart too: cautious(laprop) is heavyball's LaProp(caution=True) at a constant lr
+    and no decay (heavyball bias-corrects where the authors keep lr in the momentum, and
+    bounds sqrt(v) by 1e-8 where they add eps: eps=0 here)."""
+    ws, grads = square_problem(9)
+    h = dict(lr=0.01, beta1=0.8, beta2=0.95)
+    against_heavyball(spec_file(cautious("laprop")), ws, grads, heavyball_legacy.LaProp,
+                      dict(lr=0.01, betas=(0.8, 0.95), caution=True), eps=0.0, **h)
 
 
 def torch_run(opt, params, grads):
