@@ -246,12 +246,20 @@ def test_scion_init_is_the_authors_norm_matched_draw():
     torch.manual_seed(1)
     hidden, head, bias = (torch.nn.Parameter(torch.randn(s)) for s in ((8, 4), (3, 8), (8,)))
     opt = otorch.Scion([{"params": [hidden, bias], "scale": 2.0},
-                        {"params": [head], "norm": "Sign", "scale": 3.0}])
+                        {"params": [head], "norm": "Sign", "scale": 3.0, "unconstrained": True}])
     opt.init()
     sv = torch.linalg.svdvals(hidden.detach().double())
     assert torch.allclose(sv, torch.full_like(sv, 2.0 * math.sqrt(8 / 4))), sv
     assert set(head.detach().abs().flatten().tolist()) == {3.0 / 8}
     assert not bias.detach().any()
+
+
+def test_scion_takes_named_parameters_with_one_norm():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 3))
+    with pytest.raises(ValueError, match="norm='Sign' does not take a 1-D parameter"):
+        otorch.Scion(model.named_parameters(), norm="Sign")
+    opt = otorch.Scion(model[0].named_parameters(), norm="Sign")
+    assert opt.param_groups[0]["sign"] and opt.param_groups[0]["param_names"] == ["weight"]
 
 
 BAD = [   # (class, parameter shapes, arguments, message)

@@ -16,7 +16,7 @@ other than Spectral's ``steps`` and the defaults. MuonLaProp refuses heavyball's
 that change the rule (caution, mars, palm, warm-up, clipping, storage formats) unless
 they have heavyball's defaults; the others (multi_tensor, compile_step, ...) say how
 heavyball runs and are accepted.
-Imports: drop_in, papers.
+Imports: drop_in, papers, placement.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import placement
 from .drop_in import OptgenOptimizer
 from .papers import tuple_option
 from optgen.runtime import catalog
@@ -35,6 +36,14 @@ NORM_KWARGS = {"Spectral": {"max": False, "normalized": True},
                "Sign": {"normalized": True, "zero_init": None}}   # None: any value (init only)
 
 
+def _tensors(params: Any) -> list:
+    """The tensors of a group's ``params``: a tensor, tensors, or (name, tensor) pairs."""
+    if isinstance(params, torch.Tensor):
+        return [params]
+    return [p[1] if isinstance(p, tuple) else p for p in params
+            if isinstance(p, (torch.Tensor, tuple))]
+
+
 def _scion_group(group: dict, norm: str, norm_kwargs: dict | None) -> tuple[str, dict]:
     """The spec's hyperparameters of one Scion group (its norm as the ``sign`` flag and
     ``ns_steps``); a ValueError for what is not built."""
@@ -42,7 +51,7 @@ def _scion_group(group: dict, norm: str, norm_kwargs: dict | None) -> tuple[str,
     if norm not in NORMS:
         raise ValueError(f"Scion: norm={norm!r} is not built (built: {', '.join(NORMS)})")
     sign, which = NORMS[norm]
-    for p in group["params"]:
+    for p in _tensors(group["params"]):
         ok = (p.ndim == 2, p.ndim <= 1, p.ndim <= 2)[which]
         if not ok:
             raise ValueError(f"Scion: norm={norm!r} does not take a {p.ndim}-D parameter "
@@ -70,12 +79,15 @@ class Scion(OptgenOptimizer):
                  norm_kwargs: dict | None = None, scale: float = 1.0,
                  unconstrained: bool = False, **options: Any) -> None:
         self.spec = catalog.resolve(self.spec_name)
-        groups = list(params)
-        if not groups or not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
-        groups = [dict(g, params=list(g["params"])) for g in groups]
-        self._norms = [_scion_group(g, norm, norm_kwargs) for g in groups]
-        super().__init__(groups, lr=lr, momentum=momentum, scale=scale,
+        params = placement.listed(params, "Scion", options)
+        if isinstance(params, list) and params and isinstance(params[0], dict):
+            params = [dict(g) for g in params]
+            self._norms = [_scion_group(g, norm, norm_kwargs) for g in params]
+        else:   # (one group: its norm's flags are the optimizer's; torch refuses a non-list)
+            top = {"params": params if isinstance(params, list) else []}
+            self._norms = [_scion_group(top, norm, norm_kwargs)]
+            options.update((k, v) for k, v in top.items() if k != "params")
+        super().__init__(params, lr=lr, momentum=momentum, scale=scale,
                          unconstrained=unconstrained, **options)
 
     @torch.no_grad()
