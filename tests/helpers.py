@@ -255,7 +255,8 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
 # such test one at a time, a different one per test (chosen by the test's key), the others
 # with the ``exhaustive`` mark (--exhaustive).
 FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams",
-                "laprop", "muon_laprop", "padam", "qhadam", "qhm", "scion", "sgdw", "yogi")
+                "laprop", "muon_laprop", "ortho_laprop", "padam", "qhadam", "qhm", "scion",
+                "sgdw", "yogi")
 
 
 def family_sampled(name: str, key: str, keep: int = 1) -> tuple:

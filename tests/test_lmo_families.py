@@ -1,10 +1,11 @@
 """The matrix families Scion (specs/scion.py, the LIONS-EPFL authors' Scion) and MuonLaProp
-(specs/muon_laprop.py, heavyball's) and their optgen.torch classes
-(optgen/torch/lmo_families.py):
+(specs/muon_laprop.py, heavyball's), heavyball's OrthoLaProp and LaPropOrtho
+(specs/ortho_laprop.py) and their optgen.torch classes (optgen/torch/lmo_families.py):
 
 * compiled kernels and the reference interpreter step alike, and both match oracles
   written here from the papers (numpy, float64: Pethick et al.'s SCG / uSCG with the
-  authors' LMOs; LaProp's momentum of the normalized gradient, then Muon's iteration);
+  authors' LMOs; LaProp's momentum of the normalized gradient, then Muon's iteration;
+  OrthoGrad's projection before or after LaProp);
 * each torch class against heavyball 3.2.1's class of the same rule, in float64 on square
   weights (there heavyball iterates with Muon's coefficients when told
   ``zeroth_power_mode="legacy_newtonschulz"``; elsewhere it runs five per-step triples);
@@ -81,11 +82,32 @@ def muon_laprop(w, grads, lr=0.0025, beta1=0.9, beta2=0.99, eps=1e-8, weight_dec
     return w
 
 
-ORACLES = {"scion": scion, "muon_laprop": muon_laprop}
+def ortho_laprop(w, grads, lr=0.0025, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0,
+                 after=False):
+    """OrthoGrad (Prieto et al. 2025, eq. 9-10: x_perp = x - (w.x / w.w) w, rescaled to
+    ||x||) on the gradient before LaProp, or on LaProp's step after it (``after``), with
+    heavyball's eps in w.w and its floor 1e-6 of ||x_perp||."""
+    def ortho(w, x):
+        y = x - np.sum(w * x) / (np.sum(w * w) + eps) * w
+        return y * np.linalg.norm(x) / max(np.linalg.norm(y), 1e-6)
+    w = w.astype(np.float64)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    for t, g in enumerate(grads, 1):
+        g = g if after else ortho(w, g)
+        v = beta2 * v + (1 - beta2) * g * g
+        m = beta1 * m + (1 - beta1) * g / np.maximum(np.sqrt(v / (1 - beta2 ** t)), eps)
+        u = m / (1 - beta1 ** t)
+        w = w * (1 - lr * weight_decay) - lr * (ortho(w, u) if after else u)
+    return w
+
+
+ORACLES = {"scion": scion, "muon_laprop": muon_laprop, "ortho_laprop": ortho_laprop}
 CASES = {   # case -> (hyperparameters of the spec and of the oracle)
     "scion": dict(lr=0.05, momentum=0.5, scale=2.0),
     "scion-sign-unconstrained": dict(lr=0.05, momentum=0.3, sign=True, unconstrained=True),
     "muon_laprop": dict(lr=0.02, beta1=0.8, beta2=0.95, weight_decay=0.1),
+    "ortho_laprop": dict(lr=0.02, beta1=0.8, beta2=0.95, weight_decay=0.1),
+    "ortho_laprop-after": dict(lr=0.02, beta1=0.8, beta2=0.95, weight_decay=0.1, after=True),
 }
 
 
@@ -179,6 +201,16 @@ def test_muon_laprop_matches_heavyball(heavyball_legacy):
                       dict(h, betas=(0.85, 0.95)), beta1=0.85, beta2=0.95, **h)
 
 
+@pytest.mark.parametrize("after", [False, True], ids=["OrthoLaProp", "LaPropOrtho"])
+def test_ortho_laprop_matches_heavyball(heavyball_legacy, after):
+    """(heavyball stores its averages in float32: within 1e-7 of ours)"""
+    ws, grads = square_problem()
+    h = dict(lr=0.01, weight_decay=0.1)
+    cls = heavyball_legacy.LaPropOrtho if after else heavyball_legacy.OrthoLaProp
+    against_heavyball("ortho_laprop", ws, grads, cls, dict(h, betas=(0.85, 0.95)),
+                      beta1=0.85, beta2=0.95, after=after, **h)
+
+
 @pytest.mark.parametrize("constrained", [False, True], ids=["unconstrained", "constrained"])
 def test_scion_matches_heavyball(heavyball_legacy, constrained):
     """heavyball's Scion is the authors' "Auto" Scion with its momentum 1 - beta1 (its
@@ -233,13 +265,16 @@ def test_the_torch_classes_step_their_rules():
     want = scion(ws[1], [g[1].astype(np.float64) for g in grads],
                  **CASES["scion-sign-unconstrained"])
     assert_near(sign.detach().numpy(), want, "Scion, the Sign group")
-    h = dict(CASES["muon_laprop"])
-    ps = [torch.nn.Parameter(torch.tensor(w)) for w in ws]
-    torch_run(otorch.MuonLaProp(ps, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
-                                weight_decay=h["weight_decay"]), ps, grads)
-    for i, p in enumerate(ps):
-        want = muon_laprop(ws[i], [g[i].astype(np.float64) for g in grads], **h)
-        assert_near(p.detach().numpy(), want, f"MuonLaProp, parameter {i}")
+    for cls, case in (("MuonLaProp", "muon_laprop"), ("OrthoLaProp", "ortho_laprop"),
+                      ("LaPropOrtho", "ortho_laprop-after")):
+        h = dict(CASES[case])
+        ps = [torch.nn.Parameter(torch.tensor(w)) for w in ws]
+        torch_run(getattr(otorch, cls)(ps, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
+                                       weight_decay=h["weight_decay"]), ps, grads)
+        for i, p in enumerate(ps):
+            want = ORACLES[case.split("-")[0]](ws[i], [g[i].astype(np.float64) for g in grads],
+                                               **h)
+            assert_near(p.detach().numpy(), want, f"{cls}, parameter {i}")
 
 
 def test_scion_init_is_the_authors_norm_matched_draw():
@@ -258,7 +293,7 @@ def test_scion_takes_named_parameters_with_one_norm():
     model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 3))
     with pytest.raises(ValueError, match="norm='Sign' does not take a 1-D parameter"):
         otorch.Scion(model.named_parameters(), norm="Sign")
-    opt = otorch.Scion(model[0].named_parameters(), norm="Sign")
+    opt = otorch.Scion(model[0].named_parameters(), norm="Sign", unconstrained=True)
     assert opt.param_groups[0]["sign"] and opt.param_groups[0]["param_names"] == ["weight"]
 
 
@@ -272,6 +307,7 @@ BAD = [   # (class, parameter shapes, arguments, message)
     ("Scion", [(4, 3)], dict(momentum=1.5), "0 <= momentum <= 1"),
     ("MuonLaProp", [(4, 3)], dict(caution=True), "caution=True is not built"),
     ("MuonLaProp", [(4, 3)], dict(palm=True), "palm=True is not built"),
+    ("LaPropOrtho", [(4, 3)], dict(mars=True), "LaPropOrtho: mars=True is not built"),
 ]
 
 

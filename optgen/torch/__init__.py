@@ -27,8 +27,9 @@ Two families (docs/catalog.md lists both, side by side):
   ``came``, ``adam_atan2`` and ``adam_mini`` specs); ``ADOPT``, ``AdEMAMix``, ``LaProp``,
   ``Yogi``, ``AdaBound``, ``QHAdam``, ``QHM``, ``AdaMod``, ``DiffGrad``, ``SGDW``,
   ``PAdam``, ``Grams`` and ``Tiger`` (optgen/torch/families.py) are the families'
-  classes with their authors' signatures; ``Scion`` (the LIONS-EPFL authors') and
-  ``MuonLaProp`` (heavyball's) too (optgen/torch/lmo_families.py). ``SAM``
+  classes with their authors' signatures; ``Scion`` (the LIONS-EPFL authors'),
+  ``MuonLaProp``, ``OrthoLaProp`` and ``LaPropOrtho`` (heavyball's) too
+  (optgen/torch/lmo_families.py). ``SAM``
   (optgen/torch/sam.py) wraps any of them
   in sharpness-aware minimization (``step(closure)``: a second gradient per step).
 
@@ -57,6 +58,7 @@ from . import seeds
 from .agreement import DistributedStepError
 from .drop_in import OptgenOptimizer
 from .families import Tiger
+from .lmo_families import LaPropOrtho
 from .kfac import KFACStatistics
 from .optim import TORCH_FORMS
 from .seeds import CLASSES
@@ -97,6 +99,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
+           "LaPropOrtho", "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]

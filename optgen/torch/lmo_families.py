@@ -1,6 +1,7 @@
 """Matrix families with their authors' signatures and defaults: ``Scion`` (the LIONS-EPFL
 authors' Scion, the ``scion`` spec) and ``MuonLaProp`` (heavyball's, the ``muon_laprop``
-spec).
+spec); heavyball's ``OrthoLaProp`` and ``LaPropOrtho`` (the ``ortho_laprop`` spec) beside
+them.
 
     opt = optgen.torch.Scion([{"params": hidden, "norm": "Spectral", "scale": 50.0},
                               {"params": [head.weight], "norm": "Sign", "scale": 3000.0}],
@@ -12,7 +13,7 @@ Scion takes the authors' norms per group (``norm``, ``norm_kwargs``): "Auto" (sp
 2-D, RMS on 0-D and 1-D), "Spectral" (2-D), "Sign" (2-D) and "BiasRMS" (0-D and 1-D).
 What is not built is refused with a ValueError naming it, before anything changes:
 "ColNorm", "RowNorm", "SpectralConv", parameters of 3 or more dimensions, and norm_kwargs
-other than Spectral's ``steps`` and the defaults. MuonLaProp refuses heavyball's options
+other than Spectral's ``steps`` and the defaults. heavyball's classes refuse its options
 that change the rule (caution, mars, palm, warm-up, clipping, storage formats) unless
 they have heavyball's defaults; the others (multi_tensor, compile_step, ...) say how
 heavyball runs and are accepted.
@@ -112,17 +113,12 @@ class Scion(OptgenOptimizer):
                 p.mul_(group["scale"])
 
 
-def _refuse(name: str, value: Any, built: Any) -> None:
-    if value != built:
-        raise ValueError(f"MuonLaProp: {name}={value!r} is not built ({name}={built!r})")
+class _HeavyballLaProp(OptgenOptimizer):
+    """heavyball's signature of its LaProp variants; ``flags``: the spec's flags of the
+    variant. heavyball's options that change the rule are refused unless they have its
+    defaults (a ValueError naming the option)."""
 
-
-class MuonLaProp(OptgenOptimizer):
-    """MuonLaProp (heavyball) as heavyball's MuonLaProp steps it: LaProp's bias-corrected
-    momentum of g / max(sqrt(v), eps), orthogonalized on 2-D parameters (Muon's
-    Newton-Schulz, scaled by sqrt(max(1, R / C))), decoupled weight decay."""
-
-    spec_name = "muon_laprop"
+    spec_name, flags = "", {}
 
     def __init__(self, params, lr: float = 0.0025, betas: tuple[float, float] = (0.9, 0.99),
                  eps: float = 1e-8, weight_decay: float = 0.0,
@@ -140,13 +136,38 @@ class MuonLaProp(OptgenOptimizer):
                                    ("update_clipping", update_clipping, None),
                                    ("storage_dtype", storage_dtype, "float32"),
                                    ("ecc", ecc, None), ("param_ecc", param_ecc, None)):
-            _refuse(name, value, built)
+            if value != built:
+                raise ValueError(f"{type(self).__name__}: {name}={value!r} is not built "
+                                 f"({name}={built!r})")
         self.spec = catalog.resolve(self.spec_name)
         tuple_option(options, "betas", betas, ("beta1", "beta2"))
-        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay, **options)
+        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay,
+                         **{**self.flags, **options})
 
 
-LMO_FAMILIES = {"scion": Scion, "muon_laprop": MuonLaProp}
+class MuonLaProp(_HeavyballLaProp):
+    """MuonLaProp (heavyball) as heavyball's MuonLaProp steps it: LaProp's bias-corrected
+    momentum of g / max(sqrt(v), eps), orthogonalized on 2-D parameters (Muon's
+    Newton-Schulz, scaled by sqrt(max(1, R / C))), decoupled weight decay."""
 
-for _cls in LMO_FAMILIES.values():
+    spec_name = "muon_laprop"
+
+
+class OrthoLaProp(_HeavyballLaProp):
+    """OrthoLaProp (heavyball): OrthoGrad's projection of g off w (at g's norm), then
+    heavyball's LaProp (the ``ortho_laprop`` spec)."""
+
+    spec_name, flags = "ortho_laprop", {"after": False}
+
+
+class LaPropOrtho(_HeavyballLaProp):
+    """LaPropOrtho (heavyball): heavyball's LaProp, its step projected off w (at the
+    step's norm) by OrthoGrad (the ``ortho_laprop`` spec with ``after``)."""
+
+    spec_name, flags = "ortho_laprop", {"after": True}
+
+
+LMO_FAMILIES = {"scion": Scion, "muon_laprop": MuonLaProp, "ortho_laprop": OrthoLaProp}
+
+for _cls in (*LMO_FAMILIES.values(), LaPropOrtho):
     _cls.__module__ = "optgen.torch"
