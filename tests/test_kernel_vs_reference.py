@@ -13,6 +13,7 @@ import pytest
 
 import optgen
 from optgen.runtime import artifact
+from optgen.runtime.tensors import numpy_dtype
 from optgen.core import catalog
 from optgen.core import reference, scalar_expr, views
 from conftest import offset_array
@@ -265,7 +266,7 @@ def _mixed_arrays(art, k, shape, rng, scalars, states="random") -> dict[str, np.
                 value[...] = scalar_expr.evaluate(str(init[b]), scalars)
             elif b in init:
                 value = np.abs(value)  # positive, like second moments
-            value = value.astype(k.storage.get(b, k.dtype))
+            value = value.astype(numpy_dtype(k.storage.get(b, k.dtype)))
         arrays[b] = offset_array(value, rng, unit=value.itemsize)
     for b in arrays:
         if init.get(b) == "w" and states == "init":   # (Prodigy's w0: the master's values)
