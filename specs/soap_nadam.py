@@ -42,11 +42,15 @@ soap = base_spec("soap")
 spec = Spec.extend(soap, "soap_nadam", __doc__, reference="heavyball SOAPNAdam; arXiv:2409.11321")
 for name in ("correct_bias", "normalize_grads"):   # SOAP's Adam options: NAdam corrects
     del spec.hypers[name]
-HEAVYBALL_DEFAULTS = dict(beta1=0.9, beta2=0.999, shampoo_beta=0.95,
-                          precondition_frequency=2, max_precond_dim=2048)
-for name, value in HEAVYBALL_DEFAULTS.items():
-    h = spec.hypers[name]
-    spec.hypers[name] = dataclasses.replace(h, info=dataclasses.replace(h.info, default=value))
+# heavyball's defaults; the words where this step differs from SOAP's (None: SOAP's)
+HEAVYBALL = {"beta1": (0.9, None), "beta2": (0.999, None), "shampoo_beta": (0.95, None),
+             "precondition_frequency": (2, None), "max_precond_dim": (2048, None),
+             "eps": (1e-8, "floor of sqrt(v_hat) in the denominator (heavyball's max)"),
+             "weight_decay": (0.01, "decoupled weight decay, from the W the step starts at")}
+for name, (value, doc) in HEAVYBALL.items():
+    info = spec.hypers[name].info
+    info = dataclasses.replace(info, default=value, doc=doc or info.doc)
+    spec.hypers[name] = dataclasses.replace(spec.hypers[name], info=info)
 hyper = {n: h.node for n, h in spec.hypers.items()}
 lr, beta1, beta2, eps = hyper["lr"], hyper["beta1"], hyper["beta2"], hyper["eps"]
 weight_decay, shampoo_beta = hyper["weight_decay"], hyper["shampoo_beta"]

@@ -7,10 +7,10 @@ eigenbasis well determined).
 
 heavyball refreshes its basis after its step counts f, 2f, ... and SOAP after every f
 Adam steps (one step later); with f = 1 both refresh after every step and the runs
-agree to the terms where heavyball differs by design (it divides by max(sqrt(v_hat),
-eps), decays the weight in the same step, shifts its power iteration by 1e-8 of the
-largest eigenvalue in float64). Measured, seeds 0-2, 12 steps, float64: weights within
-3e-9 of max|w| (the tolerance is 1e-7).
+agree up to heavyball's shift of each power iteration (1e-8 of the largest eigenvalue
+in float64) and rounding. Measured, seeds 0-2, 12 steps, float64: weights within
+4.9e-8 of max|w| (the tolerance is 2e-7); with SOAP's authors' decay order (after the
+step) or torch NAdam's sqrt(v_hat) + eps in place of heavyball's, 6e-6 to 7e-5 apart.
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def _heavyball():
 @pytest.mark.parametrize("seed", [0])
 def test_soap_nadam_follows_heavyballs_soap_nadam(seed):
     """heavyball.SOAPNAdam and optgen.torch.SOAPNAdam, float64, both refreshing after
-    every step, 12 steps with non-default hyperparameters: weights within 1e-7 of max|w|
+    every step, 12 steps with non-default hyperparameters: weights within 2e-7 of max|w|
     at every step (heavyball keeps m and v in its own layout; not compared)."""
     hb = _heavyball()
     hyper = dict(lr=1e-2, betas=(0.85, 0.99), shampoo_beta=0.9, weight_decay=0.05,
@@ -166,7 +166,7 @@ def test_soap_nadam_follows_heavyballs_soap_nadam(seed):
         ref.step()
         for i, (a, b) in enumerate(zip(mine, theirs)):
             err = worst(a.detach().numpy(), b.detach().numpy())
-            assert err <= 1e-7, f"step {t} parameter {i} {SHAPES[i]}: {err:.2e}"
+            assert err <= 2e-7, f"step {t} parameter {i} {SHAPES[i]}: {err:.2e}"
 
 
 def _effective(default, hb):
