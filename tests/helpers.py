@@ -248,15 +248,16 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
     return out
 
 
-# -- the elementwise families join the catalog-wide tests by sampling -----------------------
+# -- the families join the catalog-wide tests by sampling -----------------------------------
 # Each catalog-wide test (kernel vs reference, targets, bad inputs, torch make, ...) builds
-# every spec it takes; these (tests/test_families.py, tests/test_lmo_families.py and
-# tests/test_adam_mini.py test each against its paper and its authors' package) join each
-# such test one at a time, a different one per test (chosen by the test's key), the others
-# with the ``exhaustive`` mark (--exhaustive).
+# every spec it takes; these (tests/test_families.py, tests/test_lmo_families.py,
+# tests/test_adam_mini.py and tests/test_matrix_soap_nadam.py test each against its paper
+# and its authors' package or heavyball) join each such test one at a time, a different
+# one per test (chosen by the test's key), the others with the ``exhaustive`` mark
+# (--exhaustive).
 FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams",
                 "laprop", "muon_laprop", "ortho_laprop", "padam", "qhadam", "qhm", "scion",
-                "sgdw", "yogi")
+                "sgdw", "yogi", "soap_nadam")
 
 
 def family_sampled(name: str, key: str, keep: int = 1) -> tuple:

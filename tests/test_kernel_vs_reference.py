@@ -25,8 +25,8 @@ DTYPES = ["float32", "float64"]
 # SOAP fits its first basis by eigh of one gradient's g g^T and g^T g; for a non-square
 # layer one is rank-deficient, and the eigenvectors of its null space follow the last
 # bits of the statistic, which compiled and reference kernels round apart (docs/matrix.md,
-# "When the basis is not unique"): its matrix shape here is square.
-SQUARE_LAYERS = {"soap": (17, 17)}
+# "When the basis is not unique"): its matrix shape here is square (and SOAP-NAdam's).
+SQUARE_LAYERS = {"soap": (17, 17), "soap_nadam": (17, 17)}
 # the one family (helpers.FAMILY_SPECS) every test here takes in a default run: it is
 # built once, with all its variants
 KEY = "kernel_vs_reference"

@@ -1,7 +1,7 @@
 """Matrix rules build every library a run needs when the optimizer is made
-(runtime/prebuild.py): SOAP and Shampoo, stepped past refreshes of their bases and roots
-with clip_global_norm on, neither build nor load a library after construction; a
-flag changed by set_hyper still builds its variant on first use."""
+(runtime/prebuild.py): SOAP, SOAP-NAdam and Shampoo, stepped past refreshes of their
+bases and roots with clip_global_norm on, neither build nor load a library after
+construction; a flag changed by set_hyper still builds its variant on first use."""
 import numpy as np
 import pytest
 
@@ -14,7 +14,9 @@ from optgen.runtime.artifact import Artifact    # noqa: E402
 CASES = {"soap": (lambda ps: otorch.SOAP(ps, lr=1e-2, precondition_frequency=2,
                                          clip_global_norm=1.0)),
          "shampoo": (lambda ps: otorch.seeds.Shampoo(ps, lr=1e-2, precondition_frequency=2,
-                                                     epsilon=1e-3, clip_global_norm=1.0))}
+                                                     epsilon=1e-3, clip_global_norm=1.0)),
+         "soap_nadam": (lambda ps: otorch.SOAPNAdam(ps, lr=1e-2, precondition_frequency=2,
+                                                    clip_global_norm=1.0))}
 
 
 class _Watch:

@@ -16,7 +16,9 @@ the authors' ``train()`` and ``eval()``), and so has D-Adaptation Adam
 Adam-atan2 (optgen/torch/papers.py, the authors' signatures) and Adam-mini
 (optgen/torch/adam_mini.py), and so have the elementwise families (ADOPT, AdEMAMix,
 LaProp, ...: optgen/torch/families.py).
-Imports: adam_mini, dadapt, drop_in, families, offload, papers, schedule_free.
+The SOAP variant heavyball has, SOAPNAdam, has its class too (optgen/torch/soap_nadam.py,
+heavyball's signature).
+Imports: adam_mini, dadapt, drop_in, families, offload, papers, schedule_free, soap_nadam.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .families import FAMILIES
 from .lmo_families import LMO_FAMILIES
 from .papers import AdamAtan2, CAME, Prodigy
 from .schedule_free import AdamWScheduleFree
+from .soap_nadam import SOAPNAdam
 from optgen.runtime import catalog
 
 # catalog name -> class name, in torch's spelling where torch has the optimizer
@@ -43,13 +46,14 @@ CLASSES = {"adabelief": "AdaBelief", "adadelta": "Adadelta", "adafactor": "Adafa
            "nag": "NAG", "prodigy": "Prodigy", "proximal_adagrad": "ProximalAdagrad",
            "radam": "RAdam",
            "rmsprop": "RMSprop", "schedule_free_adamw": "AdamWScheduleFree", "sgd": "SGD",
-           "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "thor": "THOR",
+           "shampoo": "Shampoo", "signum": "Signum", "soap": "SOAP", "soap_nadam": "SOAPNAdam",
+           "thor": "THOR",
            **{name: cls.__name__ for name, cls in {**FAMILIES, **LMO_FAMILIES}.items()}}
 
 # catalog name -> its class, where the spec needs more than the generated one
 OWN = {"schedule_free_adamw": AdamWScheduleFree, "dadapt_adam": DAdaptAdam,
        "prodigy": Prodigy, "came": CAME, "adam_atan2": AdamAtan2,
-       "adam_mini": AdamMini, **FAMILIES, **LMO_FAMILIES}
+       "adam_mini": AdamMini, "soap_nadam": SOAPNAdam, **FAMILIES, **LMO_FAMILIES}
 
 _made: dict[tuple, type] = {}
 
