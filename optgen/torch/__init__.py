@@ -61,6 +61,7 @@ from .seeds import CLASSES
 from .sam import SAM
 from .sharded_checkpoint import ShardedCheckpointError
 from .soap import SOAP
+from .psgd_kron import PSGDKron
 from optgen.runtime import catalog
 
 globals().update(TORCH_FORMS)
@@ -95,6 +96,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
+           "PSGDKron", "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]
