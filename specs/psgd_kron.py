@@ -49,7 +49,6 @@ spec.hyper("diag_mode", 0, "0 <= diag_mode <= 4",
            "one_triu, 4 all_diag; fixed when the optimizer is made", type="int")
 MAT = "ndim == 2 and rows > 1 and cols > 1"
 TRI = f"{MAT} and min_ndim_triangular <= 2 and diag_mode != 4"
-spec.shape_flag("mat", MAT, "a 2-D parameter with both sides > 1: a factor per side")
 spec.shape_flag("tri_l", f"{TRI} and rows <= max_size_triangular and not "
                 "(diag_mode >= 1 and rows > cols)", "Q_L is triangular")
 spec.shape_flag("tri_r", f"{TRI} and cols <= max_size_triangular and not "
@@ -57,16 +56,16 @@ spec.shape_flag("tri_r", f"{TRI} and cols <= max_size_triangular and not "
                 "((diag_mode == 1 or diag_mode == 3) and cols >= rows)", "Q_R is triangular")
 m = spec.state("m", 0.0, "momentum (a debiased EMA of the gradient)")
 Q_L = spec.state("Q_L", 0.0, "left factor, upper triangular (host-fitted)", shape="rr",
-                 when="mat and tri_l")
+                 when="tri_l")
 Q_R = spec.state("Q_R", 0.0, "right factor, upper triangular (host-fitted)", shape="cc",
-                 when="mat and tri_r")
+                 when="tri_r")
 D = spec.state("D", 0.0, "the diagonal factors, elementwise: d_L[i] d_R[j] (1 on a "
                "triangular side); q itself for a parameter that is not a matrix",
-               when="not (mat and tri_l and tri_r)")
+               when="not (tri_l and tri_r)")
 lb_L = spec.state("lb_L", 0.0, "running lower bound of the left (or only) factor's fit",
            shape="scalar")
-lb_R = spec.state("lb_R", 0.0, "running lower bound of the right factor's fit", shape="scalar",
-           when="mat")
+lb_R = spec.state("lb_R", 0.0, "running lower bound of the right factor's fit (matrices)",
+                  shape="scalar")
 t = spec.t
 
 
@@ -79,11 +78,11 @@ def trust_clip(x):
 
 def precondition(x, flags):
     """P x = Q^T Q x along each side (diagonal sides: x * D^2, which commutes)."""
-    if not (flags.mat and flags.tri_l and flags.tri_r):
+    if not (flags.tri_l and flags.tri_r):
         x = D * D * x                  # (a diagonal side scales rows or columns)
-    if flags.mat and flags.tri_l:
+    if flags.tri_l:
         x = matmul(Q_L.T, matmul(Q_L, x))
-    return matmul(matmul(x, Q_R.T), Q_R) if flags.mat and flags.tri_r else x
+    return matmul(matmul(x, Q_R.T), Q_R) if flags.tri_r else x
 
 
 @spec.update
@@ -94,7 +93,7 @@ def psgd_kron(w, grad, flags):
     u = trust_clip(precondition(m_new, flags))
     out = {m: m_new, w: w * (1 - lr_t * weight_decay) - lr_t * u}
     # (the factors and bounds change only in the host's fit: the kernel keeps them)
-    kept = [lb_L] + ([lb_R] if flags.mat else []) + [Q_L] * (flags.mat and flags.tri_l) \
-        + [Q_R] * (flags.mat and flags.tri_r) + [D] * (not (flags.mat and flags.tri_l and flags.tri_r))
+    kept = [lb_L, lb_R] + [Q_L] * flags.tri_l + [Q_R] * flags.tri_r \
+        + [D] * (not (flags.tri_l and flags.tri_r))
     out.update({s: s for s in kept})
     return out
