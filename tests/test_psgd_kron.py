@@ -201,3 +201,26 @@ def test_refusals_at_step_and_for_shapes_change_nothing():
         opt.step()
     assert (a == 1).all() and float(opt.state[a]["step"]) == 0
     assert float(opt.state[a]["Q_L"].abs().sum()) == 0
+
+
+def test_a_checkpoint_keeps_the_update_schedule():
+    """Three steps, state_dict, a new optimizer loads it, three more steps: the run
+    uninterrupted (probability 0.5: the fits come on every other step, so the schedule's
+    position and the lower bounds must come back)."""
+    shapes, kw = [(4, 3), (5,)], dict(lr=0.05, preconditioner_update_probability=0.5)
+    grads = _grads(shapes, 6)
+    whole, _ = _run(lambda ps: otorch.PSGDKron(ps, **kw), shapes, grads)
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = otorch.PSGDKron(ps, **kw)
+    for k in range(6):
+        if k == 3:
+            sd = opt.state_dict()
+            opt = otorch.PSGDKron(ps, **kw)
+            opt.load_state_dict(sd)
+        for p, g in zip(ps, grads[k]):
+            p.grad = g.clone()
+        torch.manual_seed(100 + k)
+        opt.step()
+    for a, b in zip(ps, whole):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)

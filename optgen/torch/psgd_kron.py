@@ -29,6 +29,7 @@ from optgen.runtime import catalog
 
 DIAG_MODES = {None: 0, "one_diag": 1, "smart_one_diag": 2, "one_triu": 3, "all_diag": 4}
 _DEFAULT = object()
+SCHEDULE = "psgd_update_schedule"   # state_dict's key: [schedule step, cumulative probability]
 # what heavyball accepts and this class does not build: name -> the value that is built
 _FIXED = {"merge_dims": False, "split": False, "mars": False, "caution": False,
           "cautious_weight_decay": False, "precond_grad_accum": False, "delayed": False,
@@ -170,11 +171,28 @@ class PSGDKron(OptgenOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not torch.compiler.is_compiling():
-            self._fit_all()
+        self._fit_all()   # (under torch.compile: a graph break, the fit runs eagerly)
         super().step(**statistics)
         return loss
 
+    def state_dict(self, format: str = "optgen") -> dict[str, Any]:
+        """The drop-in's state_dict and the update schedule's position (``SCHEDULE``)."""
+        out = super().state_dict(format)
+        out[SCHEDULE] = [self._prob_step, self._prob_sum]
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        schedule = state_dict.pop(SCHEDULE, None)
+        if schedule is not None and not (isinstance(schedule, (list, tuple)) and
+                                         len(schedule) == 2):
+            raise ValueError(f"PSGDKron: {SCHEDULE} must be [step, cumulative "
+                             f"probability], got {schedule!r}")
+        super().load_state_dict(state_dict)
+        if schedule is not None:
+            self._prob_step, self._prob_sum = int(schedule[0]), float(schedule[1])
+
+    @torch.compiler.disable
     @torch.no_grad()
     def _fit_all(self) -> None:
         fit = self._fit
