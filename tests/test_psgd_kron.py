@@ -201,6 +201,13 @@ def test_refusals_at_step_and_for_shapes_change_nothing():
         opt.step()
     assert (a == 1).all() and float(opt.state[a]["step"]) == 0
     assert float(opt.state[a]["Q_L"].abs().sum()) == 0
+    b.grad = torch.tensor([1.0, float("nan"), 0.0, 0.0])
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        opt.step()
+    b.grad = torch.zeros(4)                    # (a given scale needs no gradient)
+    opt = otorch.PSGDKron([a, b], precond_init_scale=0.5)
+    opt.step()
+    assert abs(float(opt.state[b]["D"][0]) - 0.5) < 0.05 and not (a == 1).all()
 
 
 def test_a_checkpoint_keeps_the_update_schedule():

@@ -20,7 +20,9 @@ Two families (docs/catalog.md lists both, side by side):
   no twin of (``LAMB``, ``Lion``, ``FTML``, ``FTRL``, ``THOR``, ...) are these classes
   under ``optgen.torch`` as before; ``CLASSES`` maps their catalog names to class names.
 * ``SOAP`` (optgen/torch/soap.py) is the SOAP authors' optimizer: their signature,
-  defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``DAdaptAdam``
+  defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``PSGDKron``
+  (optgen/torch/psgd_kron.py) is heavyball's PSGDKron (the ``psgd_kron`` spec, its
+  Kronecker factors fitted on the host before each fused step); ``DAdaptAdam``
   (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
   spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) and
   ``AdamMini`` (optgen/torch/adam_mini.py) are their authors' classes (the ``prodigy``,

@@ -203,7 +203,12 @@ class PSGDKron(OptgenOptimizer):
         todo = [(p, g) for g in self.param_groups for p in g["params"]
                 if p.grad is not None and p.numel() > 0]
         for p, _ in todo:   # (checked before anything changes)
-            if float(self.state[p]["step"]) == 0 and not bool(p.grad.abs().sum() > 0):
+            if float(self.state[p]["step"]) != 0 or fit["scale"] is not None:
+                continue
+            if not bool(torch.isfinite(p.grad).all()):
+                raise ValueError("PSGDKron: a parameter's first gradient has NaN or Inf "
+                                 "values; its preconditioner's scale comes from it")
+            if not bool(p.grad.abs().sum() > 0):
                 raise ValueError("PSGDKron: a parameter's first gradient is all zeros; "
                                  "its preconditioner's scale comes from it (set "
                                  "precond_init_scale)")
