@@ -171,7 +171,10 @@ class PSGDKron(OptgenOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._fit_all()   # (under torch.compile: a graph break, the fit runs eagerly)
+        if torch.compiler.is_compiling():   # (a graph break: the fit runs eagerly)
+            torch.compiler.disable(self._fit_all)()
+        else:
+            self._fit_all()
         super().step(**statistics)
         return loss
 
@@ -192,7 +195,6 @@ class PSGDKron(OptgenOptimizer):
         if schedule is not None:
             self._prob_step, self._prob_sum = int(schedule[0]), float(schedule[1])
 
-    @torch.compiler.disable
     @torch.no_grad()
     def _fit_all(self) -> None:
         fit = self._fit
