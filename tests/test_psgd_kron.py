@@ -231,3 +231,18 @@ def test_a_checkpoint_keeps_the_update_schedule():
         opt.step()
     for a, b in zip(ps, whole):
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)
+
+
+def test_under_torch_compile_the_fit_runs_eagerly():
+    """A compiled step (aot_eager) fits Q as the eager step does: the same weights."""
+    shapes = [(4, 3), (3,)]
+    grads = _grads(shapes, 3)
+    eager, _ = _run(lambda ps: otorch.PSGDKron(ps, lr=0.05), shapes, grads)
+
+    class Compiled:
+        def __init__(self, ps):
+            self.opt = otorch.PSGDKron(ps, lr=0.05)
+            self.step = torch.compile(lambda: self.opt.step(), backend="aot_eager")
+    compiled, _ = _run(Compiled, shapes, grads)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
