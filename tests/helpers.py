@@ -254,8 +254,7 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
 # against its paper and its authors' package) join each such test one at a time, a different one per test
 # (chosen by the test's key), the others with the ``exhaustive`` mark (--exhaustive).
 FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams", "laprop",
-                "psgd_kron",
-                "padam", "qhadam", "qhm", "sgdw", "yogi")
+                "padam", "psgd_kron", "qhadam", "qhm", "sgdw", "yogi")
 
 
 def family_sampled(name: str, key: str, keep: int = 1) -> tuple:
