@@ -251,13 +251,14 @@ def sampled_product(head: Sequence[tuple], factors: Sequence[Sequence], *,
 # -- the families join the catalog-wide tests by sampling -----------------------------------
 # Each catalog-wide test (kernel vs reference, targets, bad inputs, torch make, ...) builds
 # every spec it takes; these (tests/test_families.py, tests/test_lmo_families.py,
-# tests/test_adam_mini.py and tests/test_matrix_soap_nadam.py test each against its paper
+# tests/test_adam_mini.py and tests/test_matrix_soap_nadam.py,
+# tests/test_psgd_kron.py test each against its paper
 # and its authors' package or heavyball) join each such test one at a time, a different
 # one per test (chosen by the test's key), the others with the ``exhaustive`` mark
 # (--exhaustive).
 FAMILY_SPECS = ("adabound", "adam_mini", "adamod", "ademamix", "adopt", "diffgrad", "grams",
                 "laprop", "muon_laprop", "ortho_laprop", "padam", "qhadam", "qhm", "scion",
-                "sgdw", "yogi", "soap_nadam")
+                "sgdw", "yogi", "soap_nadam", "psgd_kron")
 
 
 def family_sampled(name: str, key: str, keep: int = 1) -> tuple:

@@ -22,7 +22,9 @@ Two families (docs/catalog.md lists both, side by side):
 * ``SOAP`` (optgen/torch/soap.py) is the SOAP authors' optimizer: their signature,
   defaults and rule (the ``soap`` spec), for 1-D and 2-D parameters; ``SOAPNAdam``
   (optgen/torch/soap_nadam.py) is heavyball's SOAP-NAdam with its signature (the
-  ``soap_nadam`` spec); ``DAdaptAdam``
+  ``soap_nadam`` spec); ``PSGDKron``
+  (optgen/torch/psgd_kron.py) is heavyball's PSGDKron (the ``psgd_kron`` spec, its
+  Kronecker factors fitted on the host before each fused step); ``DAdaptAdam``
   (optgen/torch/dadapt.py) is D-Adaptation's authors' DAdaptAdam (the ``dadapt_adam``
   spec); ``Prodigy``, ``CAME`` and ``AdamAtan2`` (optgen/torch/papers.py) and
   ``AdamMini`` (optgen/torch/adam_mini.py) are their authors' classes (the ``prodigy``,
@@ -67,6 +69,7 @@ from .seeds import CLASSES
 from .sam import SAM
 from .sharded_checkpoint import ShardedCheckpointError
 from .soap import SOAP
+from .psgd_kron import PSGDKron
 from optgen.runtime import catalog
 
 globals().update(TORCH_FORMS)
@@ -101,6 +104,6 @@ def __getattr__(attr: str) -> type:
 
 
 __all__ = ["CLASSES", "DistributedStepError", "KFACStatistics", "OptgenOptimizer", "ShardedCheckpointError",
-           "LaPropOrtho", "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
+           "LaPropOrtho", "PSGDKron", "SAM", "SOAP", "TORCH_FORMS", "Tiger", "make", "seeds",
            "AdamOffload", *TORCH_FORMS,
            *(n for n in CLASSES.values() if n not in TORCH_FORMS and n != "SOAP")]
