@@ -5,12 +5,16 @@ bfloat16 matmul), optgen.torch.seeds.Muon (the seed form: Newton-Schulz in float
 compiled products) and heavyball's Muon (bfloat16 Newton-Schulz, torch.compile'd step).
 
     python bench/muon_cpu_bench.py [--shapes 1024x1024,512x2048] [--reps 9]
+                                   [--threads N] [--cpu-time]
 
 Float32 weights, lr 0.02, one gradient reused. The contenders step in turn (interleaved)
 after ``--warmup`` steps each (builds, heavyball's compilation); the medians of
 ``--reps`` steps and their ratio to torch's are printed with the load average around
 the run. heavyball's Muon is its own rule (its momentum and scaling), timed for speed
-only. This is a script, not a test: it asserts no timings.
+only. ``--threads N`` sets torch's threads and optgen's kernel threads. On a machine
+that other jobs load, wall times mostly measure the wait for a core; ``--cpu-time``
+(with ``--threads 1``: all work on the calling thread) times each step by the CPU time
+of that thread instead. This is a script, not a test: it asserts no timings.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import time
 
 import torch
 
+import optgen
 import optgen.torch as ot
 
 
@@ -36,7 +41,8 @@ def contenders():
     return makers
 
 
-def bench(shape: tuple[int, int], reps: int, warmup: int) -> dict[str, float]:
+def bench(shape: tuple[int, int], reps: int, warmup: int,
+          clock=time.perf_counter) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     w0, g0 = torch.randn(shape, generator=gen) * 0.02, torch.randn(shape, generator=gen)
     steps = {}
@@ -56,9 +62,9 @@ def bench(shape: tuple[int, int], reps: int, warmup: int) -> dict[str, float]:
     for _ in range(reps):
         for name, (opt, p) in steps.items():
             p.grad = g0.clone()   # (heavyball takes the gradient away in its step)
-            t0 = time.perf_counter()
+            t0 = clock()
             opt.step()
-            times[name].append(1e3 * (time.perf_counter() - t0))
+            times[name].append(1e3 * (clock() - t0))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -67,13 +73,23 @@ def main() -> None:
     ap.add_argument("--shapes", default="1024x1024,512x2048")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="the calling thread's CPU time per step (needs --threads 1)")
     args = ap.parse_args()
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time counts the calling thread only: use it with --threads 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        optgen.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     load0 = os.getloadavg()[0]
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
-        ms = bench(shape, args.reps, args.warmup)
+        ms = bench(shape, args.reps, args.warmup, clock)
         base = next((v for k, v in ms.items() if k.startswith("torch")), None)
-        print(f"Muon step {shape[0]}x{shape[1]}, median of {args.reps}")
+        what = "CPU time" if args.cpu_time else "wall time"
+        print(f"Muon step {shape[0]}x{shape[1]}, median {what} of {args.reps}")
         for k, v in ms.items():
             ratio = f"{v / base:6.2f}x torch" if base else ""
             print(f"  {k:30} {v:9.1f} ms  {ratio}")

@@ -358,9 +358,10 @@ def _lower_launch(kir: KernelIR, ln, dtype: str, symbol: str, wide: str,
                              writes=list(ln.outputs), matmul=dict(ln.matmul))
     if ln.kind == "reduce":
         pairs = ln.reduced_pairs
-        emit([node.args[0] for node, _ in pairs])
+        stored = ln.values or {}     # (a matrix rule's values other passes read too)
+        emit([node.args[0] for node, _ in pairs] + list(stored.values()))
         for out in ln.outputs:       # states stored early (plan(merge=True))
-            body.append(store(out, ref(kir.early[out])))
+            body.append(store(out, ref(stored[out] if out in stored else kir.early[out])))
         accs = [(ref(node.args[0]), lbuf(red), node.value) for node, red in pairs]
         return LoweredKernel(symbol, dtype, "reduce", view, ln.space,
                              [lbuf(b) for b in buffers], list(kir.scalars), body,

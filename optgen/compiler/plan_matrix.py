@@ -13,7 +13,10 @@ order with the same arguments every step:
   the runtime hands to torch itself for torch tensors (runtime/launch.py);
 * ``update``: an elementwise expression over one matrix shape ("RC", "RR", "CC", "CR")
   written into temporaries or, last, into the parameter and states;
-* ``reduce``: a whole-matrix sum or mean into a float64 ``_red<k>`` buffer;
+* ``reduce``: a whole-matrix sum or mean into a float64 ``_red<k>`` buffer; a value
+  computed for it that another pass reads too (Muon's bfloat16 momentum, summed for its
+  norm and then divided by it) is stored by the same pass into a temporary, which the
+  other passes read instead of computing it again from its operands;
 * ``repeat``: the next ``length`` passes run ``count`` times (a hyperparameter read per
   step), on a loop buffer ``_loop<k>`` that the body's last pass rewrites.
 
@@ -29,6 +32,9 @@ from ..ir import Expr, matrix_shape, walk
 from .kernel_ir import KernelIR, Launch
 
 LEAF_BUFFERS = ("param", "grad", "state")
+# nodes a reduction's pass never stores: read from buffers or computed by other passes
+NOT_STORED = (*LEAF_BUFFERS, "buf", "const", "hyper", "matmul", "loop", "loopvar", "reduce",
+              "transpose")
 
 
 def _buf(name: str, mat: str | None, transposed: bool = False) -> Expr:
@@ -49,6 +55,7 @@ class _Planner:
         self.operand_of: dict[int, Expr] = {}    # node -> a buffer read holding it
         self.counts = {"_tmp": 0, "_red": 0, "_loop": 0}
         self.rounded: set[int] = set()           # loop variables that hold bfloat16 values
+        self.stored_by = _shared_reduced(list(kir.tensor_updates.values()))
 
     # -- buffers and passes --------------------------------------------------------------
     def buffer(self, prefix: str, axes: str) -> str:
@@ -74,6 +81,9 @@ class _Planner:
         hit = self.local_of.get(id(e))
         if hit is not None:
             return hit
+        if id(e) in self.stored_by:    # stored by its reduction's pass: that pass first
+            self.local(self.stored_by[id(e)][1])
+            return self.local_of[id(e)]
         if e.op == "loopvar":
             raise SpecError("a value computed inside repeat()'s body is used outside it",
                             e.loc, hint="use the value repeat() returns")
@@ -149,12 +159,22 @@ class _Planner:
         if e.axes or not space:
             raise SpecError(f"{e.value}() over axes {e.name!r} in a matrix rule; matrix rules "
                             "reduce whole matrices", e.loc, hint=f"{e.value}(x) without axes")
+        shared = [n for n, r in list(self.stored_by.values()) if r is e]
+        for n in shared:          # (computed here, inline, before they are stored)
+            del self.stored_by[id(n)]
         value = self.local(x)
         red = self.buffer("_red", "")
         node = Expr("reduce", (value,), value=e.value, name=e.name, kind="tensor", axes="",
                     loc=e.loc)
-        bufs = [b for b in self.kir.buffers if b in self.names_read([value]) or b == red]
-        self.launches.append(Launch("reduce", space, "matrix", bufs, node=node, red=red))
+        stored = {}
+        for n in shared:
+            tmp = self.buffer("_tmp", space)
+            stored[tmp] = self.local(n)
+            self.local_of[id(n)] = self.operand_of[id(n)] = _buf(tmp, space)
+        bufs = [b for b in self.kir.buffers
+                if b in self.names_read([value]) or b == red or b in stored]
+        self.launches.append(Launch("reduce", space, "matrix", bufs, node=node, red=red,
+                                    outputs=list(stored), values=stored or None))
         self.kir.reductions[red] = e
         return _buf(red, None)
 
@@ -224,6 +244,43 @@ class _Planner:
                                                               else []))):
             return None
         return parts
+
+
+def _shared_reduced(roots: list[Expr]) -> dict[int, tuple[Expr, Expr]]:
+    """id(n) -> (n, the reduction whose pass stores it): the outermost values of a
+    reduction's operand, of its matrix shape, that another pass reads too, other than
+    the final passes (those read the parameter and the states anyway: there a stored
+    value would cost a write and a read and save little). Where two reductions reduce
+    the same value, the first stores it; a reduction in a repeat() body stores nothing
+    (it runs every round, and its value may be read outside the loop)."""
+    nodes = list(walk(roots))                      # (operands before their users)
+    users: dict[int, list[Expr]] = {}
+    looped: set[int] = set()                       # values that change in a loop
+    for u in nodes:
+        for a in {id(a): a for a in u.args}.values():
+            users.setdefault(id(a), []).append(u)
+        if u.op == "loopvar" or any(id(a) in looped for a in u.args):
+            looped.add(id(u))
+    boundary = {id(n) for n in nodes if n.op in NOT_STORED}
+    final = {id(n) for n in walk(roots, stop=boundary)}   # computed in the final passes
+    stored: dict[int, tuple[Expr, Expr]] = {}
+    for r in nodes:
+        if r.op != "reduce" or not r.args or r.axes or id(r) in looped:
+            continue
+        root, space = r.args[0], matrix_shape(r.args[0])
+        inside = {id(n) for n in walk([root], stop=boundary)}
+        todo, seen = [root], set()
+        while todo:
+            n = todo.pop()
+            if id(n) in seen or n.op in NOT_STORED or matrix_shape(n) != space:
+                continue
+            seen.add(id(n))
+            if any(id(u) not in inside and id(u) not in final and u is not r
+                   for u in users.get(id(n), ())):
+                stored.setdefault(id(n), (n, r))
+                continue
+            todo.extend(n.args)
+    return stored
 
 
 def _term(e: Expr) -> tuple[str | None, Expr]:

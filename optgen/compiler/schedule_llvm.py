@@ -45,7 +45,8 @@ def schedule(k: LoweredKernel, vector: bool = True) -> str:
             addend=m.get("addend"), round=m.get("round")))
     if k.view == "matrix":
         return render("kernel_llvm_matrix.py.j2", k=k, vec=vec, align=itemsize,
-                      parallel_min=PARALLEL_MIN_ELEMENTS)
+                      parallel_min=PARALLEL_MIN_ELEMENTS, chunks=REDUCE_CHUNKS,
+                      chains=REDUCE_CHAINS, lanes=min(vec, REDUCE_LANES))
     if k.blocked:
         permute = vec == PERMUTE_LANES and host_has(PERMUTE_FEATURE)
         return render("kernel_llvm_q8.py.j2", k=k, align=itemsize, bs=k.quant_block, vec=vec,
