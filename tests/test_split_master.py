@@ -295,3 +295,27 @@ def test_row_sparse_updates_step_the_rows_as_a_float32_master():
         theta = S16.family.decode(S16, e, opt.state[0]["w__corr"])
         assert_close(theta, fp32, "float32", "lazyadam split16")
         assert np.array_equal(e[10:].view(np.uint16), emb[10:].view(np.uint16))
+
+
+def test_every_split8_correction_through_a_kernel():
+    """split8's decode (ρ / 127 by a split constant, not a division) and encode (a
+    division by a power of two as exact multiplications) in the compiled kernels, bit for
+    bit as the interpreter's: every int8 correction with weights of every kind of
+    exponent (zero, subnormal, the smallest normal ones whose 1 / ULP overflows float32,
+    the largest, ±inf, NaN), through an AdamW step of lr 0, in the plain kernel and in
+    the q8 kernel's full blocks."""
+    fields = [0, 1, 2, 7, 8, 9, 100, 126, 127, 128, 200, 253, 254, 255]
+    bits = [s | e << 7 | m for s in (0, 0x8000) for e in fields for m in (0, 1, 0x40, 0x7F)]
+    w0 = np.repeat(np.array(bits, np.uint16).view(BF16), 256)          # 224 blocks of 256
+    c0 = np.tile(np.arange(-128, 128, dtype=np.int16).astype(np.int8), len(bits))
+    for fmt in (None, "q8"):
+        out = []
+        for backend in ("compiled", "reference"):
+            w = w0.copy()
+            opt = optgen.create("adamw", [w], lr=0.0, weight_decay=0.0, master_format="split8",
+                                state_format=fmt, backend=backend)
+            opt.state[0]["w__corr"][...] = c0
+            opt.step([np.zeros_like(w)])
+            out.append((w.view(np.uint16), opt.state[0]["w__corr"]))
+        assert np.array_equal(out[0][0], out[1][0]), fmt
+        assert np.array_equal(out[0][1], out[1][1]), fmt
