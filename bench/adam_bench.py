@@ -44,8 +44,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optgen.benchmark import (ORDERS, Contender, cpu_model, interleave,  # noqa: E402
                               quiet_pools, thread_env, wall_clock)
-from bandwidth import (AXPY_TORCH, TRIAD_NUMPY, TRIAD_TORCH, make_numpy_triad,  # noqa: E402
-                       make_torch_axpy, make_torch_triad)
+from bandwidth import (AXPY_TORCH, COPY_TORCH, TRIAD_NUMPY, TRIAD_TORCH,  # noqa: E402
+                       make_numpy_triad, make_torch_axpy, make_torch_copy, make_torch_triad)
 from contenders import (ADAM_B, DROP_IN_ROWS, FOREACH, FUSED, NUMPY_EXPR,  # noqa: E402
                         NUMPY_INPLACE, OPTGEN, SINGLE, state_row)
 from params import ParamSet  # noqa: E402
@@ -73,7 +73,7 @@ def summarize(contenders: list[Contender], n: int) -> tuple[list[dict], dict]:
         return c.bytes / c.best if c else None
 
     triad_name = TRIAD_TORCH if TRIAD_TORCH in by_name else TRIAD_NUMPY
-    triad_bw, axpy_bw = best_bw(triad_name), best_bw(AXPY_TORCH)
+    triad_bw, axpy_bw, copy_bw = best_bw(triad_name), best_bw(AXPY_TORCH), best_bw(COPY_TORCH)
     limit_s = ADAM_B * n / triad_bw if triad_bw else None
     axpy_limit_s = ADAM_B * n / axpy_bw if axpy_bw else None
     fused = by_name.get(FUSED)
@@ -88,6 +88,7 @@ def summarize(contenders: list[Contender], n: int) -> tuple[list[dict], dict]:
                "x_torch_fused": med / fused_med if adam and fused_med else None,
                "x_limit": med / limit_s if adam and limit_s else None,
                "x_axpy_limit": med / axpy_limit_s if adam and axpy_limit_s else None,
+               "of_copy": c.gbps(med) / copy_bw * 1e9 if adam and copy_bw else None,
                "max_abs_diff_vs_fused": None, "note": c.note,
                "times_ms": [t * 1e3 for t in c.times]}
         if c.weights is not None and ref_w is not None:
@@ -97,7 +98,8 @@ def summarize(contenders: list[Contender], n: int) -> tuple[list[dict], dict]:
               "triad_gbps": triad_bw / 1e9 if triad_bw else None,
               "limit_ms": limit_s * 1e3 if limit_s else None,
               "axpy_gbps": axpy_bw / 1e9 if axpy_bw else None,
-              "axpy_limit_ms": axpy_limit_s * 1e3 if axpy_limit_s else None}
+              "axpy_limit_ms": axpy_limit_s * 1e3 if axpy_limit_s else None,
+              "copy_gbps": copy_bw / 1e9 if copy_bw else None}
     return rows, limits
 
 
@@ -107,16 +109,18 @@ def fmt(x, spec: str) -> str:
 
 def print_table(rows: list[dict], limits: dict) -> None:
     head = (f"{'contender':<28} {'median ms':>10} {'min ms':>9} {'GB/s':>7} "
-            f"{'x fused':>8} {'x limit':>8} {'x axpy':>7} {'max|w-w_fused|':>15}")
+            f"{'x fused':>8} {'x limit':>8} {'x axpy':>7} {'of copy':>8} {'max|w-w_fused|':>15}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['contender']:<28} {r['median_ms']:>10.3f} {r['min_ms']:>9.3f} "
               f"{r['gbps']:>7.1f} {fmt(r['x_torch_fused'], '>8.2f')} "
               f"{fmt(r['x_limit'], '>8.2f')} {fmt(r['x_axpy_limit'], '>7.2f')} "
+              f"{fmt(r['of_copy'], '>8.2f')} "
               f"{fmt(r['max_abs_diff_vs_fused'], '>15.2e')}")
-    print("(GB/s and the x columns use the median; GB/s counts 28 B/param for Adam, "
-          "12 B/elem for the anchors)")
+    print("(GB/s and the x columns use the median; GB/s counts each row's bytes: 28 B/param "
+          "for fp32 Adam, the state format's for the others, 12 B/elem for the triad and "
+          "axpy, 8 for the copy; 'of copy': GB/s over the copy's best)")
     if limits["limit_ms"] is not None:
         print(f"bandwidth-limit time = {ADAM_B} B x n / {limits['triad']} "
               f"best bandwidth ({limits['triad_gbps']:.1f} GB/s) = {limits['limit_ms']:.3f} ms"
@@ -176,6 +180,7 @@ def main(argv=None) -> int:
     makers[TRIAD_NUMPY] = lambda: make_numpy_triad(args.n)
     makers[TRIAD_TORCH] = lambda: make_torch_triad(torch, args.n)
     makers[AXPY_TORCH] = lambda: make_torch_axpy(torch, args.n)
+    makers[COPY_TORCH] = lambda: make_torch_copy(torch, args.n)
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     contenders = [c for name, mk in makers.items()

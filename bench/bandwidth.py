@@ -37,6 +37,15 @@ def make_anchors(torch, n: int, which: tuple[str, ...]) -> list[Contender]:
     return out
 
 
+COPY_TORCH, COPY_B = "copy torch (a.copy_(b))", 8     # STREAM: read b, write a
+
+
+def make_torch_copy(torch, n: int) -> Contender:
+    a, b = torch.zeros(n), torch.full((n,), 2.0)
+    return Contender(COPY_TORCH, lambda: a.copy_(b), COPY_B * n, "anchor",
+                     note="a.copy_(b): STREAM's copy, 8 B an element, all torch threads")
+
+
 def make_numpy_triad(n: int) -> Contender:
     a, b, c = np.zeros(n, np.float32), np.full(n, 1.0, np.float32), np.full(n, 2.0, np.float32)
     s = np.float32(3.0)

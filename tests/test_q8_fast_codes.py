@@ -60,6 +60,49 @@ def test_fast_codes_equal_codes_of_where_sure(kind, fused, rng):
     assert unsure < 1e-4, unsure     # the kernel rarely needs its tables
 
 
+def _window_codes(x: np.ndarray, kind: str, steps: int) -> np.ndarray:
+    """codes_of of every float32 within ``steps`` steps of each x (rows)."""
+    bits = x.view(np.uint32).astype(np.int64)
+    mag, sign = bits & 0x7FFFFFFF, bits & 0x80000000
+    near = np.maximum(mag[:, None] + np.arange(-steps, steps + 1)[None, :], 0) | sign[:, None]
+    return quant.codes_of(near.astype(np.uint32).view(F32), kind)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_scaled_codes_hold_for_every_x_they_may_stand_for(fused):
+    """The kernel codes m from x' = value * (1 / absmax), numpy from x = value / absmax:
+    x' is within 6 float32 steps of x (three roundings). Where the scaled test is sure
+    of an x' within 64 steps of a midpoint, every float32 within 7 steps of it has the
+    code fast_codes gives (farther from every midpoint all of them share x's code, and
+    scaled-sure implies sure). The unscaled test is not enough: around the bounds
+    between regions it is sure of values a step across."""
+    x = _around(quant.midpoints("signed")[:-1], 64)
+    window = _window_codes(x, "signed", 7)
+    code, sure = quant.fast_codes(x, "signed", fused, scaled=True)
+    bad = sure & (window != code[:, None]).any(axis=1)
+    assert not bad.any(), x[bad][:5]
+    assert sure.mean() > 0.3, sure.mean()
+    code, sure = quant.fast_codes(x, "signed", fused)
+    assert (sure & (window != code[:, None]).any(axis=1)).any()
+
+
+def test_scaled_codes_of_values_and_absmax(rng):
+    """Random values and block scales: where the scaled test is sure of value * (1 /
+    absmax), its code is codes_of(value / absmax); few are unsure."""
+    absmax = (10.0 ** rng.uniform(-30, 30, 400_000)).astype(F32)
+    q = (absmax * np.where(rng.random(absmax.size) < 0.5,
+                           10.0 ** rng.uniform(-8, 0, absmax.size),
+                           rng.uniform(-1, 1, absmax.size))).astype(F32)
+    x, xs = (q / absmax).astype(F32), (q * (F32(1) / absmax)).astype(F32)
+    assert np.any(x != xs)
+    for fused in (False, True):
+        code, sure = quant.fast_codes(xs, "signed", fused, scaled=True)
+        want = quant.codes_of(x, "signed")
+        wrong = np.nonzero(sure & (code != want))[0]
+        assert wrong.size == 0, (q[wrong[:5]], absmax[wrong[:5]])
+        assert np.mean(~sure) < 3e-4, np.mean(~sure)
+
+
 def _every_float32(kind: str, fused: bool, stride: int) -> None:
     """Every ``stride``-th float32 in [-1, 1] by bit pattern, both signs: sure codes
     equal codes_of. ``stride=1`` is every float32 (minutes: ``python
@@ -90,9 +133,22 @@ def _blocks(g: np.ndarray, scale: float) -> np.ndarray:
 
 
 def _sure(g: np.ndarray, scale: float, kind: str) -> np.ndarray:
-    """Whether the kernel's arithmetic is sure of g / scale, fused or not."""
-    x = (g / F32(scale)).astype(F32)
-    return quant.fast_codes(x, kind, False)[1] & quant.fast_codes(x, kind, True)[1]
+    """Whether the kernel's arithmetic is sure of g / scale, fused or not (the signed
+    map: of g * (1 / scale), by the scaled test)."""
+    scaled = kind in quant.SCALED_MAPS
+    x = (g * (F32(1) / F32(scale)) if scaled else g / F32(scale)).astype(F32)
+    return (quant.fast_codes(x, kind, False, scaled)[1] &
+            quant.fast_codes(x, kind, True, scaled)[1])
+
+
+def _across_bounds(scale: float) -> np.ndarray:
+    """Values g near the bounds between the signed map's regions whose g * (1 / scale)
+    the unscaled test is sure of (fused and not) while its code is not g / scale's."""
+    g = _around(quant.fast_constants("signed")["bounds"] * F32(scale), 64)
+    g = g[np.abs(g) <= scale]
+    x, xs = (g / F32(scale)).astype(F32), (g * (F32(1) / F32(scale))).astype(F32)
+    (c0, s0), (c1, s1) = (quant.fast_codes(xs, "signed", f) for f in (False, True))
+    return g[s0 & s1 & (c0 == c1) & (c0 != quant.codes_of(x, "signed"))]
 
 
 @pytest.mark.parametrize("n_min", [quant.BLOCK * 16, 1 << 16])   # serial, parallel path
@@ -102,7 +158,9 @@ def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
     kernel's codes and absmax equal quant.quantize of those values, for gradients at and
     around every signed midpoint (m), at the square roots of values around every
     unsigned midpoint (v, coded as sqrt(v) with the usqrt map), and random ones; first in blocks of values the arithmetic
-    is sure of (codes without tables), then in blocks that mix in values it is not."""
+    is sure of (codes without tables), then in blocks that mix in values it is not, and
+    blocks of values next to the bounds between regions that only the scaled test
+    (m: x times 1 / absmax) sends to the tables."""
     near_m = (_around(_special("signed"), 8) * F32(scale)).astype(F32)
     near_v = (np.abs(_around(_special("usqrt"), 8)) * F32(scale)).astype(F32)
     sure_m = near_m[_sure(near_m, scale, "signed")]
@@ -110,8 +168,11 @@ def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
     sure_v = near_v[_sure(np.sqrt((near_v * near_v).astype(F32)), scale, "usqrt")]
     assert sure_m.size > near_m.size // 4 and sure_v.size > near_v.size // 4
     mixed = (rng.uniform(-1, 1, 4096) * scale).astype(F32)
+    cross = _across_bounds(scale)      # (blocks the scaled test must send to the tables)
+    assert cross.size > 0 or scale == 1.0
     g = np.concatenate([_blocks(sure_m, scale), _blocks(sure_v, scale), _blocks(near_m, scale),
-                        _blocks(near_v, scale), _blocks(mixed, scale)])
+                        _blocks(near_v, scale), _blocks(mixed, scale)] +
+                       [_blocks(cross, scale)] * (cross.size > 0))
     g = np.resize(g, max(n_min, g.size))
     w = rng.standard_normal(g.size).astype(F32)
     opt = optgen.create("adam", [w], beta1=0.0, beta2=0.0, state_format="q8",
@@ -123,6 +184,21 @@ def test_kernel_codes_equal_numpy_near_every_midpoint(scale, n_min, rng):
         np.testing.assert_array_equal(st[name + "__absmax"], absmax, err_msg=name)
         bad = np.nonzero(st[name] != codes)[0]
         assert bad.size == 0, (name, values[bad[:5]], st[name][bad[:5]], codes[bad[:5]])
+
+
+def test_kernel_codes_blocks_whose_inverse_absmax_is_inexact(rng):
+    """m's codes (Adam with beta1 = 0: m is the gradient) of blocks whose absmax is
+    subnormal or above 2^126 (1 / absmax overflows or loses bits): those of
+    quant.quantize, which divides."""
+    scales = [1e-39, 2.0 ** -126, 2e38, 3.3e38]
+    g = np.concatenate([(rng.uniform(-1, 1, 64 * quant.BLOCK) * s).astype(F32) for s in scales])
+    w = np.zeros(g.size, F32)
+    opt = optgen.create("adam", [w], beta1=0.0, state_format="q8", state_format_min_size=0)
+    opt.step([g])
+    codes, absmax = quant.quantize(g, "signed")
+    np.testing.assert_array_equal(opt.state[0]["m__absmax"], absmax)
+    bad = np.nonzero(opt.state[0]["m"] != codes)[0]
+    assert bad.size == 0, (bad.size, g[bad[:5]], opt.state[0]["m"][bad[:5]], codes[bad[:5]])
 
 
 def test_kernel_decodes_every_code_exactly():

@@ -295,3 +295,42 @@ def test_row_sparse_updates_step_the_rows_as_a_float32_master():
         theta = S16.family.decode(S16, e, opt.state[0]["w__corr"])
         assert_close(theta, fp32, "float32", "lazyadam split16")
         assert np.array_equal(e[10:].view(np.uint16), emb[10:].view(np.uint16))
+
+
+
+def test_split8_decode_divides_by_127_without_the_divider():
+    """The kernels' ρ / 127 is ρ * R1 + ρ * R2 (R1: 1/127's 16-bit head, R2 the rest):
+    float32(ρ / 127) for every int8 ρ, whether the sum is fused (LLVM may contract it) or
+    rounded after each product. (A single factor float32(1 / 127) misses 16 of them.)"""
+    from optgen.core.formats.split import R1, R2
+    rho = np.arange(-128, 128).astype(np.float32)
+    want = rho / np.float32(127)
+    r1, r2 = np.float32(R1), np.float32(R2)
+    assert np.array_equal(rho * r1, rho.astype(np.float64) * R1)          # (exact)
+    assert np.array_equal(rho * r1 + rho * r2, want)
+    fused = (rho.astype(np.float64) * float(r2) + (rho * r1).astype(np.float64))
+    assert np.array_equal(fused.astype(np.float32), want)
+
+
+def test_every_split8_correction_through_a_kernel():
+    """split8's decode and encode (a division by a power of two as exact
+    multiplications) in the compiled kernels, bit for bit as the interpreter's: every
+    int8 correction with weights of every kind of exponent (zero, subnormal, the
+    smallest normal ones, whose 1 / ULP overflows float32, the largest, ±inf, NaN),
+    through a step of lr 0, in the plain kernel and in the blocked kernel's full blocks."""
+    fields = [0, 1, 2, 7, 8, 9, 100, 126, 127, 128, 200, 253, 254, 255]
+    bits = [s | e << 7 | m for s in (0, 0x8000) for e in fields for m in (0, 1, 0x40, 0x7F)]
+    w0 = np.repeat(np.array(bits, np.uint16).view(BF16), 256)          # 224 blocks of 256
+    c0 = np.tile(np.arange(-128, 128, dtype=np.int16).astype(np.int8), len(bits))
+    # (the kernels test_edge_values_through_a_kernel and CASES build)
+    for spec, fmt, kw in (("adamw", None, {"weight_decay": 0.0}), ("adam", QMIX, {})):
+        out = []
+        for backend in ("compiled", "reference"):
+            w = w0.copy()
+            opt = optgen.create(spec, [w], lr=0.0, master_format="split8", state_format=fmt,
+                                state_format_min_size=0, backend=backend, **kw)
+            opt.state[0]["w__corr"][...] = c0
+            opt.step([np.zeros_like(w)])
+            out.append((w.view(np.uint16), opt.state[0]["w__corr"]))
+        assert np.array_equal(out[0][0], out[1][0]), spec
+        assert np.array_equal(out[0][1], out[1][1]), spec

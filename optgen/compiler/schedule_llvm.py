@@ -79,10 +79,13 @@ def _fast(kind: str, permute: bool = False) -> dict:
     the bounds between regions (depth 3, not a chain of 7), float32 constants by their
     exact repr; ``permute``: by permutes of a table by |x|'s octave (``_octaves``)."""
     c = quant.fast_constants(kind)
-    if permute:
+    if permute:     # (``scaled``: x times the block's 1 / absmax, quant.SCALED_MAPS)
+        scaled = kind in quant.SCALED_MAPS
+        eps = quant.FAST_EPS_SCALED if scaled else quant.FAST_EPS
         return {**_octaves(kind, c), "cap": repr(float(c["cap"])), "zero": c["zero"],
-                "signed": kind == "signed", "eps": repr(quant.FAST_EPS),
-                "eps1": repr(1 - quant.FAST_EPS), "nonzero": bool(c["nonzero"])}
+                "signed": kind == "signed", "eps": repr(eps), "eps1": repr(1 - eps),
+                "nonzero": bool(c["nonzero"]), "scaled": scaled,
+                "near": repr(quant.BOUND_NEAR)}
 
     def f32(v) -> str:
         return f"T.float32({float(v)!r})"
@@ -96,7 +99,8 @@ def _fast(kind: str, permute: bool = False) -> dict:
     last = len(c["slope"]) - 1
     return {"slope": pick(c["slope"], 0, last), "offset": pick(c["offset"], 0, last),
             "cap": repr(float(c["cap"])), "zero": c["zero"], "signed": kind == "signed",
-            "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS), "nonzero": bool(c["nonzero"])}
+            "eps": repr(quant.FAST_EPS), "eps1": repr(1 - quant.FAST_EPS),
+            "nonzero": bool(c["nonzero"]), "scaled": False}
 
 
 # A map lookup of 16 lanes without a gather (TVM splits a vector gather into 16 scalar
@@ -177,9 +181,10 @@ def _octaves(kind: str, c: dict) -> dict:
         at = OCTAVE_ROWS.index(name) * OCTAVES
         return (f'T.call_llvm_pure_intrin("float32", "{PERMUTE2}", E_{kind}[T.int64({at}) '
                 f"+ jj], oc, E_{kind}[T.int64({at + PERMUTE_LANES}) + jj])")
-    above = f"{row('bound')} < a"
+    above = "bnd < a"
     return {"table": [f"T.float32({float(v)!r})" for r in OCTAVE_ROWS for v in rows[r]],
             "octave": f'T.min(T.max(T.shift_right(T.reinterpret("int32", a), T.int32(23)), '
                       f"T.int32({OCTAVE_LOW})), T.int32({OCTAVE_LOW + OCTAVES - 1}))",
+            "bound": row("bound"),
             "slope": f"T.Select({above}, {row('slope above')}, {row('slope')})",
             "offset": f"T.Select({above}, {row('offset above')}, {row('offset')})"}

@@ -250,6 +250,20 @@ def bucket_midpoints(kind: str) -> np.ndarray:
 # Negative x count the midpoints at or below |x| (those below next_up(|x|)): the signed
 # map is symmetric but for the midpoint before 1.0.
 FAST_EPS = 2.0 ** -15
+# The kernel's signed codes (AVX-512 full blocks: ``scaled``) take x as the value times
+# the block's 1 / absmax, not divided by it (the divider bounds the step); numpy
+# divides. The two x differ by at most three float32 roundings (at most 6 float32 steps
+# of x, 7 of a), so the kernel is sure only where no such move crosses a midpoint: u at
+# least FAST_EPS_SCALED from every integer (near a midpoint inside a region the line's
+# own error and the move come to at most 1.25 * 2^-15), and a at more than BOUND_NEAR
+# of itself from every bound (a bound's compare picks the line, so a move across it
+# changes the code whatever u's fraction is). An absmax outside [2^-126, 2^126] (1 /
+# absmax inexact or not finite) has the tables code its block. tests/test_q8_fast_codes.py
+# checks every float32 within 16 steps of every midpoint against each value 7 steps
+# around it.
+FAST_EPS_SCALED = 2.0 ** -14
+BOUND_NEAR = 2.0 ** -19
+SCALED_MAPS = ("signed",)     # (a sqrt map's numpy multiplies too: ``quantize``)
 
 
 @functools.lru_cache(maxsize=None)
@@ -283,11 +297,13 @@ def fast_constants(kind: str) -> dict:
             "cap": np.float32(-0.5 if signed else 0.75), "nonzero": False}
 
 
-def fast_codes(norm: np.ndarray, kind: str, fused: bool = False
+def fast_codes(norm: np.ndarray, kind: str, fused: bool = False, scaled: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
     """(codes, sure) of normalized float32 values by the kernel's arithmetic: ``sure``
     where u is outside FAST_EPS of an integer (there the codes equal codes_of).
-    ``fused``: u and the cap rounded once (fused multiply-adds)."""
+    ``fused``: u and the cap rounded once (fused multiply-adds). ``scaled``: the
+    kernel's test for x = value * (1 / absmax) (SCALED_MAPS): sure where the codes equal
+    codes_of of every x within 7 float32 steps."""
     c, f32, f64 = fast_constants(kind), np.float32, np.float64
     x = np.asarray(norm, f32)
     bits = x.view(np.uint32)
@@ -311,7 +327,11 @@ def fast_codes(norm: np.ndarray, kind: str, fused: bool = False
     if kind == "signed":   # 127 + count, or 127 - count for negative x (at least 0)
         count = np.maximum(f32(c["zero"]) + np.where(neg > 0, -count, count), f32(0))
     frac = u - low
-    sure = (frac >= f32(FAST_EPS)) & (frac <= f32(1 - FAST_EPS))
+    eps = f32(FAST_EPS_SCALED if scaled else FAST_EPS)
+    sure = (frac >= eps) & (frac <= f32(1) - eps)
+    if scaled:      # (|a - bound| is exact where it is near: Sterbenz)
+        gap = np.abs(a.reshape(-1, 1) - c["bounds"][None, :]).min(axis=1, initial=np.inf)
+        sure &= gap.reshape(a.shape) > a * f32(BOUND_NEAR)
     return count.astype(np.uint8), sure
 
 

@@ -115,8 +115,12 @@ class Split(StateFormat):
             stale = (f"T.And(T.bitwise_and({theta}, T.uint32({_MAG})) > T.uint32({_INF}), "
                      f"T.bitwise_and({hi}, T.uint32({_MAG})) <= T.uint32({_INF}))")
             return f'T.reinterpret("float32", T.Select({stale}, {hi}, {theta}))'
-        low = (f'(T.Cast("float32", {corr}) / T.float32(127.0)) * '
-               f'{_tvm_half_ulp(hi)}')
+        # ρ / 127 without the divider: ρ * R1 is exact (R1 has 16 bits), so ρ * R1 +
+        # ρ * R2 rounds once more, to float32(ρ / 127) for every int8 ρ, fused or not
+        # (tests/test_split_master.py checks every one)
+        r = f'T.Cast("float32", {corr})'
+        low = (f"({r} * T.float32({R1!r}) + {r} * T.float32({R2!r})) * "
+               f"{_tvm_half_ulp(hi)}")
         u, i8 = "T.uint32", "T.int8"
         reach = f"T.Select(T.bitwise_and({hi}, {u}({_INF})) != {u}(0), {i8}({_REACH}), {i8}(0))"
         belongs = (f"T.Or(T.bitwise_and({hi}, {u}({_MANT})) != {u}(0), "
@@ -145,8 +149,8 @@ class Split(StateFormat):
         if fmt.name == "split16":
             c = f'T.Select({nan}, T.int16(0), T.Cast("int16", {b} - {hi}))'
         else:
-            d = (f'(T.reinterpret("float32", {b}) - T.reinterpret("float32", {hi})) / '
-                 f'{_tvm_half_ulp(hi)}')
+            d = _tvm_over_half_ulp(f'T.reinterpret("float32", {b}) - '
+                                   f'T.reinterpret("float32", {hi})', hi)
             # rint by truncating x +- 0.5: x = 127 j / 2^15 (d is a multiple of θ's ULP),
             # so its only ties are +-63.5, where away from zero is to even
             x = f"{name}_x"
@@ -172,6 +176,26 @@ def _finite(hi: np.ndarray) -> np.ndarray:
 def _tvm_half_ulp(hi: str) -> str:
     return (f'(T.reinterpret("float32", T.max(T.bitwise_and({hi}, T.uint32({_INF})), '
             f'T.uint32(8388608))) * T.float32({2.0 ** -8!r}))')
+
+
+# 1 / 127 as a 16-bit head and the float32 rest (load_param)
+R1 = float(round(2.0 ** 22 / 127) * 2.0 ** -22)
+R2 = float(np.float32(1 / 127 - R1))
+_SMALL = 8 << 23         # below this exponent field 1 / half_ulp overflows float32
+
+
+def _tvm_over_half_ulp(d: str, hi: str) -> str:
+    """``d / half_ulp(hi)`` without the divider: d times 2^(135 - E) for hi's exponent
+    field E >= 1 (zero and subnormals: 1), made as bits; below E = 8 that power
+    overflows float32, so d is first scaled by 2^64 and then by 2^(71 - E). Both
+    products are exact, and so the quotient's float32: d / half_ulp is 0 or a multiple
+    of 2^-15 of at most 1, and d * 2^64 of a d below 2^-119 does not overflow."""
+    u = "T.uint32"
+    e = f"T.max(T.bitwise_and({hi}, {u}({_INF})), {u}(8388608))"
+    small = f"{e} < {u}({_SMALL})"
+    return (f"(({d}) * T.Select({small}, T.float32({2.0 ** 64!r}), T.float32(1.0))) * "
+            f'T.reinterpret("float32", T.Select({small}, {u}({198 << 23}), '
+            f"{u}({262 << 23})) - {e})")
 
 
 def _tvm_finite(hi: str) -> str:
