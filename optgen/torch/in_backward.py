@@ -35,17 +35,21 @@ gradient hook fires before. ``opt.attach(ddp_model)`` registers a DDP communicat
 hook that averages each bucket (all-reduce, as DDP does) and steps its parameters when
 that completes; their gradients (DDP writes them back at the end of backward) are
 released after it. ``accumulating()`` then enters ``ddp_model.no_sync()`` as well.
+FSDP2: ``fully_shard`` calls its sharded parameters' hooks itself, after each layer's
+reduce-scatter, with the averaged shard as ``.grad``: the buckets step the shards as
+step() does (fsdp.py), the ranks' parts alike, so a rule that talks across the mesh
+(summed reductions, matrix rows) agrees on each part's checks first; no ``attach``.
 
 Refused at construction (ValueError naming the option and the rule): what reads every
 gradient before any update (``clip_global_norm``, ``nonfinite="skip"``), ``flat=True``
 groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a step
 agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
-optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
-parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
+optimizer (ZeRO-1); when a group is added: ``capturable=True``. Under torch.compile
+the hooks run eagerly (``torch.compiler.disable``).
 What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
 after backward, plain accumulation, the Hugging Face Trainer) is checked before a
 backward's first step by optgen/torch/in_backward_guard.py.
-Imports: eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.composition.
+Imports: eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.{composition,shards}.
 """
 from __future__ import annotations
 
@@ -60,21 +64,9 @@ from torch.autograd import Variable
 
 from . import fsdp, in_backward_buckets as buckets, in_backward_guard, in_backward_hooks as hooks
 from .eager import eager
-from optgen.runtime import composition
+from optgen.runtime import composition, shards
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
-
-
-def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: Any
-            ) -> str | None:
-    """Why this rule cannot step inside backward (None: it can); the other options
-    against it: the composition table (runtime/composition.py, optgen/torch/contract.py)."""
-    if art.inputs or art.statistics:
-        return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
-                "step(), which backward cannot pass")
-    if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
-        return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
-    return None
 
 
 class StepInBackward:
@@ -87,7 +79,7 @@ class StepInBackward:
         """The ``step_in_backward`` option, checked against the others (``_prepare``)."""
         if not isinstance(on, bool):
             raise TypeError(f"{art.name}: step_in_backward must be True or False, got {on!r}")
-        why = on and refusal(art, self._flat, self._options, self._offload, self._agree)
+        why = on and in_backward_guard.refusal(art)
         if why:
             raise ValueError(f"{art.name}: {RULE}; {why}")
         self._in_backward = on
@@ -113,11 +105,9 @@ class StepInBackward:
         if not self._in_backward:
             return
         group = self.param_groups[-1]
-        other = "capturable" if group.get("capturable") else \
-            "fsdp2" if any(fsdp.is_dtensor(p) for p in group["params"]) else None
-        if other:
+        if group.get("capturable"):
             self.param_groups.pop()
-            composition.refuse(self._artifact.name, "step_in_backward", other)
+            composition.refuse(self._artifact.name, "step_in_backward", "capturable")
         hooks.hook_all(group["params"], functools.partial(_grad_ready, weakref.ref(self)))
         hooks.claim(group["params"], self)   # (in_backward_hooks.py: the newest owns)
 
@@ -150,6 +140,8 @@ class StepInBackward:
         name = self._artifact.name
         if not self._in_backward:
             raise ValueError(f"{name}: attach(ddp_model) is for step_in_backward=True")
+        if any(map(fsdp.is_dtensor, self._params)):
+            composition.refuse(name, "attach_ddp", "fsdp2")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"{name}: attach takes a DistributedDataParallel model, got "
                             f"{type(ddp_model).__name__}")
@@ -343,12 +335,16 @@ class StepInBackward:
 
     @torch.no_grad()
     def _step_part(self, params: list, grads: list) -> None:
-        """Step ``params`` (this optimizer's) with ``grads``, as one part of the step."""
+        """Step ``params`` (this optimizer's) with ``grads``, as one part of the step.
+        FSDP2 shards of a rule that talks across the mesh: the ranks agree on the part's
+        checks first (runtime/shards.py ``agreed``), as step() does."""
         with self._part_lock:
-            index = self._positions()
-            core = self._core
-            part = core.check_part({index[id(p)]: g for p, g in
-                                    zip(params, self._kernel_grads(grads))})
+            index, core = self._positions(), self._core
+            given = dict(zip((index[id(p)] for p in params),
+                             self._kernel_grads(list(map(fsdp.local, grads)))))
+            with shards.agreed(core.shards, self._artifact.name,
+                               [given.get(i) for i in range(len(self._params))]):
+                part = core.check_part(given)
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
 

@@ -32,8 +32,9 @@ stepped):
   stepped. A loop that calls neither before its first accumulated step learns it at that
   call (``looped``), after the first step's micro-batches each stepped.
 
-Also here (``made_by_zero``, read at construction by optgen/torch/contract.py): whether
-torch's ZeroRedundancyOptimizer up the call stack is making the optimizer.
+Also here, read at construction: ``refusal`` (a rule that cannot step inside backward)
+and ``made_by_zero`` (by optgen/torch/contract.py): whether torch's
+ZeroRedundancyOptimizer up the call stack is making the optimizer.
 
 Composes: accelerate's ``GradientState.sync_gradients`` False (the Trainer's and
 ``accelerator.accumulate()``'s non-final micro-batches) holds a backward as
@@ -149,6 +150,17 @@ class Guard:
         live = [s() for s in self.scalers]
         return any(s is not None and s.is_enabled() and getattr(s, "_scale", None) is not None
                    for s in live)
+
+
+def refusal(art: Any) -> str | None:
+    """Why this rule cannot step inside backward (None: it can); the other options
+    against it: the composition table (runtime/composition.py, optgen/torch/contract.py)."""
+    if art.inputs or art.statistics:
+        return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
+                "step(), which backward cannot pass")
+    if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
+        return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
+    return None
 
 
 # -- what the stack and the live objects say ---------------------------------------------
