@@ -6,9 +6,9 @@ reduce-scatter), on its own half of every batch, and saves the whole weights of 
     python tests/in_backward_fsdp_run.py MODE WORLD RANK PORT OUT.npz   # MODE: fsdp-ib
 
 Also saved: whether every ``.grad`` was None after each in-backward backward, the steps
-each parameter took, for each part stepped whether FSDP2's reduce-scatter called it (not
-the end of backward: buckets of at most ``BUCKET_BYTES`` here, so that a step has several,
-one across two layers' reduce-scatters), and what the bad
+each parameter took, for each part stepped its size and whether FSDP2's reduce-scatter
+called it (not the end of backward: a bucket per ``fully_shard``-ed layer, though the
+default buckets would hold the 6 small tensors together), and what the bad
 cases raised (``bad/<case>``) with whether the weights stayed as they were; after them a
 good step runs on every rank (no rank waits on another).
 """
@@ -26,11 +26,11 @@ sys.path.insert(0, HERE)
 import distributed_run  # noqa: E402
 
 import optgen.torch as ot  # noqa: E402
-from optgen.torch import in_backward, in_backward_buckets, in_backward_hooks  # noqa: E402
+from optgen.torch import in_backward, in_backward_hooks  # noqa: E402
 
 STEPS = 4
-BUCKET_BYTES = 1024   # (the 3 layers' 6 tensors in 4 buckets; the default: one)
-PARTS: list[bool] = []   # per part stepped: whether FSDP2's reduce-scatter called its hook
+PARTS: list[tuple[int, bool]] = []   # per part stepped: its size, whether FSDP2's
+# reduce-scatter called its hook
 
 
 def _recorded(step_part):
@@ -38,7 +38,7 @@ def _recorded(step_part):
         frame, reduce = sys._getframe(1), in_backward_hooks._fsdp_reduce()
         while frame is not None and frame.f_code is not reduce:
             frame = frame.f_back
-        PARTS.append(frame is not None)
+        PARTS.append((len(params), frame is not None))
         return step_part(self, params, grads)
     return recorded
 # name -> (optimizer, its options, the model's dtype)
@@ -192,6 +192,5 @@ def results_of(mode: str, world: int, folder: str) -> dict[str, np.ndarray]:
 
 
 if __name__ == "__main__":
-    in_backward_buckets.BUCKET_BYTES = BUCKET_BYTES
     in_backward.StepInBackward._step_part = _recorded(in_backward.StepInBackward._step_part)
     distributed_run.serve(results_of)

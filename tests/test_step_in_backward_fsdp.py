@@ -5,8 +5,8 @@ rank's shard there. Equal, bit for bit, to the ordinary FSDP2 step (backward, th
 step()) on every rank: AdamW, LAMB (whole-tensor norms summed across the mesh per part),
 Muon (each weight whole on its owner rank), AdamW with bf16 weights, a split8 master and
 q8 states; with accumulation (FSDP2's ``set_requires_gradient_sync(False)`` and
-optgen's ``accumulating()``). Every part ran inside FSDP2's reduce-scatter, several a
-step, and every gradient was released by the backward. Bad cases raise typed errors on
+optgen's ``accumulating()``). Each fully_shard-ed layer's shards were one part, stepped
+inside its reduce-scatter, and every gradient was released by the backward. Bad cases raise typed errors on
 every rank, with nothing changed, and the next backward steps on every rank."""
 import numpy as np
 import pytest
@@ -39,8 +39,9 @@ def test_equal_to_the_ordinary_fsdp2_step(case, ranks):
             continue
         assert got[f"{case}/True/released"].all(), (case, rank)
         assert (got[f"{case}/True/steps"] == run.STEPS).all(), (case, rank)
-        parts = got[f"{case}/True/parts"]
-        assert parts.all() and len(parts) >= 3 * run.STEPS, (case, rank, parts)
+        # a part per fully_shard-ed layer (weight and bias), inside its reduce-scatter
+        parts = got[f"{case}/True/parts"].tolist()
+        assert parts == [[2, 1]] * 3 * run.STEPS, (case, rank, parts)
 
 
 def test_bad_cases_raise_on_every_rank(ranks):

@@ -109,6 +109,8 @@ class StepInBackward:
             self.param_groups.pop()
             composition.refuse(self._artifact.name, "step_in_backward", "capturable")
         hooks.hook_all(group["params"], functools.partial(_grad_ready, weakref.ref(self)))
+        self._fsdp_groups = in_backward_guard.fsdp_groups(   # (the modules are sharded now)
+            [p for g in self.param_groups for p in g["params"]])
         hooks.claim(group["params"], self)   # (in_backward_hooks.py: the newest owns)
 
     @contextlib.contextmanager
@@ -177,8 +179,9 @@ class StepInBackward:
         if task == self._outer[0] != -1:   # (seen: the user's backward, its holding)
             _, held, bucket_of = self._outer
         else:   # (the buckets of now: owners and an attach change between backwards)
-            self._buckets = buckets.current(self._buckets, self._params, self._hooked,
-                                            (hooks.claims(), len(self._by_ddp)))
+            self._buckets = buckets.current(  # (FSDP2: a fully_shard-ed module's a bucket)
+                self._buckets, self._params, self._hooked, (hooks.claims(), len(self._by_ddp)),
+                lambda: self._fsdp_groups)
             bucket_of = self._buckets.of
             if id(p) not in bucket_of:
                 return   # (not stepped here; a group whose adding failed: not its own)
