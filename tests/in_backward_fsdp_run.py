@@ -139,9 +139,10 @@ class _nothing:
 def bad() -> dict[str, np.ndarray]:
     """What each rank raised: refusals at construction (every rank, before any
     collective); a non-finite gradient under ``nonfinite="raise"`` (FSDP2's average
-    carries it to every rank: each raises at the same hook); one rank's checks failing
-    inside a hook (the other raises too, instead of waiting in the step's all-reduce).
-    Then a good backward steps on every rank."""
+    carries it to every rank); one rank's checks failing inside a hook (LAMB), and an lr
+    set on one rank only (AdamW: an elementwise rule, no collective of its own): every
+    rank raises, instead of waiting in a collective the other left. After each, FSDP2's
+    ``reset_iter_state()``; then a good backward steps on every rank."""
     out = {}
     net = model(torch.float32)
     for case, make in (
@@ -157,12 +158,18 @@ def bad() -> dict[str, np.ndarray]:
     opt = ot.LAMB(net.parameters(), lr=1e-2, nonfinite="raise", step_in_backward=True)
     rank = torch.distributed.get_rank()
     real = opt._core.check_part
-    for case in ("nan", "one-rank", "good"):
+    adamw = None
+    for case in ("nan", "one-rank", "one-rank-lr", "good"):
         before = [p._local_tensor.clone() for p in net.parameters()]
         if case == "one-rank" and rank == 1:
             def failing(grads):
                 raise ValueError("a check that fails on rank 1 only")
             opt._core.check_part = failing
+        if case == "one-rank-lr":   # (a newer optimizer owns the parameters' hooks)
+            adamw = ot.AdamW(net.parameters(), lr=1e-2, step_in_backward=True)
+            adamw.param_groups[0]["lr"] = -1.0 if rank == 1 else 1e-2
+        if case == "good" and adamw is not None:
+            adamw.param_groups[0]["lr"] = 1e-2
         loss = loss_of(net, 0, torch.float32)
         if case == "nan":
             loss = loss * float("nan")

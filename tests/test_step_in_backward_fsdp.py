@@ -6,8 +6,9 @@ step()) on every rank: AdamW, LAMB (whole-tensor norms summed across the mesh pe
 Muon (each weight whole on its owner rank), AdamW with bf16 weights, a split8 master and
 q8 states; with accumulation (FSDP2's ``set_requires_gradient_sync(False)`` and
 optgen's ``accumulating()``). Each fully_shard-ed layer's shards were one part, stepped
-inside its reduce-scatter, and every gradient was released by the backward. Bad cases raise typed errors on
-every rank, with nothing changed, and the next backward steps on every rank."""
+inside its reduce-scatter, and every gradient was released by the backward. Bad cases
+raise typed errors on every rank (one rank's failure: the same DistributedStepError on
+both), with nothing changed, and the next backward steps on every rank."""
 import numpy as np
 import pytest
 
@@ -52,10 +53,14 @@ def test_bad_cases_raise_on_every_rank(ranks):
             assert str(got[f"bad/{case}"]).startswith("ValueError: ") and \
                 text in str(got[f"bad/{case}"]), (case, rank)
         assert str(got["bad/nan"]).startswith("FloatingPointError: "), rank
+        # (the agreement: every rank raises the same error, naming the rank that failed)
         one = str(got["bad/one-rank"])
-        assert one == ("ValueError: a check that fails on rank 1 only" if rank else
-                       "RuntimeError: lamb: the step's checks failed on 1 other rank(s) "
-                       "(their error names the cause); nothing was changed here"), one
-        for case in ("nan", "one-rank"):
+        assert one == ("DistributedStepError: lamb: the step failed on 1 of 2 rank(s): rank "
+                       "1: ValueError: a check that fails on rank 1 only; nothing was "
+                       "changed on any rank"), (rank, one)
+        lr = str(got["bad/one-rank-lr"])
+        assert lr.startswith("DistributedStepError: torch_adamw: the step failed on 1 of 2 "
+                             "rank(s): rank 1: ValueError: ") and "lr" in lr, (rank, lr)
+        for case in ("nan", "one-rank", "one-rank-lr"):
             assert got[f"bad/{case}/unchanged"], (case, rank)
         assert str(got["bad/good"]) == "" and not got["bad/good/unchanged"], rank

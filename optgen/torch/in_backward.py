@@ -36,9 +36,9 @@ hook that averages each bucket (all-reduce, as DDP does) and steps its parameter
 that completes; their gradients (DDP writes them back at the end of backward) are
 released after it. ``accumulating()`` then enters ``ddp_model.no_sync()`` as well.
 FSDP2: ``fully_shard`` calls its sharded parameters' hooks itself, after each layer's
-reduce-scatter, with the averaged shard as ``.grad``: the buckets step the shards as
-step() does (fsdp.py), the ranks' parts alike, so a rule that talks across the mesh
-(summed reductions, matrix rows) agrees on each part's checks first; no ``attach``.
+reduce-scatter, with the averaged shard as ``.grad``: a ``fully_shard``-ed module's
+parameters are a bucket, stepped as step() steps shards (fsdp.py), the ranks' parts
+alike; the ranks agree on each part's checks first (agreement.py); no ``attach``.
 
 Refused at construction (ValueError naming the option and the rule): what reads every
 gradient before any update (``clip_global_norm``, ``nonfinite="skip"``), ``flat=True``
@@ -49,7 +49,7 @@ the hooks run eagerly (``torch.compiler.disable``).
 What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
 after backward, plain accumulation, the Hugging Face Trainer) is checked before a
 backward's first step by optgen/torch/in_backward_guard.py.
-Imports: eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.{composition,shards}.
+Imports: agreement, eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.composition.
 """
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp, in_backward_buckets as buckets, in_backward_guard, in_backward_hooks as hooks
+from . import agreement as torch_agreement, fsdp, in_backward_buckets as buckets, \
+    in_backward_guard, in_backward_hooks as hooks
 from .eager import eager
-from optgen.runtime import composition, shards
+from optgen.runtime import composition
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
 
@@ -192,9 +193,9 @@ class StepInBackward:
                     if not held:
                         self._hold(p, node)
                 return
-            if not held and task != -1:   # (its first gradient: the loop checked, the
-                self._guard.stepping(self, [])   # step opened, though no bucket completes)
-                self._open_round()
+            if not held and task != -1:   # (its first gradient: the loop checked, the step
+                self._guard.stepping(self, [])   # opened and, FSDP2, agreed across ranks)
+                torch_agreement.run(self._agreement, self._artifact.name, self._open_round, [])
             self._outer = (task, held, bucket_of)
         bucket = bucket_of.get(id(p))
         if bucket is None or held or (id(p) in self._nested and self._open_round()):
@@ -339,15 +340,15 @@ class StepInBackward:
     @torch.no_grad()
     def _step_part(self, params: list, grads: list) -> None:
         """Step ``params`` (this optimizer's) with ``grads``, as one part of the step.
-        FSDP2 shards of a rule that talks across the mesh: the ranks agree on the part's
-        checks first (runtime/shards.py ``agreed``), as step() does."""
+        FSDP2 shards: the ranks agree on the part's checks first (agreement.py), as on
+        step()'s: a failure on one rank raises on every rank, nothing changed."""
         with self._part_lock:
             index, core = self._positions(), self._core
             given = dict(zip((index[id(p)] for p in params),
                              self._kernel_grads(list(map(fsdp.local, grads)))))
-            with shards.agreed(core.shards, self._artifact.name,
-                               [given.get(i) for i in range(len(self._params))]):
-                part = core.check_part(given)
+            part, _ = torch_agreement.run(self._agreement, self._artifact.name,
+                                          lambda: core.check_part(given),
+                                          [given.get(i) for i in range(len(self._params))])
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
 
