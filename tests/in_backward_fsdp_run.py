@@ -52,6 +52,8 @@ CASES = {
                                   state_format="q8", state_format_min_size=0), torch.bfloat16),
     # a matrix rule: each weight whole on one owner rank for Newton-Schulz (all-to-all)
     "muon": ("Muon", dict(lr=0.02, momentum=0.95, weight_decay=0.01), torch.float32),
+    # whole-matrix states (its eigenbases) on each matrix's owner rank, refreshed at step 3
+    "soap": ("SOAP", dict(lr=1e-2, precondition_frequency=2), torch.float32),
 }
 
 
@@ -91,7 +93,8 @@ def train(name: str, in_backward: bool) -> dict[str, np.ndarray]:
     whether every gradient was released by each backward, and the step counts."""
     cls, kw, dtype = CASES[name]
     net = model(dtype)
-    opt = getattr(ot.seeds, cls)(net.parameters(), step_in_backward=in_backward, **kw)
+    opt = getattr(ot.seeds, cls, None) or getattr(ot, cls)
+    opt = opt(net.parameters(), step_in_backward=in_backward, **kw)
     released = []
     del PARTS[:]
     for i in range(STEPS):

@@ -3,8 +3,8 @@ machine: tests/in_backward_fsdp_run.py): FSDP2 calls each sharded parameter's
 post-accumulate-grad hook once its reduce-scatter is done, and the hook steps the
 rank's shard there. Equal, bit for bit, to the ordinary FSDP2 step (backward, then
 step()) on every rank: AdamW, LAMB (whole-tensor norms summed across the mesh per part),
-Muon (each weight whole on its owner rank), AdamW with bf16 weights, a split8 master and
-q8 states; with accumulation (FSDP2's ``set_requires_gradient_sync(False)`` and
+Muon (each weight whole on its owner rank), SOAP (whole-matrix states on the owner rank),
+AdamW with bf16 weights, a split8 master and q8 states; with accumulation (FSDP2's ``set_requires_gradient_sync(False)`` and
 optgen's ``accumulating()``). Each fully_shard-ed layer's shards were one part, stepped
 inside its reduce-scatter, and every gradient was released by the backward. Bad cases
 raise typed errors on every rank (one rank's failure: the same DistributedStepError on
