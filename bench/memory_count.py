@@ -69,8 +69,10 @@ def tensor_extents(t: torch.Tensor) -> Iterator[tuple[int, int]]:
     if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter and \
             hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
-        for n in names:
-            yield from tensor_extents(getattr(t, n))
+        for n in names:   # (torch.Tensor only: some subclasses also name a DeviceMesh)
+            inner = getattr(t, n)
+            if isinstance(inner, torch.Tensor):
+                yield from tensor_extents(inner)
         return
     try:   # (fake and functional tensors of torch.compile have no memory)
         s = t.untyped_storage()

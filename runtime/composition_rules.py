@@ -63,8 +63,18 @@ _fill([
         "step after backward (step_in_backward=False), or use DDP with opt.attach(ddp_model)")),
     ("step_in_backward", "capturable", refused(
         _IB + "capturable=True steps in a captured graph, not in backward")),
-    ("step_in_backward", "fsdp2", refused(
-        _IB + "FSDP2's DTensor parameters are stepped by shards after their reduce-scatter")),
+    ("step_in_backward", "fsdp2", composes(
+        "FSDP2 calls each sharded parameter's hook once its reduce-scatter is done: the "
+        "hook steps this rank's shard with the averaged gradient and releases it, as "
+        "step() steps shards (whole-tensor reductions summed and matrix rules' rows "
+        "exchanged across the mesh, per bucket, alike on every rank)")),
+    ("accumulating", "fsdp2", composes(
+        "accumulating() holds the hooks: FSDP2 reduce-scatters each micro-batch and adds "
+        "the shards' gradients up, the next backward outside steps with the sums "
+        "(set_requires_gradient_sync(False) skips those reduce-scatters and their hooks)")),
+    ("attach_ddp", "fsdp2", refused(
+        "opt.attach takes a DistributedDataParallel model; FSDP2's sharded parameters are "
+        "stepped by the hooks FSDP2 calls after their reduce-scatter, without attach")),
     ("step_in_backward", "accumulating", composes(
         "accumulating() holds the hooks: backwards inside add their gradients up, the next "
         "backward outside (or step()) steps with the sums")),

@@ -2,7 +2,8 @@
 on cases whose answer is known from the sizes alone: torch's AdamW (4 + 4 + 8 B), the
 gradient freed in backward (only the largest one alive at once), a master copy, memory
 shared between a tensor and a numpy view (counted once), and a buffer the optimizer keeps
-outside itself (found by the gc sweep)."""
+outside itself (found by the gc sweep), a tensor subclass that names a non-tensor among
+its inner tensors (DTensor names its device mesh)."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from memory_count import Intervals, measure  # noqa: E402
+from memory_count import Intervals, measure, tensor_extents  # noqa: E402
 
 ELSEWHERE: dict = {}     # where the "hidden" optimizer below keeps a buffer
 
@@ -99,3 +100,27 @@ def test_intervals_count_overlaps_once():
     assert iv.add(140, 40) == 30               # overlaps the end
     assert iv.add(0, 300) == 220               # swallows everything
     assert iv.covers(10, 20) and not iv.covers(290, 20)
+
+
+class _Wrapper(torch.Tensor):
+    """A tensor subclass as DTensor is one: its data in an inner tensor, and a name in
+    ``__tensor_flatten__`` that is no tensor (DTensor's ``device_mesh``)."""
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, mesh: object):
+        t = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+        t.inner, t.mesh = inner, mesh
+        return t
+
+    def __tensor_flatten__(self):
+        return ["inner", "mesh"], None
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"{func} (not needed: the counter reads storages only)")
+
+
+def test_a_subclass_counts_its_inner_tensors_only():
+    inner = torch.zeros(100)
+    got = list(tensor_extents(_Wrapper(inner, object())))
+    assert got == [(inner.untyped_storage().data_ptr(), 400)]

@@ -35,17 +35,21 @@ gradient hook fires before. ``opt.attach(ddp_model)`` registers a DDP communicat
 hook that averages each bucket (all-reduce, as DDP does) and steps its parameters when
 that completes; their gradients (DDP writes them back at the end of backward) are
 released after it. ``accumulating()`` then enters ``ddp_model.no_sync()`` as well.
+FSDP2: ``fully_shard`` calls its sharded parameters' hooks itself, after each layer's
+reduce-scatter, with the averaged shard as ``.grad``: a ``fully_shard``-ed module's
+parameters are a bucket, stepped as step() steps shards (fsdp.py), the ranks' parts
+alike; the ranks agree on each part's checks first (agreement.py); no ``attach``.
 
 Refused at construction (ValueError naming the option and the rule): what reads every
 gradient before any update (``clip_global_norm``, ``nonfinite="skip"``), ``flat=True``
 groups, ``offload``, inputs or statistics passed to ``step()`` (SVRG, THOR), a step
 agreement across ranks (``agree=<group>``), being ZeroRedundancyOptimizer's local
-optimizer (ZeRO-1); when a group is added: ``capturable=True`` and FSDP2's DTensor
-parameters. Under torch.compile the hooks run eagerly (``torch.compiler.disable``).
+optimizer (ZeRO-1); when a group is added: ``capturable=True``. Under torch.compile
+the hooks run eagerly (``torch.compiler.disable``).
 What the loop around the backward does (DDP without ``attach``, a GradScaler, a clip
 after backward, plain accumulation, the Hugging Face Trainer) is checked before a
 backward's first step by optgen/torch/in_backward_guard.py.
-Imports: eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.composition.
+Imports: agreement, eager, fsdp, in_backward_{buckets,hooks,guard}, optgen.runtime.composition.
 """
 from __future__ import annotations
 
@@ -58,23 +62,12 @@ from typing import Any, Iterator
 import torch
 from torch.autograd import Variable
 
-from . import fsdp, in_backward_buckets as buckets, in_backward_guard, in_backward_hooks as hooks
+from . import agreement as torch_agreement, fsdp, in_backward_buckets as buckets, \
+    in_backward_guard, in_backward_hooks as hooks
 from .eager import eager
 from optgen.runtime import composition
 
 RULE = "step_in_backward steps each parameter as its gradient completes"
-
-
-def refusal(art: Any, flat: bool, options: dict[str, Any], offload: Any, agree: Any
-            ) -> str | None:
-    """Why this rule cannot step inside backward (None: it can); the other options
-    against it: the composition table (runtime/composition.py, optgen/torch/contract.py)."""
-    if art.inputs or art.statistics:
-        return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
-                "step(), which backward cannot pass")
-    if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
-        return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
-    return None
 
 
 class StepInBackward:
@@ -87,7 +80,7 @@ class StepInBackward:
         """The ``step_in_backward`` option, checked against the others (``_prepare``)."""
         if not isinstance(on, bool):
             raise TypeError(f"{art.name}: step_in_backward must be True or False, got {on!r}")
-        why = on and refusal(art, self._flat, self._options, self._offload, self._agree)
+        why = on and in_backward_guard.refusal(art)
         if why:
             raise ValueError(f"{art.name}: {RULE}; {why}")
         self._in_backward = on
@@ -113,12 +106,12 @@ class StepInBackward:
         if not self._in_backward:
             return
         group = self.param_groups[-1]
-        other = "capturable" if group.get("capturable") else \
-            "fsdp2" if any(fsdp.is_dtensor(p) for p in group["params"]) else None
-        if other:
+        if group.get("capturable"):
             self.param_groups.pop()
-            composition.refuse(self._artifact.name, "step_in_backward", other)
+            composition.refuse(self._artifact.name, "step_in_backward", "capturable")
         hooks.hook_all(group["params"], functools.partial(_grad_ready, weakref.ref(self)))
+        self._fsdp_groups = in_backward_guard.fsdp_groups(   # (the modules are sharded now)
+            [p for g in self.param_groups for p in g["params"]])
         hooks.claim(group["params"], self)   # (in_backward_hooks.py: the newest owns)
 
     @contextlib.contextmanager
@@ -150,6 +143,8 @@ class StepInBackward:
         name = self._artifact.name
         if not self._in_backward:
             raise ValueError(f"{name}: attach(ddp_model) is for step_in_backward=True")
+        if any(map(fsdp.is_dtensor, self._params)):
+            composition.refuse(name, "attach_ddp", "fsdp2")
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"{name}: attach takes a DistributedDataParallel model, got "
                             f"{type(ddp_model).__name__}")
@@ -185,8 +180,9 @@ class StepInBackward:
         if task == self._outer[0] != -1:   # (seen: the user's backward, its holding)
             _, held, bucket_of = self._outer
         else:   # (the buckets of now: owners and an attach change between backwards)
-            self._buckets = buckets.current(self._buckets, self._params, self._hooked,
-                                            (hooks.claims(), len(self._by_ddp)))
+            self._buckets = buckets.current(  # (FSDP2: a fully_shard-ed module's a bucket)
+                self._buckets, self._params, self._hooked, (hooks.claims(), len(self._by_ddp)),
+                lambda: self._fsdp_groups)
             bucket_of = self._buckets.of
             if id(p) not in bucket_of:
                 return   # (not stepped here; a group whose adding failed: not its own)
@@ -197,9 +193,9 @@ class StepInBackward:
                     if not held:
                         self._hold(p, node)
                 return
-            if not held and task != -1:   # (its first gradient: the loop checked, the
-                self._guard.stepping(self, [])   # step opened, though no bucket completes)
-                self._open_round()
+            if not held and task != -1:   # (its first gradient: the loop checked, the step
+                self._guard.stepping(self, [])   # opened and, FSDP2, agreed across ranks)
+                torch_agreement.run(self._agreement, self._artifact.name, self._open_round, [])
             self._outer = (task, held, bucket_of)
         bucket = bucket_of.get(id(p))
         if bucket is None or held or (id(p) in self._nested and self._open_round()):
@@ -343,12 +339,16 @@ class StepInBackward:
 
     @torch.no_grad()
     def _step_part(self, params: list, grads: list) -> None:
-        """Step ``params`` (this optimizer's) with ``grads``, as one part of the step."""
+        """Step ``params`` (this optimizer's) with ``grads``, as one part of the step.
+        FSDP2 shards: the ranks agree on the part's checks first (agreement.py), as on
+        step()'s: a failure on one rank raises on every rank, nothing changed."""
         with self._part_lock:
-            index = self._positions()
-            core = self._core
-            part = core.check_part({index[id(p)]: g for p, g in
-                                    zip(params, self._kernel_grads(grads))})
+            index, core = self._positions(), self._core
+            given = dict(zip((index[id(p)] for p in params),
+                             self._kernel_grads(list(map(fsdp.local, grads)))))
+            part, _ = torch_agreement.run(self._agreement, self._artifact.name,
+                                          lambda: core.check_part(given),
+                                          [given.get(i) for i in range(len(self._params))])
             part.shared = self._round_scalars   # (one backward's parts: equal host scalars
             core.run_step(part, count=False)    # for equal kernel, group and step count)
 

@@ -15,6 +15,12 @@ together. The gradients of a bucket wait in ``.grad`` until its last completes: 
 about ``BUCKET_BYTES`` of small gradients a bucket are alive beyond what stepping each
 alone keeps, and only while its neighbours complete.
 
+FSDP2 (``fully_shard``): the parameters one ``fully_shard``-ed module reduce-scatters
+together (``together``) are one bucket, whatever its size: FSDP2 calls their hooks back
+to back after that reduce-scatter, their gradients views of its one output buffer, which
+lives until the last of them is released; a bucket across two modules would keep the
+first module's buffer alive until the second's reduce-scatter.
+
 The buckets hold the parameters this optimizer's hooks step (not a newer optimizer's,
 not an attached DDP model's: made again when those change). A bucket is complete
 (``Bucket.arrive``) when every member counted this backward has its gradient: counted
@@ -79,12 +85,15 @@ class Buckets:
     made again when it or the list changes: ``current``)."""
 
     def __init__(self, params: list[torch.Tensor], keep: Callable[[torch.Tensor], bool],
-                 version: Any):
+                 version: Any, together: list[list[torch.Tensor]] = ()):
         self.params, self.version = params, version
         self.of: dict[int, Bucket] = {}
+        for group in together:   # (FSDP2: in registration order, a bucket each)
+            if kept := [p for p in group if keep(p)]:
+                self._add(kept[::-1])
         members: list[torch.Tensor] = []
         size = 0
-        for p in reversed([p for p in params if keep(p)]):
+        for p in reversed([p for p in params if keep(p) and id(p) not in self.of]):
             n = grad_bytes(p)
             if members and (n >= ALONE_BYTES or size + n > BUCKET_BYTES):
                 self._add(members)
@@ -110,9 +119,11 @@ class Buckets:
 
 
 def current(buckets: Buckets | None, params: list[torch.Tensor],
-            keep: Callable[[torch.Tensor], bool], version: Any) -> Buckets:
+            keep: Callable[[torch.Tensor], bool], version: Any,
+            together: Callable[[], list[list[torch.Tensor]]] = list) -> Buckets:
     """``buckets`` if made of ``params`` (the same list object) at ``version``, else new
-    ones (their arrivals so far forgotten: the end of the backward steps them)."""
+    ones (their arrivals so far forgotten: the end of the backward steps them), with
+    ``together()``'s groups of parameters a bucket each."""
     if buckets is not None and buckets.params is params and buckets.version == version:
         return buckets
-    return Buckets(params, keep, version)
+    return Buckets(params, keep, version, together())

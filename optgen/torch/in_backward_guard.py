@@ -32,8 +32,10 @@ stepped):
   stepped. A loop that calls neither before its first accumulated step learns it at that
   call (``looped``), after the first step's micro-batches each stepped.
 
-Also here (``made_by_zero``, read at construction by optgen/torch/contract.py): whether
-torch's ZeroRedundancyOptimizer up the call stack is making the optimizer.
+Also here, read at construction: ``refusal`` (a rule that cannot step inside backward)
+and ``made_by_zero`` (by optgen/torch/contract.py): whether torch's
+ZeroRedundancyOptimizer up the call stack is making the optimizer; and for the buckets
+(in_backward_buckets.py), ``fsdp_groups``: the parameters FSDP2 reduce-scatters together.
 
 Composes: accelerate's ``GradientState.sync_gradients`` False (the Trainer's and
 ``accelerator.accumulate()``'s non-final micro-batches) holds a backward as
@@ -151,6 +153,17 @@ class Guard:
                    for s in live)
 
 
+def refusal(art: Any) -> str | None:
+    """Why this rule cannot step inside backward (None: it can); the other options
+    against it: the composition table (runtime/composition.py, optgen/torch/contract.py)."""
+    if art.inputs or art.statistics:
+        return (f"{art.name} takes {', '.join([*art.inputs, *art.statistics])} passed to "
+                "step(), which backward cannot pass")
+    if any(k.global_sums for k in art.kernels):   # (the others' do not exist yet)
+        return f"{art.name} sums over the gradients of every parameter each step (global_sum)"
+    return None
+
+
 # -- what the stack and the live objects say ---------------------------------------------
 def made_by_zero() -> bool:
     """Whether torch's ZeroRedundancyOptimizer is making this optimizer (the local
@@ -221,6 +234,26 @@ def _clipping(callers: list[FrameType]) -> FrameType | None:
         if not CLIPS.isdisjoint(f.f_code.co_names):
             return f
     return None
+
+
+def fsdp_groups(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The parameters of ``params`` that FSDP2 reduce-scatters together: one list per
+    ``fully_shard``-ed module (its parameters but those of the ``fully_shard``-ed modules
+    inside it), in ``params``' order; none where FSDP2 is not imported or no parameter
+    is a DTensor. (The modules are found among the live objects.)"""
+    cls = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if cls is None or dtensor is None or not any(isinstance(p, dtensor) for p in params):
+        return []
+    where, found = {id(p): i for i, p in enumerate(params)}, []
+    for m in _instances(cls):
+        inner = {id(q) for sub in m.modules() if sub is not m and isinstance(sub, cls)
+                 for q in sub.parameters()}
+        mine = sorted({where[id(q)] for q in m.parameters()
+                       if id(q) in where and id(q) not in inner})
+        if mine:
+            found.append([params[i] for i in mine])
+    return found
 
 
 def _instances(cls: type) -> list:

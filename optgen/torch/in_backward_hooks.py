@@ -13,13 +13,16 @@ owns a parameter, the hooks themselves, and in which backward a hook runs.
   accumulates into ``.grad`` and fires the hooks again, so a hook there cannot know
   whether the gradient is complete. The optimizer holds such gradients and steps them
   when the outermost backward ends (``after``: a node's post hook, run in the backward
-  that ran the node).
+  that ran the node). FSDP2 calls the hooks of its sharded parameters itself, once their
+  reduce-scatter is done, from its post-backward (a Python node of the outer backward):
+  such a gradient is complete, whatever node runs it.
 
 Imports: eager.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import weakref
 from typing import Any, Callable, Iterable
@@ -91,14 +94,25 @@ def hook_all(params: Iterable[torch.Tensor], hook: Callable) -> None:
 def enclosing_node() -> Any:
     """The autograd node whose backward runs the current backward (a reentrant
     checkpoint's node, running its segment's own backward), or None: the current backward
-    is the one the user called. (A Python node's backward runs in ``BackwardCFunction.apply``
-    on the thread running the outer backward, the device's thread included.)"""
-    frame = sys._getframe(1)
+    is the one the user called, or the hook is FSDP2's, after its reduce-scatter. (A
+    Python node's backward runs in ``BackwardCFunction.apply`` on the thread running the
+    outer backward, the device's thread included.)"""
+    frame, reduce = sys._getframe(1), _fsdp_reduce()
     while frame is not None:
+        if frame.f_code is reduce:
+            return None
         if frame.f_code is _APPLY:
             return frame.f_locals.get("self")
         frame = frame.f_back
     return None
+
+
+def _fsdp_reduce() -> Any:
+    """The code of FSDP2's reduce-scatter after backward (``foreach_reduce``, which calls
+    the sharded parameters' post-accumulate-grad hooks), where FSDP2 is imported."""
+    found = getattr(sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_collectives"),
+                    "foreach_reduce", None)
+    return getattr(inspect.unwrap(found), "__code__", None) if found is not None else None
 
 
 def after(node: Any, me: weakref.ref, then: str) -> None:
