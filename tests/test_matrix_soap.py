@@ -115,6 +115,24 @@ def test_soap_matches_the_oracle_in_float64(case, backend):
             assert err <= 1e-10, f"{case} step {t} parameter {i} {SHAPES[i]}: {err:.2e}"
 
 
+def test_numpy_float32_soap_follows_the_authors_rule():
+    """The numpy runtime on float32 arrays refreshes in float32 too (numpy's eigh and QR,
+    the reference interpreter), as the torch run: the square layers and the bias, 15
+    steps (4 refreshes) within 1e-5 of max|w| of the oracle."""
+    shapes = SHAPES[:3]
+    w0, batches = BENCH.regression_data(1, 15, shapes, "float32")
+    params = [w.copy() for w in w0]
+    opt = optgen.create("soap", params, precondition_frequency=3)
+    oracle = SoapOracle(w0, precondition_frequency=3)
+    for t in range(1, 16):
+        gs = [BENCH.gradient(w, b).astype("float32") for w, b in zip(oracle.w, batches[t - 1])]
+        opt.step(gs)
+        oracle.step(gs)
+        for i in range(len(shapes)):
+            err = worst(params[i], oracle.w[i])
+            assert err <= 1e-5, f"step {t} parameter {i} {shapes[i]}: {err:.2e}"
+
+
 def test_first_step_fits_the_basis_and_refreshes_follow_the_authors_schedule():
     """Step 1 changes L and R only; the basis is fit before step 2 and refreshed before
     steps 2 + f, 2 + 2f, ... (the authors: after their step counts f, 2f, ...), and is
