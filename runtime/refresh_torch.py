@@ -8,8 +8,8 @@ is kept as its index (``x @ P`` and ``P^T @ x`` are gathers of columns or rows),
 ((x q) P = x (q P)): SOAP's statistic times its basis is formed once per refresh, as the
 authors' and heavyball's code form it.
 
-Rules that read the parameter itself, repeat a body, reduce or round (none of the refresh
-rules do today except through ops listed in ``OPS``) stay on the numpy path.
+A rule with a node outside ``OPS`` (one that reads the parameter itself, repeats a body,
+reduces or rounds; THOR's, Shampoo's and SOAP's have none) runs on the numpy path.
 
 May import: views (torch when called).
 """
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from optgen.core.views import AXES, extents, is_matrix
 
 _UNARY = {"sqrt": "sqrt", "exp": "exp", "log": "log", "abs": "abs", "sign": "sign",
-          "neg": "neg", "not": "logical_not", "rsqrt": "rsqrt"}
+          "neg": "neg", "not": "logical_not"}
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "min": "minimum",
            "max": "maximum", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq",
            "ne": "ne", "and": "logical_and", "or": "logical_or"}
