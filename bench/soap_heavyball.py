@@ -12,8 +12,9 @@ two take turns, one window of ``--frequency`` steps each (one refresh in each wi
 Printed per contender: the median over windows of the mean step time (what a run pays
 per step, refreshes included), the median plain step and the median refresh step, and
 the time to make it and take its first steps; the ratio is heavyball's mean step over
-optgen's. Both refresh in their own precision: optgen on the host in float64 (numpy),
-heavyball in float32 (torch). The load average is printed: on a shared machine the
+optgen's. Both refresh in float32 with torch (eigh, ordering, QR power iteration), as the
+SOAP authors' code does; optgen's step is its generated kernels, heavyball's is compiled
+by inductor. The load average is printed: on a shared machine the
 timings are noisy, and only the ratio within one run means much. Asserts nothing.
 """
 from __future__ import annotations

@@ -60,6 +60,7 @@ class Refresh:
     loc: Loc | None
     start: int = 1              # the parameter's step of the first refresh
     reads_grad: bool = False    # fn(w, grad, flags): the step's gradient is an argument
+    dtype: str = "float64"      # evaluated in float64, or "kernel": the kernel's dtype
 
 
 @dataclass
@@ -317,19 +318,18 @@ class Spec:
         self._new_name(name, "option", loc)
         self.accepted[name] = doc
 
-    def refresh(self, every: Any, start: int = 1) -> Callable:
-        """Decorator: ``fn(w, flags)`` returns ``{state: new value}``, evaluated on the host
-        in float64 (numpy, with ``inverse``) before a parameter's steps start,
-        start + every, ...; ``every`` is an int hyperparameter or an int, ``start`` an
-        int >= 1 (SOAP: 2, its first step only gathers statistics). ``fn(w, grad, flags)``
-        may read the step's gradient too; a rule (flag combination) that does runs on the
-        steps every, 2 every, ... (from start on) instead, so that what it computes from
-        the statistics and the gradient covers a multiple of ``every`` steps (Distributed
-        Shampoo's roots)."""
+    def refresh(self, every: Any, start: int = 1, dtype: str = "float64") -> Callable:
+        """Decorator: ``fn(w, flags)`` returns ``{state: new value}``, evaluated in float64
+        (``dtype="kernel"``: the kernel's dtype, SOAP's float32) before a parameter's steps
+        start, start + every, ... (``every``: an int hyperparameter or int; ``start`` >= 1).
+        ``fn(w, grad, flags)`` also reads the step's gradient, and runs on the steps every,
+        2 every, ... (from start on) instead (Distributed Shampoo's roots)."""
         loc = caller_loc()
         if not (isinstance(start, int) and not isinstance(start, bool) and start >= 1):
             raise SpecError(f"refresh(start=...) must be an int >= 1, got {start!r}", loc,
                             hint="spec.refresh(every=frequency, start=2)")
+        if dtype not in ("float64", "kernel"):
+            raise SpecError(f"refresh(dtype=...) must be 'float64' or 'kernel', got {dtype!r}", loc)
         if isinstance(every, Expr) and every.op == "hyper" and every.name in self.hypers \
                 and self.hypers[every.name].info.type == "int":
             every = every.name
@@ -345,7 +345,7 @@ class Spec:
             if n not in (2, 3):
                 raise SpecError(f"the refresh function has {n} parameters", loc,
                                 hint="def refresh(w, flags) or def refresh(w, grad, flags)")
-            self.refresh_rule = Refresh(fn, every, loc, start, reads_grad=n == 3)
+            self.refresh_rule = Refresh(fn, every, loc, start, n == 3, dtype)
             return fn
         return decorate
 

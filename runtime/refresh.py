@@ -1,14 +1,15 @@
 """Refresh rules of matrix optimizers (THOR's inverses, Shampoo's roots, SOAP's basis):
 when they run and what they read.
 
-A kernel with a refresh rule recomputes some states on the host (numpy, float64, the
-reference interpreter) from the parameter, its states and statistics the trainer
-passes (THOR's ``A`` and ``G``), before a parameter's step ``start`` (its first step
-unless the spec says otherwise; SOAP: its second) and then every ``every`` steps (a
-number or a hyperparameter). The statistics are read, and checked (here), only on
+A kernel with a refresh rule recomputes some states (in float64, or in the kernel's
+dtype where the spec says so: SOAP's float32, as its authors' code; with torch where
+torch parameters live, refresh_torch, else with numpy's reference interpreter) from the
+parameter, its states and statistics the trainer passes (THOR's ``A`` and ``G``),
+before a parameter's step ``start`` (its first step unless the spec says otherwise;
+SOAP: its second) and then every ``every`` steps (a number or a hyperparameter). The statistics are read, and checked (here), only on
 the steps that refresh; a trainer asks ``refresh_due`` to compute them only then.
 
-May import: numpy, checks, owned, reference, tensors.
+May import: numpy, checks, owned, reference, refresh_torch, tensors.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import checks, owned, tensors
+from . import checks, owned, refresh_torch, tensors
 from optgen.core import reference
 
 
@@ -113,19 +114,31 @@ def collect(owner: str, stats: Mapping[str, Any], grads: Sequence[Any],
     return out
 
 
+def dtype(k: Any) -> str:
+    """The dtype kernel ``k``'s refresh rule is evaluated in: float64, or the kernel's
+    (``spec.refresh(dtype="kernel")``: SOAP, float32 for float32 parameters)."""
+    return k.dtype if k.refresh.get("dtype") == "kernel" else "float64"
+
+
 def run(k: Any, slot: Any, env: Mapping[str, Any], stats: Mapping[str, np.ndarray], *,
         kinds: Mapping[str, str]) -> None:
-    """Run kernel ``k``'s refresh rule for a parameter (``slot``: its record) on the
-    host (numpy, float64) and store the new states in their dtype."""
+    """Run kernel ``k``'s refresh rule for a parameter (``slot``: its record) in
+    ``dtype(k)`` and store the new states in their dtype: with torch where a torch
+    parameter lives (refresh_torch), else on the host (numpy, the reference interpreter)."""
     st, w, lib, d = slot.state, slot.array, slot.lib, owned.whole_dims(slot)
+    ir = k.refresh["ir"]
+    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats if n != "grad"}}
+    scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
+               "rows": d[1], "cols": d[2]}
+    if lib == "torch" and refresh_torch.evaluable(ir):
+        read = {**{n: v for n, v in st.items() if not isinstance(v, np.floating)}, **stats}
+        refresh_torch.store(st, refresh_torch.evaluate(ir, dtype(k), read, axes, scalars, d))
+        return
     arrays = {n: tensors.to_numpy(v, lib) for n, v in st.items()
               if not isinstance(v, np.floating)}
     arrays["w"] = tensors.to_numpy(w, lib)
     arrays.update({n: tensors.to_numpy(v, lib) if n == "grad" else v for n, v in stats.items()})
-    axes = {**k.buffer_axes, **{n: kinds[n].upper() for n in stats if n != "grad"}}
-    scalars = {**env, **{n: v for n, v in st.items() if isinstance(v, np.floating)},
-               "rows": d[1], "cols": d[2]}
-    new = reference.evaluate(k.refresh["ir"], "float64", arrays, axes, scalars, d)
+    new = reference.evaluate(ir, dtype(k), arrays, axes, scalars, d)
     for name, value in new.items():
         tensors.copy_into(st[name], lib, value)
 

@@ -6,7 +6,7 @@ For a 2-D parameter W (R x C) with both sides preconditioned, on its k-th step:
     g    = clip(rescale_grad * grad, -clip_gradient, clip_gradient)
     L    = sb * L + (1 - sb) * g g^T       R = sb * R + (1 - sb) * g^T g
            (sb = shampoo_beta, or beta2 when shampoo_beta < 0; every step, after the update)
-    k = 1: Q_L, Q_R = eigenvectors of L, R by descending eigenvalue (host, float64);
+    k = 1: Q_L, Q_R = eigenvectors of L, R by descending eigenvalue (eigh);
            nothing else changes (the step only fits the basis).
     k > 1, t = k - 1:
         g'   = Q_L^T g Q_R                            (the gradient in the eigenbasis)
@@ -15,12 +15,14 @@ For a 2-D parameter W (R x C) with both sides preconditioned, on its k-th step:
         N    = Q_L (m / (sqrt(v) + eps)) Q_R^T        (normalize_grads: N / (1e-30 + rms(N)))
         lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)     (correct_bias; else lr)
         W    = (W - lr_t * N) * (1 - lr * weight_decay)
-    after the steps k = 1 + f, 1 + 2f, ... (f = precondition_frequency; host, float64):
+    after the steps k = 1 + f, 1 + 2f, ... (f = precondition_frequency):
         P_L  = the permutation sorting Q_L's columns by descending q^T L q;  P_R alike
         Q_L' = QR(L Q_L P_L),  Q_R' = QR(R Q_R P_R)       (one power iteration)
         v    = P_L^T v P_R                                (v follows its coordinates)
         m    = Q_L'^T (Q_L m Q_R^T) Q_R'                  (m moves to the new basis)
 
+The refresh (eigh, ordering, QR, m's rotation) runs in the kernel's dtype, float32 for
+float32 and low-precision parameters, as the authors' code (``dtype="kernel"``).
 A side longer than ``max_precond_dim`` (the authors' name and default, 10000) is not
 preconditioned: its Q is the identity and its statistic is not kept. Parameters that are not 2-D take the same
 rule with Q = I (Adam, whose first step only counts), as the authors' code does for 1-D
@@ -83,7 +85,7 @@ def bases(flags):
     return (Q_L if flags.left else None), (Q_R if flags.right else None)
 
 
-@spec.refresh(every=frequency, start=2)
+@spec.refresh(every=frequency, start=2, dtype="kernel")
 def refresh(w, flags):
     q_l, q_r = bases(flags)
     p_l = eigen_order(L, Q_L) if flags.left else None

@@ -1,7 +1,10 @@
 """Shampoo and SOAP as torch drop-ins (optgen.torch.seeds) and on the digits MLP.
 
-The drop-ins step the same kernels as the numpy runtime, so a model trained by them
-equals the runtime fed the same gradients bit for bit; a torch checkpoint taken mid-run
+The drop-ins step the same kernels as the numpy runtime, so a model trained by Shampoo's
+equals the runtime fed the same gradients bit for bit (SOAP's refresh runs in float32
+with torch.linalg on torch tensors and numpy.linalg on numpy arrays: the two agree to
+round-off where the eigenbasis is unique, tests/test_matrix_soap.py, which this MLP's
+rank-deficient statistics do not make it); a torch checkpoint taken mid-run
 (refresh schedule and matrix states included) resumes into the uninterrupted run. The
 digits check trains examples/train_mlp_matrix.py's 64-64-10 MLP for 3 epochs: measured
 (seed 0) Adam 0.958 test accuracy / train loss 0.124, Shampoo 0.967 / 0.027, SOAP
@@ -42,7 +45,7 @@ def _train(model, opt, batches) -> None:
         opt.step()
 
 
-@pytest.mark.parametrize("name", ["shampoo", "soap"])
+@pytest.mark.parametrize("name", ["shampoo"])
 def test_drop_in_matches_the_numpy_runtime(name):
     model = _model(4)
     params = [p.detach().numpy().copy() for p in model.parameters()]

@@ -209,7 +209,7 @@ def quantize(spec: Spec, kir: KernelIR, fmts: dict[str, formats.Format]) -> None
 
 
 def _refresh(spec: Spec, trace: Trace) -> dict | None:
-    """The refresh rule of one flag combination as the runtime evaluates it (numpy)."""
+    """The refresh rule of one flag combination as the runtime evaluates it (host)."""
     if not trace.refresh:
         return None
     ir, _ = serialize(trace.refresh)
@@ -217,6 +217,8 @@ def _refresh(spec: Spec, trace: Trace) -> dict | None:
     reads = sorted({n.name for n in nodes if n.op == "stat"})
     out = {"every": spec.refresh_rule.every, "start": spec.refresh_rule.start, "ir": ir,
            "reads": reads}
+    if spec.refresh_rule.dtype != "float64":
+        out["dtype"] = spec.refresh_rule.dtype   # "kernel": evaluated in the kernel's dtype
     if any(n.op == "grad" for n in nodes):
         out["grad"] = True     # reads the step's gradient: runs on steps every, 2 every, ...
     return out

@@ -9,8 +9,10 @@ mixed-precision kernel) are read cast to the kernel dtype.
 
 Matrix rules (2-D parameters) evaluate products with ``np.matmul`` in the kernel dtype and
 ``repeat`` as a Python loop over the body's nodes; the refresh rule's ``inverse`` is
-``np.linalg.inv``, ``inverse_root`` and ``power_qr`` are ``eigh`` and ``qr``,
-``eigen_order`` a sort by Rayleigh quotient (it is evaluated in float64). Statistics are arrays like the states.
+``np.linalg.inv`` and ``inverse_root`` ``eigh`` (both in float64), ``power_qr`` ``eigh``
+or ``qr`` and ``eigen_order`` a sort by Rayleigh quotient (both in the evaluation's
+dtype: float64, or float32 for SOAP's refresh in its authors' precision). Statistics are
+arrays like the states.
 """
 from __future__ import annotations
 
@@ -228,11 +230,11 @@ def inverse_root(x: np.ndarray, root: float) -> np.ndarray:
 
 
 def power_qr(x: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """One QR power iteration Q = qr(x @ q) per matrix of the stack (float64); a basis
-    never fit (q zero, a state's initial value) is x's eigenvectors by descending
+    """One QR power iteration Q = qr(x @ q) per matrix of the stack (in their dtype); a
+    basis never fit (q zero, a state's initial value) is x's eigenvectors by descending
     eigenvalue (eigh)."""
-    x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
-    out = np.empty(np.broadcast_shapes(x.shape, q.shape))
+    x, q = np.asarray(x), np.asarray(q)
+    out = np.empty(np.broadcast_shapes(x.shape, q.shape), np.result_type(x, q))
     for b in range(out.shape[0]):
         xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]
         if not qb.any():
@@ -244,9 +246,10 @@ def power_qr(x: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def eigen_order(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     """The permutation matrix P per matrix of the stack that orders the columns of q by
-    descending estimated eigenvalue q_j^T x q_j (q @ P is sorted; ties keep their order)."""
-    x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
-    out = np.empty(np.broadcast_shapes(x.shape, q.shape))
+    descending estimated eigenvalue q_j^T x q_j (q @ P is sorted; ties keep their order),
+    the estimates in x's and q's dtype."""
+    x, q = np.asarray(x), np.asarray(q)
+    out = np.empty(np.broadcast_shapes(x.shape, q.shape), np.result_type(x, q))
     eye = np.eye(x.shape[-1])
     for b in range(out.shape[0]):
         xb, qb = x[min(b, len(x) - 1)], q[min(b, len(q) - 1)]

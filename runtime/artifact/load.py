@@ -54,7 +54,7 @@ class KernelInfo(formats.FormattedKernel):
     buffer_axes: dict[str, str]
     lazy: dict | None       # the row-sparse launch, for row-wise elementwise rules
     storage: dict[str, str]  # buffers in another dtype: float16 states, mixed-precision I/O
-    refresh: dict | None = None  # matrix rules: {"every", "start", "ir", "reads"} (host)
+    refresh: dict | None = None  # matrix rules: {"every", "start", "ir", "reads"}, "dtype"
     state_format: dict[str, str] = dataclasses.field(default_factory=dict)  # state ->
     # format (optgen/core/formats.py); empty for the plain kernels
     quant: dict[str, str] = dataclasses.field(default_factory=dict)  # q8 state -> its map
