@@ -60,8 +60,8 @@ momentum_decay = spec.hyper("momentum_decay", 4e-3, "momentum_decay >= 0",
 m, v, L, R, Q_L, Q_R = (spec.states[n].node for n in ("m", "v", "L", "R", "Q_L", "Q_R"))
 mu_product = spec.state("mu_product", 1.0, "product of the momentum schedule mu_1 .. mu_t",
                         shape="scalar")
-spec.refresh(every=hyper[soap.refresh_rule.every], start=soap.refresh_rule.start)(
-    soap.refresh_rule.rule)                           # SOAP's basis refresh, as it is
+spec.refresh(every=hyper[soap.refresh_rule.every], start=soap.refresh_rule.start,
+             dtype=soap.refresh_rule.dtype)(soap.refresh_rule.rule)   # SOAP's refresh, as it is
 t = spec.t
 
 

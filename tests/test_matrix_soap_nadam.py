@@ -212,3 +212,14 @@ def test_torch_soap_nadam_refuses_what_is_not_built(kwargs, message):
     with pytest.raises(ValueError, match=message):
         optgen.torch.SOAPNAdam(params, **kwargs)
     assert all(float(p.detach().sum()) == p.numel() for p in params)
+
+
+def test_soap_nadam_refreshes_in_soaps_dtype():
+    """SOAP-NAdam's basis refresh is SOAP's, precision included: the kernel's dtype
+    (float32 for float32 weights, as SOAP's authors run it), not the float64 default."""
+    from optgen.compiler.loader import load_spec
+    from optgen.core import catalog
+    soap, nadam = (load_spec(catalog.resolve(n)) for n in ("soap", "soap_nadam"))
+    assert soap.refresh_rule.dtype == "kernel"
+    assert nadam.refresh_rule.dtype == soap.refresh_rule.dtype
+    assert nadam.refresh_rule.rule.__code__.co_filename == soap.refresh_rule.rule.__code__.co_filename
