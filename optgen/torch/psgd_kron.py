@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import psgd_fit
-from .drop_in import OptgenOptimizer
+from .two_dimensional import TwoDimensional
 from optgen.runtime import catalog
 
 DIAG_MODES = {None: 0, "one_diag": 1, "smart_one_diag": 2, "one_triu": 3, "all_diag": 4}
@@ -54,11 +54,15 @@ def _refuse(what: str, value: Any, rule: str) -> None:
     raise ValueError(f"PSGDKron: {what}={value!r} is not built; {rule}")
 
 
-class PSGDKron(OptgenOptimizer):
+class PSGDKron(TwoDimensional):
     """PSGD-Kron (Li 2018) as heavyball 3.2.1's PSGDKron steps it, with fused kernels:
     a debiased momentum m, a fit of the triangular (or diagonal) Kronecker factors Q of
     P = Q^T Q on the steps the update-probability schedule picks (every step for the
     first 1000 by default), then W -= lr * trust_clip(P m)."""
+
+    beyond_2d = ("optgen's PSGDKron gives 2-D parameters two factors and others one diagonal "
+                 "factor (heavyball gives each dimension of a larger tensor its own factor, "
+                 "which is not built)")
 
     def __init__(self, params, lr: float = 0.001, beta: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
@@ -152,18 +156,6 @@ class PSGDKron(OptgenOptimizer):
                     scale_scale=float(scale_scale), scale_power=scale_power,
                     precond_lr=float(precond_lr), momentum_in=bool(momentum_in),
                     generator=generator)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for p in params:
-            if isinstance(p, torch.Tensor) and p.dim() > 2:
-                raise ValueError(
-                    f"PSGDKron: a parameter of shape {tuple(p.shape)} has {p.dim()} "
-                    "dimensions; optgen's PSGDKron gives 2-D parameters two factors and "
-                    "others one diagonal factor (heavyball gives each dimension of a larger "
-                    "tensor its own factor, which is not built): reshape it to 2-D")
-        super().add_param_group({**param_group, "params": params})
 
     def step(self, closure=None, **statistics):
         """Fit Q (on the steps the schedule picks), then the fused step."""

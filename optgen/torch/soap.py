@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from .drop_in import OptgenOptimizer
+from .two_dimensional import TwoDimensional
 from optgen.runtime import catalog
 
 DATA_FORMATS = ("channels_first", "channels_last")
@@ -29,11 +27,15 @@ def _refuse(what: str, value: Any, rule: str) -> None:
     raise ValueError(f"SOAP: {what}={value!r} is not built; {rule}")
 
 
-class SOAP(OptgenOptimizer):
+class SOAP(TwoDimensional):
     """SOAP (Vyas et al. 2024) as the authors' soap.py steps it, with fused kernels: the
     first step fits the eigenbasis (eigh) and changes nothing else, then Adam runs in
     it; the basis is re-sorted and takes one QR power iteration every
     ``precondition_frequency`` steps."""
+
+    beyond_2d = ("optgen's SOAP preconditions 2-D parameters and steps 1-D ones with Adam "
+                 "(the authors' code gives each dimension of a larger tensor its own factor, "
+                 "which is not built)")
 
     def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.95, 0.95),
                  shampoo_beta: float = -1, eps: float = 1e-8, weight_decay: float = 0.01,
@@ -56,18 +58,6 @@ class SOAP(OptgenOptimizer):
                          max_precond_dim=max_precond_dim, normalize_grads=normalize_grads, correct_bias=correct_bias,
                          **options)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for p in params:
-            if isinstance(p, torch.Tensor) and p.dim() > 2:
-                raise ValueError(
-                    f"SOAP: a parameter of shape {tuple(p.shape)} has {p.dim()} dimensions; "
-                    "optgen's SOAP preconditions 2-D parameters and steps 1-D ones with "
-                    "Adam (the authors' code gives each dimension of a larger tensor its "
-                    "own factor, which is not built): reshape it to 2-D or give it "
-                    "another optimizer")
-        super().add_param_group({**param_group, "params": params})
 
 
 SOAP.spec = catalog.resolve("soap")

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from .drop_in import OptgenOptimizer
+from .two_dimensional import TwoDimensional
 from .papers import tuple_option
 from optgen.runtime import catalog
 
@@ -35,11 +33,15 @@ NOT_BUILT = {"cautious_weight_decay": False, "precondition_1d": False, "warmup_s
              "ecc": None, "param_ecc": None}
 
 
-class SOAPNAdam(OptgenOptimizer):
+class SOAPNAdam(TwoDimensional):
     """SOAP-NAdam (heavyball's SOAPNAdam) with fused kernels: the first step fits the
     eigenbasis and changes nothing else, then NAdam (Nesterov momentum with its
     ``momentum_decay`` schedule) runs in it; the basis is re-sorted and takes one QR power
     iteration every ``precondition_frequency`` steps (SOAP's refresh)."""
+
+    beyond_2d = ("optgen's SOAPNAdam preconditions 2-D parameters and steps 1-D ones with "
+                 "NAdam (heavyball merges the dimensions of a larger tensor, which is not "
+                 "built)")
 
     def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.9, 0.999),
                  shampoo_beta: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.01,
@@ -74,18 +76,6 @@ class SOAPNAdam(OptgenOptimizer):
                          max_precond_dim=max_precond_dim, momentum_decay=momentum_decay,
                          **options)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for p in params:
-            if isinstance(p, torch.Tensor) and p.dim() > 2:
-                raise ValueError(
-                    f"SOAPNAdam: a parameter of shape {tuple(p.shape)} has {p.dim()} "
-                    "dimensions; optgen's SOAPNAdam preconditions 2-D parameters and steps "
-                    "1-D ones with NAdam (heavyball merges the dimensions of a larger "
-                    "tensor, which is not built): reshape it to 2-D or give it another "
-                    "optimizer")
-        super().add_param_group({**param_group, "params": params})
 
 
 SOAPNAdam.spec_name = "soap_nadam"
