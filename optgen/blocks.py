@@ -149,6 +149,22 @@ def torch_adam(spec: Spec, *, weight_decay_default: float,
     return rule
 
 
+def newton_schulz_hypers(spec: Spec, of: str = "u",
+                         names: dict[str, str] | None = None) -> tuple[Expr, tuple, Expr]:
+    """Declare Muon's Newton-Schulz hyperparameters on ``spec`` (ns_steps, ns_a, ns_b,
+    ns_c, ns_eps, with Keller Jordan's defaults; ``names`` renames them) and return
+    (steps, (a, b, c), eps) for ``newton_schulz``; ``of``: the normalized matrix's name."""
+    n = {k: k for k in ("ns_steps", "ns_a", "ns_b", "ns_c", "ns_eps")} | (names or {})
+    steps = spec.hyper(n["ns_steps"], 5, f"0 <= {n['ns_steps']} <= 100",
+                       "Newton-Schulz iterations", type="int")
+    coefficients = (spec.hyper(n["ns_a"], 3.4445, doc="Newton-Schulz coefficient of X"),
+                    spec.hyper(n["ns_b"], -4.7750, doc="Newton-Schulz coefficient of A = X X^T"),
+                    spec.hyper(n["ns_c"], 2.0315, doc="Newton-Schulz coefficient of A A"))
+    eps = spec.hyper(n["ns_eps"], 1e-7, f"{n['ns_eps']} > 0",
+                     f"lower bound of ||{of}|| in the normalization")
+    return steps, coefficients, eps
+
+
 def newton_schulz(x: Expr, tall: bool, coefficients: tuple[Expr, Expr, Expr], steps: Expr,
                   eps: Expr) -> Expr:
     """X ~ the orthogonal factor U V^T of x = U S V^T: Muon's quintic Newton-Schulz

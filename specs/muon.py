@@ -33,12 +33,7 @@ spec = Spec.extend(adamw, "muon", __doc__, reference="kellerjordan.github.io/pos
 lr, weight_decay = spec.hypers["lr"].node, spec.hypers["weight_decay"].node
 preprocess = rescale_and_clip(spec)
 momentum = spec.hyper("momentum", 0.95, "0 <= momentum < 1", "momentum of the 2-D update")
-ns_steps = spec.hyper("ns_steps", 5, "0 <= ns_steps <= 100", "Newton-Schulz iterations",
-                      type="int")
-ns_a = spec.hyper("ns_a", 3.4445, doc="Newton-Schulz coefficient of X")
-ns_b = spec.hyper("ns_b", -4.7750, doc="Newton-Schulz coefficient of A = X X^T")
-ns_c = spec.hyper("ns_c", 2.0315, doc="Newton-Schulz coefficient of A A")
-ns_eps = spec.hyper("ns_eps", 1e-7, "ns_eps > 0", "lower bound of ||u|| in the normalization")
+ns_steps, (ns_a, ns_b, ns_c), ns_eps = blocks.newton_schulz_hypers(spec, "u")
 spec.flag("nesterov", True, "orthogonalize the Nesterov look-ahead, not the buffer")
 rms_scale = spec.hyper("rms_scale", None, "rms_scale > 0", "scale the 2-D update by "
                        "rms_scale * sqrt(max(R, C)) (Moonshot: 0.2); None: sqrt(max(1, R / C))",

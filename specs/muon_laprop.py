@@ -34,12 +34,7 @@ beta2 = spec.hyper("beta2", 0.99, "0 <= beta2 < 1", "betas[1]: decay rate of v")
 eps = spec.hyper("eps", 1e-8, "eps > 0", "lower bound of sqrt(v)")
 weight_decay = spec.hyper("weight_decay", 0.0, "weight_decay >= 0",
                           "decoupled: w is scaled by 1 - lr * weight_decay")
-ns_steps = spec.hyper("ns_steps", 5, "0 <= ns_steps <= 100", "Newton-Schulz iterations",
-                      type="int")
-ns_a = spec.hyper("ns_a", 3.4445, doc="Newton-Schulz coefficient of X")
-ns_b = spec.hyper("ns_b", -4.7750, doc="Newton-Schulz coefficient of A = X X^T")
-ns_c = spec.hyper("ns_c", 2.0315, doc="Newton-Schulz coefficient of A A")
-ns_eps = spec.hyper("ns_eps", 1e-7, "ns_eps > 0", "lower bound of ||m|| in the normalization")
+ns_steps, (ns_a, ns_b, ns_c), ns_eps = blocks.newton_schulz_hypers(spec, "m")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)
 spec.shape_flag("matrix", "ndim == 2", "2-D parameters: the orthogonalized step")
 spec.shape_flag("tall", "rows > cols", "R > C: iterate on the C x C Gram matrix (2-D)")

@@ -36,12 +36,7 @@ lr = spec.hyper("lr", 1e-3, "lr >= 0", "learning rate (constrained: also the dec
 momentum = spec.hyper("momentum", 1.0, "0 <= momentum <= 1",
                       "weight of g in the average d (one minus the usual momentum)")
 scale = spec.hyper("scale", 1.0, "scale > 0", "radius of the norm ball (the step's size)")
-ns_steps = spec.hyper("ns_steps", 5, "0 <= ns_steps <= 100", "Newton-Schulz iterations",
-                      type="int")
-ns_a = spec.hyper("ns_a", 3.4445, doc="Newton-Schulz coefficient of X")
-ns_b = spec.hyper("ns_b", -4.7750, doc="Newton-Schulz coefficient of A = X X^T")
-ns_c = spec.hyper("ns_c", 2.0315, doc="Newton-Schulz coefficient of A A")
-ns_eps = spec.hyper("ns_eps", 1e-7, "ns_eps > 0", "lower bound of ||d|| in the normalization")
+ns_steps, (ns_a, ns_b, ns_c), ns_eps = blocks.newton_schulz_hypers(spec, "d")
 spec.flag("unconstrained", False, "w - lr * u (no decay of w by lr)")
 spec.flag("sign", False, "2-D parameters take the sign LMO sign(d) / C, not the spectral")
 preprocess = gradient_preprocessing(spec, coupled_weight_decay=False)

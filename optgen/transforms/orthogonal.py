@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optgen.blocks import newton_schulz
+from optgen.blocks import newton_schulz, newton_schulz_hypers
 from optgen.declarations import Spec
 from optgen.dsl import maximum, sqrt
 from optgen.ir import Expr
@@ -47,14 +47,7 @@ def orthogonalize(spec: Any) -> Spec:
         ("ns_steps", "hyperparameter"), ("ns_a", "hyperparameter"),
         ("ns_b", "hyperparameter"), ("ns_c", "hyperparameter"), ("ns_eps", "hyperparameter"),
         ("matrix", "shape flag"), ("tall", "shape flag"))}
-    steps = new_spec.hyper(names["ns_steps"], 5, "0 <= ns_steps <= 100",
-                           "Newton-Schulz iterations", type="int")
-    coefficients = (new_spec.hyper(names["ns_a"], 3.4445, doc="Newton-Schulz coefficient of X"),
-                    new_spec.hyper(names["ns_b"], -4.7750,
-                                   doc="Newton-Schulz coefficient of A = X X^T"),
-                    new_spec.hyper(names["ns_c"], 2.0315, doc="Newton-Schulz coefficient of A A"))
-    eps = new_spec.hyper(names["ns_eps"], 1e-7, "ns_eps > 0",
-                         "lower bound of ||step|| in the normalization")
+    steps, coefficients, eps = newton_schulz_hypers(new_spec, "step", names)
     new_spec.shape_flag(names["matrix"], "ndim == 2", "2-D parameters: the orthogonal step")
     new_spec.shape_flag(names["tall"], "rows > cols", "R > C: iterate on the C x C Gram matrix")
 
