@@ -63,6 +63,15 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def optimizer(config: str, params: list):
     if config == "torch":
         return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+    if config.startswith("sim:"):
+        from bench.q8_variants import SimAdamW
+        return SimAdamW(params, config[4:], lr=LR, weight_decay=0.01)
+    if config == "ao8":               # torchao's 8-bit AdamW (blocks of 256)
+        from torchao.optim import AdamW8bit
+        return AdamW8bit(params, lr=LR, weight_decay=0.01)
+    if config == "bnb8":              # bitsandbytes' 8-bit AdamW (blocks of 256)
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(params, lr=LR, weight_decay=0.01)
     import optgen.torch as ot
     fmt = config.split("+")[-1].removesuffix("-old")
     kw = {"state_format": "q8"} if fmt == "q8" else {}
@@ -81,12 +90,13 @@ def run(config: str, steps: int, accum: int, seed: int, cache: str, batch: int =
     vocab, data = char_lm.load_data()
     torch.manual_seed(seed)
     model = build(len(vocab))
-    if not config.startswith(("torch", "fp32")):
+    full = config.startswith(("torch", "fp32", "sim:", "ao8", "bnb8"))    # float32 weights
+    if not full:
         model = model.to(torch.bfloat16)
     g = torch.Generator().manual_seed(seed + 1)
     t0 = time.process_time()
     legacy = config.endswith("-old")
-    sib = not config.startswith(("torch", "fp32"))      # (step_in_backward)
+    sib = not full                                      # (step_in_backward)
     with legacy_q8(cache) if legacy else contextlib.nullcontext():
         opt = optimizer(config, list(model.parameters()))
         for step in range(steps):
