@@ -16,6 +16,9 @@ Configurations (AdamW, lr 1e-3, weight decay 0.01):
   q8-old       the same with q8's earlier form (``v`` coded as itself: bench/q8_legacy.py)
   fp32+q8      float32 weights, q8 states;  fp32+q8-old: the earlier form
   fp32+q8@64   q8 at 64 elements a block; fp32+m-bf16.v-q8: exp_avg in bf16, exp_avg_sq q8
+  sim:<switches>  bench/q8_variants.py's torch model of AdamW with q8's parts as switches
+               (float32 weights): sim:q8, sim:sr, sim:v-fp32, sim:rows.b128, sim:vdirect ...
+  ao8, bnb8    torchao's / bitsandbytes' AdamW8bit (float32 weights; where installed)
 ``--accum k`` accumulates k micro-batches a step (``opt.accumulating()`` for the first
 k - 1 with step_in_backward). Every configuration starts from the same weights and sees
 the same batches (one torch thread, one TVM thread). A script, not a test: minutes of
