@@ -16,6 +16,9 @@ Configurations (AdamW, lr 1e-3, weight decay 0.01):
   q8-old       the same with q8's earlier form (``v`` coded as itself: bench/q8_legacy.py)
   fp32+q8      float32 weights, q8 states;  fp32+q8-old: the earlier form
   fp32+q8@64   q8 at 64 elements a block; fp32+m-bf16.v-q8: exp_avg in bf16, exp_avg_sq q8
+  sim:<switches>  bench/q8_variants.py's torch model of AdamW with q8's parts as switches
+               (float32 weights): sim:q8, sim:sr, sim:v-fp32, sim:rows.b128, sim:vdirect ...
+  ao8, bnb8    torchao's / bitsandbytes' AdamW8bit (float32 weights; where installed)
 ``--accum k`` accumulates k micro-batches a step (``opt.accumulating()`` for the first
 k - 1 with step_in_backward). Every configuration starts from the same weights and sees
 the same batches (one torch thread, one TVM thread). A script, not a test: minutes of
@@ -63,6 +66,15 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def optimizer(config: str, params: list):
     if config == "torch":
         return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+    if config.startswith("sim:"):
+        from bench.q8_variants import SimAdamW
+        return SimAdamW(params, config[4:], lr=LR, weight_decay=0.01)
+    if config == "ao8":               # torchao's 8-bit AdamW (blocks of 256)
+        from torchao.optim import AdamW8bit
+        return AdamW8bit(params, lr=LR, weight_decay=0.01)
+    if config == "bnb8":              # bitsandbytes' 8-bit AdamW (blocks of 256)
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(params, lr=LR, weight_decay=0.01)
     import optgen.torch as ot
     fmt = config.split("+")[-1].removesuffix("-old")
     kw = {"state_format": "q8"} if fmt == "q8" else {}
@@ -81,12 +93,13 @@ def run(config: str, steps: int, accum: int, seed: int, cache: str, batch: int =
     vocab, data = char_lm.load_data()
     torch.manual_seed(seed)
     model = build(len(vocab))
-    if not config.startswith(("torch", "fp32")):
+    full = config.startswith(("torch", "fp32", "sim:", "ao8", "bnb8"))    # float32 weights
+    if not full:
         model = model.to(torch.bfloat16)
     g = torch.Generator().manual_seed(seed + 1)
     t0 = time.process_time()
     legacy = config.endswith("-old")
-    sib = not config.startswith(("torch", "fp32"))      # (step_in_backward)
+    sib = not full                                      # (step_in_backward)
     with legacy_q8(cache) if legacy else contextlib.nullcontext():
         opt = optimizer(config, list(model.parameters()))
         for step in range(steps):
