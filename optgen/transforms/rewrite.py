@@ -9,6 +9,7 @@ a spec file: the compiler, the cache key and the torch classes take spec files.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -165,11 +166,8 @@ def split_step(spec: Spec, w: Expr, w_new: Expr, transform: str) -> tuple[Expr, 
         a, b = w_new.args
         inner, decay = (a, b) if b.kind == "scalar" else (b, a)
         if decay.kind == "scalar" and inner.op in ("sub", "add"):
-            try:
+            with contextlib.suppress(TransformError):   # (else: the forms below)
                 kept, step = split_step(spec, w, inner, transform)
-            except TransformError:
-                pass
-            else:
                 return kept * decay, step * decay
     if w_new.op == "sub" and _kept(w_new.args[0], w):
         return w_new.args[0], w_new.args[1]
